@@ -1,0 +1,477 @@
+//! The cluster index: pure state, no IO.
+//!
+//! Sources feed it with [`Index::apply`], [`Index::delete`] and
+//! [`Index::reset`]; each returns the [`Changes`] it made, so that only the
+//! subscriptions that could see a difference are recomputed. Readers ask
+//! [`Index::endpoints`] and [`Index::profile`] for the current answer.
+//!
+//! The rules from seed 000 live in `ip.rs`: pods that are terminating or
+//! finished never match an IP; hostNetwork pods match only on a port they
+//! own; a remaining tie is settled by [`ip::rank`] and reported once.
+
+mod endpoints;
+mod ip;
+mod opaque;
+#[cfg(test)]
+mod tests;
+mod view;
+
+pub use ip::{Conflict, ConflictKey};
+pub use opaque::{PortSet, DEFAULT_OPAQUE_PORTS};
+pub use view::{Endpoint, EndpointSet, MeshIdentity, ProfileView};
+
+use crate::resource::{EndpointSlice, Kind, ObjectKey, Pod, Resource, Service};
+use std::{
+    collections::{BTreeSet, HashMap, HashSet},
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+};
+
+/// What a client asks about: a service port by name, or an address.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Target {
+    Service { service: ObjectKey, port: u16 },
+    Addr(SocketAddr),
+}
+
+/// Settings the index's answers depend on.
+#[derive(Clone, Debug)]
+pub struct IndexConfig {
+    /// Ports treated as opaque where no `config.linkerd.io/opaque-ports`
+    /// annotation says otherwise.
+    pub default_opaque_ports: PortSet,
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        Self {
+            default_opaque_ports: PortSet::parse(DEFAULT_OPAQUE_PORTS)
+                .expect("the default opaque ports parse"),
+        }
+    }
+}
+
+/// What one change touched: the subscriptions to recompute.
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// Everything may have changed (e.g. after a reset).
+    pub all: bool,
+    pub services: HashSet<ObjectKey>,
+    pub ips: HashSet<IpAddr>,
+    /// Conflicts that appeared with this change (each reported once).
+    pub new_conflicts: Vec<Conflict>,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        !self.all && self.services.is_empty() && self.ips.is_empty()
+    }
+
+    pub fn merge(&mut self, other: Changes) {
+        self.all |= other.all;
+        self.services.extend(other.services);
+        self.ips.extend(other.ips);
+        self.new_conflicts.extend(other.new_conflicts);
+    }
+
+    /// Could the answer for `target` differ after this change?
+    pub fn affects(&self, target: &Target, index: &Index) -> bool {
+        if self.all {
+            return true;
+        }
+        match target {
+            Target::Service { service, .. } => self.services.contains(service),
+            Target::Addr(addr) => {
+                self.ips.contains(&addr.ip())
+                    || index
+                        .service_for_ip(addr.ip())
+                        .is_some_and(|s| self.services.contains(s))
+            }
+        }
+    }
+}
+
+/// Sizes of what the index holds, for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IndexSizes {
+    pub pods: usize,
+    pub services: usize,
+    pub endpoint_slices: usize,
+    /// Addresses listed across all EndpointSlices.
+    pub slice_endpoints: usize,
+    /// IP:port keys currently claimed by more than one live pod.
+    pub conflicts: usize,
+}
+
+#[derive(Default)]
+pub struct Index {
+    config: IndexConfig,
+    pods: HashMap<ObjectKey, Arc<Pod>>,
+    pods_by_namespace: HashMap<String, BTreeSet<String>>,
+    services: HashMap<ObjectKey, Arc<Service>>,
+    services_by_namespace: HashMap<String, BTreeSet<String>>,
+    services_by_ip: HashMap<IpAddr, BTreeSet<ObjectKey>>,
+    slices: HashMap<ObjectKey, Arc<EndpointSlice>>,
+    slices_by_service: HashMap<ObjectKey, BTreeSet<ObjectKey>>,
+    /// Services whose slices name a pod, with how many endpoints do.
+    services_by_slice_pod: HashMap<ObjectKey, HashMap<ObjectKey, u32>>,
+    slice_endpoints: usize,
+    ips: ip::IpIndex,
+}
+
+impl Index {
+    pub fn new(config: IndexConfig) -> Self {
+        Self {
+            config,
+            ..Default::default()
+        }
+    }
+
+    pub fn sizes(&self) -> IndexSizes {
+        IndexSizes {
+            pods: self.pods.len(),
+            services: self.services.len(),
+            endpoint_slices: self.slices.len(),
+            slice_endpoints: self.slice_endpoints,
+            conflicts: self.ips.conflicts(),
+        }
+    }
+
+    pub fn len(&self, kind: Kind) -> usize {
+        match kind {
+            Kind::Pod => self.pods.len(),
+            Kind::Service => self.services.len(),
+            Kind::EndpointSlice => self.slices.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty() && self.services.is_empty() && self.slices.is_empty()
+    }
+
+    /// Adds or replaces one object. Applying an identical object changes nothing.
+    pub fn apply(&mut self, resource: Resource) -> Changes {
+        let mut ch = Changes::default();
+        match resource {
+            Resource::Pod(p) => self.apply_pod(p, &mut ch),
+            Resource::Service(s) => self.apply_service(s, &mut ch),
+            Resource::EndpointSlice(e) => self.apply_slice(e, &mut ch),
+        }
+        ch
+    }
+
+    /// Removes one object; deleting an unknown object changes nothing.
+    pub fn delete(&mut self, kind: Kind, key: &ObjectKey) -> Changes {
+        let mut ch = Changes::default();
+        match kind {
+            Kind::Pod => self.delete_pod(key, &mut ch),
+            Kind::Service => self.delete_service(key, &mut ch),
+            Kind::EndpointSlice => self.delete_slice(key, &mut ch),
+        }
+        ch
+    }
+
+    /// Replaces every object of `kind` with `objects` (a full relist): what is
+    /// missing is deleted, what is unchanged touches nothing. Objects of other
+    /// kinds in `objects` are ignored.
+    pub fn reset(&mut self, kind: Kind, objects: Vec<Resource>) -> Changes {
+        let mut ch = Changes::default();
+        let keep: HashSet<ObjectKey> = objects
+            .iter()
+            .filter(|r| r.kind() == kind)
+            .map(|r| r.key().clone())
+            .collect();
+        let gone: Vec<ObjectKey> = match kind {
+            Kind::Pod => self.pods.keys().filter(|k| !keep.contains(k)).cloned().collect(),
+            Kind::Service => self
+                .services
+                .keys()
+                .filter(|k| !keep.contains(k))
+                .cloned()
+                .collect(),
+            Kind::EndpointSlice => self
+                .slices
+                .keys()
+                .filter(|k| !keep.contains(k))
+                .cloned()
+                .collect(),
+        };
+        for key in gone {
+            ch.merge(self.delete(kind, &key));
+        }
+        for r in objects.into_iter().filter(|r| r.kind() == kind) {
+            ch.merge(self.apply(r));
+        }
+        ch
+    }
+
+    // === Pods ===
+
+    fn apply_pod(&mut self, pod: Pod, ch: &mut Changes) {
+        if let Some(old) = self.pods.get(&pod.key) {
+            if **old == pod {
+                return;
+            }
+            let old = old.clone();
+            self.unindex_pod(&old, ch);
+        }
+        let pod = Arc::new(pod);
+        self.pods_by_namespace
+            .entry(pod.key.namespace.clone())
+            .or_default()
+            .insert(pod.key.name.clone());
+        self.pods.insert(pod.key.clone(), pod.clone());
+        self.touch_pod(&pod, ch);
+        self.ips.insert(&pod);
+        self.ips.recheck(&pod, &self.pods, ch);
+    }
+
+    fn delete_pod(&mut self, key: &ObjectKey, ch: &mut Changes) {
+        let Some(old) = self.pods.get(key).cloned() else {
+            return;
+        };
+        self.unindex_pod(&old, ch);
+        self.pods.remove(key);
+        if let Some(names) = self.pods_by_namespace.get_mut(&key.namespace) {
+            names.remove(&key.name);
+            if names.is_empty() {
+                self.pods_by_namespace.remove(&key.namespace);
+            }
+        }
+    }
+
+    fn unindex_pod(&mut self, old: &Pod, ch: &mut Changes) {
+        self.touch_pod(old, ch);
+        self.ips.remove(old);
+        self.ips.recheck(old, &self.pods, ch);
+    }
+
+    fn touch_pod(&self, pod: &Pod, ch: &mut Changes) {
+        ch.ips.extend(pod.ips.iter().copied());
+        if let Some(host) = pod.host_ip {
+            if pod.host_network || pod.ports.iter().any(|p| p.host_port.is_some()) {
+                ch.ips.insert(host);
+            }
+        }
+        if let Some(names) = self.services_by_namespace.get(&pod.key.namespace) {
+            for name in names {
+                let key = ObjectKey::new(pod.key.namespace.clone(), name.clone());
+                if self.services.get(&key).is_some_and(|s| s.selects(&pod.labels)) {
+                    ch.services.insert(key);
+                }
+            }
+        }
+        if let Some(svcs) = self.services_by_slice_pod.get(&pod.key) {
+            ch.services.extend(svcs.keys().cloned());
+        }
+    }
+
+    // === Services ===
+
+    fn apply_service(&mut self, svc: Service, ch: &mut Changes) {
+        if let Some(old) = self.services.get(&svc.key) {
+            if **old == svc {
+                return;
+            }
+            let old = old.clone();
+            self.unindex_service(&old);
+            ch.ips.extend(old.cluster_ips.iter().copied());
+        }
+        for ip in &svc.cluster_ips {
+            self.services_by_ip
+                .entry(*ip)
+                .or_default()
+                .insert(svc.key.clone());
+            ch.ips.insert(*ip);
+        }
+        self.services_by_namespace
+            .entry(svc.key.namespace.clone())
+            .or_default()
+            .insert(svc.key.name.clone());
+        ch.services.insert(svc.key.clone());
+        self.services.insert(svc.key.clone(), Arc::new(svc));
+    }
+
+    fn delete_service(&mut self, key: &ObjectKey, ch: &mut Changes) {
+        let Some(old) = self.services.remove(key) else {
+            return;
+        };
+        self.unindex_service(&old);
+        ch.ips.extend(old.cluster_ips.iter().copied());
+        ch.services.insert(key.clone());
+        if let Some(names) = self.services_by_namespace.get_mut(&key.namespace) {
+            names.remove(&key.name);
+            if names.is_empty() {
+                self.services_by_namespace.remove(&key.namespace);
+            }
+        }
+    }
+
+    fn unindex_service(&mut self, old: &Service) {
+        for ip in &old.cluster_ips {
+            if let Some(keys) = self.services_by_ip.get_mut(ip) {
+                keys.remove(&old.key);
+                if keys.is_empty() {
+                    self.services_by_ip.remove(ip);
+                }
+            }
+        }
+    }
+
+    /// The service that owns a cluster IP. Two services cannot share one in
+    /// Kubernetes; in hand-written manifests the first by namespace/name wins.
+    pub fn service_for_ip(&self, ip: IpAddr) -> Option<&ObjectKey> {
+        self.services_by_ip.get(&ip).and_then(|keys| keys.first())
+    }
+
+    // === EndpointSlices ===
+
+    fn apply_slice(&mut self, slice: EndpointSlice, ch: &mut Changes) {
+        if let Some(old) = self.slices.get(&slice.key) {
+            if **old == slice {
+                return;
+            }
+            let old = old.clone();
+            self.unindex_slice(&old, ch);
+        }
+        if let Some(svc) = &slice.service {
+            self.slices_by_service
+                .entry(svc.clone())
+                .or_default()
+                .insert(slice.key.clone());
+            ch.services.insert(svc.clone());
+            for e in &slice.endpoints {
+                if let Some(pod) = &e.target_pod {
+                    *self
+                        .services_by_slice_pod
+                        .entry(pod.clone())
+                        .or_default()
+                        .entry(svc.clone())
+                        .or_default() += 1;
+                }
+            }
+        }
+        self.slice_endpoints += slice.endpoints.len();
+        self.slices.insert(slice.key.clone(), Arc::new(slice));
+    }
+
+    fn delete_slice(&mut self, key: &ObjectKey, ch: &mut Changes) {
+        if let Some(old) = self.slices.remove(key) {
+            self.unindex_slice(&old, ch);
+        }
+    }
+
+    fn unindex_slice(&mut self, old: &EndpointSlice, ch: &mut Changes) {
+        self.slice_endpoints -= old.endpoints.len();
+        let Some(svc) = &old.service else { return };
+        ch.services.insert(svc.clone());
+        if let Some(keys) = self.slices_by_service.get_mut(svc) {
+            keys.remove(&old.key);
+            if keys.is_empty() {
+                self.slices_by_service.remove(svc);
+            }
+        }
+        for e in &old.endpoints {
+            let Some(pod) = &e.target_pod else { continue };
+            if let Some(svcs) = self.services_by_slice_pod.get_mut(pod) {
+                if let Some(n) = svcs.get_mut(svc) {
+                    *n -= 1;
+                    if *n == 0 {
+                        svcs.remove(svc);
+                    }
+                }
+                if svcs.is_empty() {
+                    self.services_by_slice_pod.remove(pod);
+                }
+            }
+        }
+    }
+
+    // === Reads ===
+
+    pub fn pod(&self, key: &ObjectKey) -> Option<&Pod> {
+        self.pods.get(key).map(|p| &**p)
+    }
+
+    pub fn service(&self, key: &ObjectKey) -> Option<&Service> {
+        self.services.get(key).map(|s| &**s)
+    }
+
+    /// The pod that owns `addr`, by the seed 000 rules (see `ip.rs`).
+    pub fn pod_for_addr(&self, addr: SocketAddr) -> Option<&Pod> {
+        self.ips.lookup(addr, &self.pods)
+    }
+
+    /// The pod at `addr` once it is Running and Ready; until then the address
+    /// is answered bare, as Linkerd's controller does, and updated when the
+    /// pod becomes ready.
+    fn serving_pod_for_addr(&self, addr: SocketAddr) -> Option<&Pod> {
+        self.pod_for_addr(addr)
+            .filter(|p| p.phase == crate::resource::Phase::Running && p.ready)
+    }
+
+    /// What `Get` answers for `target`.
+    pub fn endpoints(&self, target: &Target) -> EndpointSet {
+        match target {
+            Target::Service { service, port } => self.service_endpoints(service, *port),
+            Target::Addr(addr) => {
+                if let Some(svc) = self.service_for_ip(addr.ip()) {
+                    return self.service_endpoints(svc, addr.port());
+                }
+                let endpoint = match self.serving_pod_for_addr(*addr) {
+                    Some(pod) => self.pod_endpoint(pod, *addr),
+                    None => Endpoint::bare(*addr),
+                };
+                let mut set = EndpointSet {
+                    exists: true,
+                    ..Default::default()
+                };
+                if let Some(pod) = &endpoint.pod {
+                    set.labels
+                        .insert("namespace".to_string(), pod.namespace.clone());
+                }
+                set.endpoints.insert(*addr, endpoint);
+                set
+            }
+        }
+    }
+
+    /// What `GetProfile` answers for `target`.
+    pub fn profile(&self, target: &Target) -> ProfileView {
+        let service_view = |key: &ObjectKey, port: u16| match self.services.get(key) {
+            Some(svc) => ProfileView::Service {
+                service: key.clone(),
+                port,
+                opaque: self.service_port_is_opaque(svc, port),
+            },
+            None => ProfileView::UnknownService,
+        };
+        match target {
+            Target::Service { service, port } => service_view(service, *port),
+            Target::Addr(addr) => {
+                if let Some(svc) = self.service_for_ip(addr.ip()) {
+                    return service_view(svc, addr.port());
+                }
+                match self.serving_pod_for_addr(*addr) {
+                    Some(pod) => {
+                        let mut endpoint = self.pod_endpoint(pod, *addr);
+                        endpoint
+                            .labels
+                            .insert("namespace".to_string(), pod.key.namespace.clone());
+                        ProfileView::Pod {
+                            opaque: endpoint.opaque,
+                            endpoint,
+                        }
+                    }
+                    None => ProfileView::Address {
+                        addr: *addr,
+                        opaque: self
+                            .config
+                            .default_opaque_ports
+                            .contains(addr.port(), |_| None),
+                    },
+                }
+            }
+        }
+    }
+}

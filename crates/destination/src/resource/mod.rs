@@ -1,0 +1,138 @@
+//! The slim projections of the Kubernetes objects the index reads.
+//!
+//! Each kind has a *wire* type shaped like the API's JSON (unknown fields are
+//! ignored, so they are never allocated) and a *domain* type holding only what
+//! the index uses. Conversion checks required fields and names the one missing.
+
+mod endpoint_slice;
+mod meta;
+mod pod;
+mod service;
+
+pub use endpoint_slice::{EndpointSlice, SliceEndpoint, SlicePort};
+pub use meta::{ObjectKey, Owner};
+pub use pod::{ContainerPort, Phase, Pod};
+pub use service::{Service, ServicePort, ServiceType, TargetPort};
+
+/// Annotation listing ports that carry opaque (non-HTTP) traffic.
+pub const OPAQUE_PORTS_ANNOTATION: &str = "config.linkerd.io/opaque-ports";
+/// Label set by Linkerd's proxy injector on meshed pods.
+pub const CONTROL_PLANE_NS_LABEL: &str = "linkerd.io/control-plane-ns";
+
+/// A Kubernetes object the index understands.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Resource {
+    Pod(Pod),
+    Service(Service),
+    EndpointSlice(EndpointSlice),
+}
+
+/// The kinds of object the index holds.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    Pod,
+    Service,
+    EndpointSlice,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Pod => "Pod",
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
+        }
+    }
+}
+
+impl Resource {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Resource::Pod(_) => Kind::Pod,
+            Resource::Service(_) => Kind::Service,
+            Resource::EndpointSlice(_) => Kind::EndpointSlice,
+        }
+    }
+
+    pub fn key(&self) -> &ObjectKey {
+        match self {
+            Resource::Pod(p) => &p.key,
+            Resource::Service(s) => &s.key,
+            Resource::EndpointSlice(e) => &e.key,
+        }
+    }
+
+    /// Converts one decoded object (any JSON-shaped value) into a resource.
+    ///
+    /// `Ok(None)` means the object is of a kind the index does not use.
+    pub fn from_value(value: serde_json::Value) -> Result<Option<Resource>, InvalidObject> {
+        let api_version = value
+            .get("apiVersion")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default();
+        let kind = value.get("kind").and_then(|v| v.as_str()).unwrap_or_default();
+        match (api_version, kind) {
+            ("v1", "Pod") => Ok(Some(Resource::Pod(decode::<pod::PodWire, Pod>(value)?))),
+            ("v1", "Service") => Ok(Some(Resource::Service(decode::<
+                service::ServiceWire,
+                Service,
+            >(value)?))),
+            ("discovery.k8s.io/v1", "EndpointSlice") => Ok(Some(Resource::EndpointSlice(
+                decode::<endpoint_slice::EndpointSliceWire, EndpointSlice>(value)?,
+            ))),
+            _ => Ok(None),
+        }
+    }
+}
+
+/// Why an object could not be used: the field that is wrong, and how.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("field `{field}`: {reason}")]
+pub struct InvalidObject {
+    /// Dotted path of the offending field, e.g. `spec.ports[0].port`.
+    pub field: String,
+    pub reason: String,
+}
+
+impl InvalidObject {
+    pub(crate) fn missing(field: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            reason: "required but missing".into(),
+        }
+    }
+
+    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+fn decode<W, D>(value: serde_json::Value) -> Result<D, InvalidObject>
+where
+    W: serde::de::DeserializeOwned,
+    D: TryFrom<W, Error = InvalidObject>,
+{
+    let wire: W = serde_path_to_error::deserialize(value).map_err(|e| {
+        let field = e.path().to_string();
+        // serde's messages can quote whole input values; keep the reason short.
+        let mut reason = e.into_inner().to_string();
+        truncate(&mut reason, 160);
+        InvalidObject { field, reason }
+    })?;
+    D::try_from(wire)
+}
+
+/// Shortens `s` to at most `max` bytes on a char boundary, marking the cut.
+pub fn truncate(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+}

@@ -1,0 +1,252 @@
+use super::{
+    meta::{ObjectMetaWire, Owner},
+    InvalidObject, ObjectKey,
+};
+use serde::Deserialize;
+use std::{collections::BTreeMap, net::IpAddr};
+
+/// A pod, reduced to what endpoint resolution needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pod {
+    pub key: ObjectKey,
+    pub labels: BTreeMap<String, String>,
+    /// Only Linkerd's annotations are kept.
+    pub annotations: BTreeMap<String, String>,
+    pub owner: Option<Owner>,
+    /// RFC 3339, as the API server writes it; compares in time order.
+    pub creation_timestamp: Option<String>,
+    pub terminating: bool,
+    pub service_account: String,
+    pub node_name: Option<String>,
+    pub host_network: bool,
+    pub ports: Vec<ContainerPort>,
+    pub phase: Phase,
+    pub ready: bool,
+    /// All pod IPs (dual-stack pods have two); the first is the primary.
+    pub ips: Vec<IpAddr>,
+    pub host_ip: Option<IpAddr>,
+    /// The inbound port of the pod's Linkerd proxy, from its
+    /// `LINKERD2_PROXY_INBOUND_LISTEN_ADDR`, when it has one.
+    pub proxy_inbound_port: Option<u16>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerPort {
+    pub name: Option<String>,
+    pub container_port: u16,
+    pub host_port: Option<u16>,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Phase {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Unknown,
+}
+
+impl Pod {
+    /// A pod that may still own its IP: not terminating and not finished.
+    pub fn is_live(&self) -> bool {
+        !self.terminating && !matches!(self.phase, Phase::Succeeded | Phase::Failed)
+    }
+
+    pub fn container_port_named(&self, name: &str) -> Option<u16> {
+        self.ports
+            .iter()
+            .find(|p| p.name.as_deref() == Some(name))
+            .map(|p| p.container_port)
+    }
+
+    pub fn is_meshed(&self) -> bool {
+        self.labels.contains_key(super::CONTROL_PLANE_NS_LABEL)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct PodWire {
+    #[serde(default)]
+    metadata: ObjectMetaWire,
+    #[serde(default)]
+    spec: PodSpecWire,
+    #[serde(default)]
+    status: PodStatusWire,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct PodSpecWire {
+    #[serde(default)]
+    host_network: bool,
+    service_account_name: Option<String>,
+    service_account: Option<String>,
+    node_name: Option<String>,
+    #[serde(default)]
+    containers: Vec<ContainerWire>,
+}
+
+#[derive(Deserialize)]
+struct ContainerWire {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    ports: Vec<ContainerPortWire>,
+    #[serde(default)]
+    env: Vec<EnvVarWire>,
+}
+
+#[derive(Deserialize)]
+struct EnvVarWire {
+    #[serde(default)]
+    name: String,
+    value: Option<String>,
+}
+
+/// The container Linkerd's injector adds, and its inbound listener setting.
+const PROXY_CONTAINER: &str = "linkerd-proxy";
+const PROXY_INBOUND_ENV: &str = "LINKERD2_PROXY_INBOUND_LISTEN_ADDR";
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ContainerPortWire {
+    name: Option<String>,
+    container_port: Option<i64>,
+    host_port: Option<i64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct PodStatusWire {
+    phase: Option<String>,
+    #[serde(rename = "podIP")]
+    pod_ip: Option<String>,
+    #[serde(rename = "podIPs", default)]
+    pod_ips: Vec<PodIpWire>,
+    #[serde(rename = "hostIP")]
+    host_ip: Option<String>,
+    conditions: Option<Vec<ConditionWire>>,
+}
+
+#[derive(Deserialize)]
+struct PodIpWire {
+    ip: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ConditionWire {
+    #[serde(rename = "type", default)]
+    type_: String,
+    #[serde(default)]
+    status: String,
+}
+
+pub(super) fn parse_ip(field: &str, s: &str) -> Result<IpAddr, InvalidObject> {
+    s.parse()
+        .map_err(|_| InvalidObject::invalid(field, "not an IP address"))
+}
+
+pub(super) fn parse_port(field: &str, n: i64) -> Result<u16, InvalidObject> {
+    u16::try_from(n)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| InvalidObject::invalid(field, "port must be between 1 and 65535"))
+}
+
+impl TryFrom<PodWire> for Pod {
+    type Error = InvalidObject;
+
+    fn try_from(mut w: PodWire) -> Result<Self, InvalidObject> {
+        let key = w.metadata.key()?;
+        let phase = match w.status.phase.as_deref() {
+            None | Some("Pending") => Phase::Pending,
+            Some("Running") => Phase::Running,
+            Some("Succeeded") => Phase::Succeeded,
+            Some("Failed") => Phase::Failed,
+            Some("Unknown") => Phase::Unknown,
+            Some(_) => {
+                return Err(InvalidObject::invalid(
+                    "status.phase",
+                    "expected Pending, Running, Succeeded, Failed or Unknown",
+                ))
+            }
+        };
+        // Hand-written manifests often have no conditions at all; a Running pod
+        // without any is taken as ready. The API server always writes them.
+        let ready = match &w.status.conditions {
+            Some(conds) => conds
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True"),
+            None => phase == Phase::Running,
+        };
+        let mut ips = Vec::new();
+        if let Some(ip) = w.status.pod_ip.as_deref().filter(|s| !s.is_empty()) {
+            ips.push(parse_ip("status.podIP", ip)?);
+        }
+        for (i, p) in w.status.pod_ips.iter().enumerate() {
+            if let Some(ip) = p.ip.as_deref() {
+                let ip = parse_ip(&format!("status.podIPs[{i}].ip"), ip)?;
+                if !ips.contains(&ip) {
+                    ips.push(ip);
+                }
+            }
+        }
+        let host_ip = match w.status.host_ip.as_deref().filter(|s| !s.is_empty()) {
+            Some(ip) => Some(parse_ip("status.hostIP", ip)?),
+            None => None,
+        };
+        let mut ports = Vec::new();
+        for (ci, c) in w.spec.containers.iter().enumerate() {
+            for (pi, p) in c.ports.iter().enumerate() {
+                let field = format!("spec.containers[{ci}].ports[{pi}]");
+                let container_port = match p.container_port {
+                    Some(n) => parse_port(&format!("{field}.containerPort"), n)?,
+                    None => return Err(InvalidObject::missing(format!("{field}.containerPort"))),
+                };
+                let host_port = match p.host_port {
+                    Some(0) | None => None,
+                    Some(n) => Some(parse_port(&format!("{field}.hostPort"), n)?),
+                };
+                ports.push(ContainerPort {
+                    name: p.name.clone().filter(|n| !n.is_empty()),
+                    container_port,
+                    host_port,
+                });
+            }
+        }
+        let proxy_inbound_port = w
+            .spec
+            .containers
+            .iter()
+            .filter(|c| c.name == PROXY_CONTAINER)
+            .flat_map(|c| c.env.iter())
+            .find(|e| e.name == PROXY_INBOUND_ENV)
+            .and_then(|e| e.value.as_deref())
+            .and_then(|v| v.rsplit_once(':'))
+            .and_then(|(_, port)| port.parse::<u16>().ok());
+        let annotations = w.metadata.take_linkerd_annotations();
+        Ok(Pod {
+            owner: w.metadata.controller(),
+            creation_timestamp: w.metadata.creation_timestamp.take(),
+            terminating: w.metadata.deletion_timestamp.is_some(),
+            labels: std::mem::take(&mut w.metadata.labels),
+            annotations,
+            key,
+            service_account: w
+                .spec
+                .service_account_name
+                .or(w.spec.service_account)
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "default".to_string()),
+            node_name: w.spec.node_name,
+            host_network: w.spec.host_network,
+            ports,
+            phase,
+            ready,
+            ips,
+            host_ip,
+            proxy_inbound_port,
+        })
+    }
+}
