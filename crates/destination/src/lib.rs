@@ -6,7 +6,11 @@
 
 #![forbid(unsafe_code)]
 
+pub mod authority;
+pub mod diagnostics;
 pub mod index;
-pub mod resource;
 pub mod metrics;
+pub mod resource;
+pub mod server;
+pub mod source;
 pub mod store;

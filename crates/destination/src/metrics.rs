@@ -62,7 +62,11 @@ impl Metrics {
             "Live shared subscriptions, by method",
             self.subscriptions.clone(),
         );
-        r.register("streams", "Open gRPC streams, by method", self.streams.clone());
+        r.register(
+            "streams",
+            "Open gRPC streams, by method",
+            self.streams.clone(),
+        );
         r.register(
             "streams",
             "gRPC streams accepted, by method",
@@ -85,7 +89,7 @@ impl Metrics {
         );
         r.register(
             "reload_errors",
-            "Manifest documents that failed to parse or validate",
+            "Manifest file reads that failed to parse or validate",
             self.reload_errors_total.clone(),
         );
         r.register(

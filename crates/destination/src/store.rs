@@ -21,6 +21,8 @@ use std::{
 use tokio::sync::watch;
 
 /// One change to the index, as a source reports it.
+// Ops are transient (built, applied, dropped), so their size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Op {
     Apply(Resource),
@@ -163,7 +165,9 @@ impl Store {
                 })
                 .set(n as i64);
         }
-        self.metrics.index_endpoints.set(sizes.slice_endpoints as i64);
+        self.metrics
+            .index_endpoints
+            .set(sizes.slice_endpoints as i64);
         self.metrics.ip_conflicts.set(sizes.conflicts as i64);
     }
 

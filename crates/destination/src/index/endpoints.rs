@@ -2,8 +2,8 @@
 
 use super::{Endpoint, EndpointSet, Index, MeshIdentity, PortSet};
 use crate::resource::{
-    ObjectKey, Pod, Service, ServiceType, TargetPort, OPAQUE_PORTS_ANNOTATION,
-    CONTROL_PLANE_NS_LABEL,
+    ObjectKey, Pod, Service, ServiceType, TargetPort, CONTROL_PLANE_NS_LABEL,
+    OPAQUE_PORTS_ANNOTATION,
 };
 use std::{collections::BTreeMap, net::SocketAddr};
 
@@ -57,7 +57,9 @@ impl Index {
                 for e in slice.endpoints.iter().filter(|e| e.ready) {
                     // Addresses of one endpoint are fungible; the API says to
                     // use the first.
-                    let Some(ip) = e.addresses.first() else { continue };
+                    let Some(ip) = e.addresses.first() else {
+                        continue;
+                    };
                     let addr = SocketAddr::new(*ip, target);
                     let pod = e.target_pod.as_ref().and_then(|k| self.pods.get(k));
                     let mut endpoint = match pod {
@@ -90,7 +92,9 @@ impl Index {
         let target = svc.port(port).map(|p| &p.target_port);
         for name in names {
             let key = ObjectKey::new(svc.key.namespace.clone(), name.clone());
-            let Some(pod) = self.pods.get(&key) else { continue };
+            let Some(pod) = self.pods.get(&key) else {
+                continue;
+            };
             if !pod.is_live() || !pod.ready || !svc.selects(&pod.labels) {
                 continue;
             }
@@ -127,16 +131,21 @@ impl Index {
             .get(SKIP_INBOUND_PORTS_ANNOTATION)
             .and_then(|v| PortSet::parse(v).ok())
             .is_some_and(|set| set.contains(port, |n| pod.container_port_named(n)));
-        let control_plane_ns = pod.labels.get(CONTROL_PLANE_NS_LABEL).filter(|ns| !ns.is_empty());
+        let control_plane_ns = pod
+            .labels
+            .get(CONTROL_PLANE_NS_LABEL)
+            .filter(|ns| !ns.is_empty());
         if let Some(ns) = control_plane_ns {
             labels.insert("control_plane_ns".to_string(), ns.clone());
         }
-        let mesh = control_plane_ns.filter(|_| !skipped).map(|ns| MeshIdentity {
-            service_account: pod.service_account.clone(),
-            namespace: pod.key.namespace.clone(),
-            control_plane_ns: ns.clone(),
-            inbound_port: pod.proxy_inbound_port,
-        });
+        let mesh = control_plane_ns
+            .filter(|_| !skipped)
+            .map(|ns| MeshIdentity {
+                service_account: pod.service_account.clone(),
+                namespace: pod.key.namespace.clone(),
+                control_plane_ns: ns.clone(),
+                inbound_port: pod.proxy_inbound_port,
+            });
         Endpoint {
             addr,
             labels,

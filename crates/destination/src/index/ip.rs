@@ -93,9 +93,7 @@ impl IpIndex {
         for key in keys(pod) {
             match key {
                 ConflictKey::PodIp(ip) => remove_from(&mut self.by_pod_ip, ip, &pod.key),
-                ConflictKey::HostPort(addr) => {
-                    remove_from(&mut self.by_host_port, addr, &pod.key)
-                }
+                ConflictKey::HostPort(addr) => remove_from(&mut self.by_host_port, addr, &pod.key),
             }
         }
     }

@@ -182,7 +182,12 @@ impl Index {
             .map(|r| r.key().clone())
             .collect();
         let gone: Vec<ObjectKey> = match kind {
-            Kind::Pod => self.pods.keys().filter(|k| !keep.contains(k)).cloned().collect(),
+            Kind::Pod => self
+                .pods
+                .keys()
+                .filter(|k| !keep.contains(k))
+                .cloned()
+                .collect(),
             Kind::Service => self
                 .services
                 .keys()
@@ -208,12 +213,17 @@ impl Index {
     // === Pods ===
 
     fn apply_pod(&mut self, pod: Pod, ch: &mut Changes) {
-        if let Some(old) = self.pods.get(&pod.key) {
-            if **old == pod {
-                return;
-            }
-            let old = old.clone();
-            self.unindex_pod(&old, ch);
+        let old = match self.pods.get(&pod.key) {
+            Some(old) if **old == pod => return,
+            Some(old) => Some(old.clone()),
+            None => None,
+        };
+        // The old version's keys are rechecked only once the new one is in:
+        // a conflict the update keeps must not seem to vanish and reappear
+        // (and be reported again) within one change.
+        if let Some(old) = &old {
+            self.touch_pod(old, ch);
+            self.ips.remove(old);
         }
         let pod = Arc::new(pod);
         self.pods_by_namespace
@@ -223,6 +233,9 @@ impl Index {
         self.pods.insert(pod.key.clone(), pod.clone());
         self.touch_pod(&pod, ch);
         self.ips.insert(&pod);
+        if let Some(old) = &old {
+            self.ips.recheck(old, &self.pods, ch);
+        }
         self.ips.recheck(&pod, &self.pods, ch);
     }
 
@@ -256,7 +269,11 @@ impl Index {
         if let Some(names) = self.services_by_namespace.get(&pod.key.namespace) {
             for name in names {
                 let key = ObjectKey::new(pod.key.namespace.clone(), name.clone());
-                if self.services.get(&key).is_some_and(|s| s.selects(&pod.labels)) {
+                if self
+                    .services
+                    .get(&key)
+                    .is_some_and(|s| s.selects(&pod.labels))
+                {
                     ch.services.insert(key);
                 }
             }

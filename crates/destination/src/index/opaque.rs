@@ -59,6 +59,8 @@ mod tests {
         assert!(set.contains(9000, |n| (n == "admin-http").then_some(9000)));
         assert!(PortSet::parse("10-5").is_err());
         assert!(PortSet::parse("a b").is_err());
-        assert!(PortSet::parse(DEFAULT_OPAQUE_PORTS).unwrap().contains(3306, |_| None));
+        assert!(PortSet::parse(DEFAULT_OPAQUE_PORTS)
+            .unwrap()
+            .contains(3306, |_| None));
     }
 }

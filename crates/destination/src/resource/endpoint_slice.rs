@@ -142,15 +142,17 @@ impl TryFrom<EndpointSliceWire> for EndpointSlice {
             for (j, a) in e.addresses.iter().enumerate() {
                 addresses.push(parse_ip(&format!("endpoints[{i}].addresses[{j}]"), a)?);
             }
-            let target_pod = e.target_ref.and_then(|r| match (r.kind.as_deref(), r.name) {
-                (Some("Pod") | None, Some(name)) if !name.is_empty() => Some(ObjectKey::new(
-                    r.namespace
-                        .filter(|n| !n.is_empty())
-                        .unwrap_or_else(|| key.namespace.clone()),
-                    name,
-                )),
-                _ => None,
-            });
+            let target_pod = e
+                .target_ref
+                .and_then(|r| match (r.kind.as_deref(), r.name) {
+                    (Some("Pod") | None, Some(name)) if !name.is_empty() => Some(ObjectKey::new(
+                        r.namespace
+                            .filter(|n| !n.is_empty())
+                            .unwrap_or_else(|| key.namespace.clone()),
+                        name,
+                    )),
+                    _ => None,
+                });
             endpoints.push(SliceEndpoint {
                 addresses,
                 ready: e.conditions.ready.unwrap_or(true),

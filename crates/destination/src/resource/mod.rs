@@ -70,16 +70,22 @@ impl Resource {
             .get("apiVersion")
             .and_then(|v| v.as_str())
             .unwrap_or_default();
-        let kind = value.get("kind").and_then(|v| v.as_str()).unwrap_or_default();
+        let kind = value
+            .get("kind")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default();
         match (api_version, kind) {
             ("v1", "Pod") => Ok(Some(Resource::Pod(decode::<pod::PodWire, Pod>(value)?))),
             ("v1", "Service") => Ok(Some(Resource::Service(decode::<
                 service::ServiceWire,
                 Service,
             >(value)?))),
-            ("discovery.k8s.io/v1", "EndpointSlice") => Ok(Some(Resource::EndpointSlice(
-                decode::<endpoint_slice::EndpointSliceWire, EndpointSlice>(value)?,
-            ))),
+            ("discovery.k8s.io/v1", "EndpointSlice") => {
+                Ok(Some(Resource::EndpointSlice(decode::<
+                    endpoint_slice::EndpointSliceWire,
+                    EndpointSlice,
+                >(value)?)))
+            }
             _ => Ok(None),
         }
     }

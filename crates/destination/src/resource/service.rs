@@ -110,7 +110,11 @@ impl TryFrom<ServiceWire> for Service {
             }
         };
         let mut cluster_ips = Vec::new();
-        let singular = w.spec.cluster_ip.iter().map(|ip| ("spec.clusterIP".to_string(), ip));
+        let singular = w
+            .spec
+            .cluster_ip
+            .iter()
+            .map(|ip| ("spec.clusterIP".to_string(), ip));
         let plural = w
             .spec
             .cluster_ips
@@ -138,10 +142,9 @@ impl TryFrom<ServiceWire> for Service {
                     TargetPort::Number(parse_port(&format!("spec.ports[{i}].targetPort"), *n)?)
                 }
                 Some(IntOrString::String(s)) => match s.parse::<i64>() {
-                    Ok(n) => TargetPort::Number(parse_port(
-                        &format!("spec.ports[{i}].targetPort"),
-                        n,
-                    )?),
+                    Ok(n) => {
+                        TargetPort::Number(parse_port(&format!("spec.ports[{i}].targetPort"), n)?)
+                    }
                     Err(_) if !s.is_empty() => TargetPort::Name(s.clone()),
                     Err(_) => TargetPort::Number(port),
                 },

@@ -1,0 +1,328 @@
+//! Process memory metrics: the allocator's view (jemalloc `stats.allocated`,
+//! `stats.resident`) with their high-water marks, and the kernel's view
+//! (`VmRSS`, `VmHWM` from `/proc/self/status`, Linux only).
+//!
+//! The jemalloc figures describe the application's heap only when the binary
+//! installs `tikv_jemallocator::Jemalloc` as its `#[global_allocator]`;
+//! otherwise they describe jemalloc's own (nearly empty) state. A figure that
+//! cannot be read is left out of the scrape; reading never panics.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+use tokio::task::JoinHandle;
+use tokio::time::MissedTickBehavior;
+
+/// How often [`spawn_memory_sampler`] samples jemalloc, so that a spike
+/// between two scrapes still reaches the high-water marks.
+pub const MEMORY_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Highest `stats.allocated` seen since start, in bytes (process-wide).
+static ALLOCATED_MAX: AtomicU64 = AtomicU64::new(0);
+/// Highest `stats.resident` seen since start, in bytes (process-wide).
+static RESIDENT_MAX: AtomicU64 = AtomicU64::new(0);
+
+/// Registers the process memory metrics in `registry`. Each scrape reads them
+/// fresh; metric names are (before any prefix of `registry`):
+///
+/// | name | source |
+/// |---|---|
+/// | `process_memory_allocated_bytes` | jemalloc `stats.allocated` |
+/// | `process_memory_resident_bytes` | jemalloc `stats.resident` |
+/// | `process_memory_allocated_max_bytes` | highest `stats.allocated` seen since start |
+/// | `process_memory_resident_max_bytes` | highest `stats.resident` seen since start |
+/// | `process_resident_memory_bytes` | `VmRSS` of `/proc/self/status` (Linux only) |
+/// | `process_resident_memory_max_bytes` | `VmHWM` of `/proc/self/status` (Linux only) |
+///
+/// The jemalloc high-water marks are sampled at each scrape, and every
+/// [`MEMORY_SAMPLE_INTERVAL`] once [`spawn_memory_sampler`] runs. Call this once
+/// per registry; registering twice in one registry duplicates the names.
+pub fn register_memory_metrics(registry: &mut Registry) {
+    registry.register_collector(Box::new(MemoryCollector));
+}
+
+/// Starts a task on the current tokio runtime that samples jemalloc every
+/// [`MEMORY_SAMPLE_INTERVAL`] to keep the high-water marks of
+/// [`register_memory_metrics`] up to date between scrapes. It runs until
+/// aborted through the returned handle or until the runtime stops; one is
+/// enough per process.
+///
+/// # Panics
+///
+/// Panics when called outside a tokio runtime, like [`tokio::spawn`].
+pub fn spawn_memory_sampler() -> JoinHandle<()> {
+    tokio::spawn(async {
+        let mut ticks = tokio::time::interval(MEMORY_SAMPLE_INTERVAL);
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut failing = false;
+        loop {
+            ticks.tick().await;
+            match JemallocSample::read() {
+                Ok(_) => failing = false,
+                Err(error) if !failing => {
+                    failing = true;
+                    tracing::debug!(%error, "cannot sample jemalloc statistics; memory high-water marks may miss spikes");
+                }
+                Err(_) => {}
+            }
+        }
+    })
+}
+
+/// One reading of jemalloc's statistics, in bytes.
+#[derive(Debug, Clone, Copy)]
+struct JemallocSample {
+    allocated: u64,
+    resident: u64,
+}
+
+impl JemallocSample {
+    /// Refreshes jemalloc's statistics, reads them, and raises the
+    /// high-water marks to what was read.
+    fn read() -> Result<Self, tikv_jemalloc_ctl::Error> {
+        tikv_jemalloc_ctl::epoch::advance()?;
+        let allocated = to_u64(tikv_jemalloc_ctl::stats::allocated::read()?);
+        let resident = to_u64(tikv_jemalloc_ctl::stats::resident::read()?);
+        ALLOCATED_MAX.fetch_max(allocated, Ordering::Relaxed);
+        RESIDENT_MAX.fetch_max(resident, Ordering::Relaxed);
+        Ok(Self {
+            allocated,
+            resident,
+        })
+    }
+}
+
+fn to_u64(bytes: usize) -> u64 {
+    u64::try_from(bytes).unwrap_or(u64::MAX)
+}
+
+/// The kernel's view of this process's memory, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct KernelMemory {
+    /// `VmRSS`: resident set size now.
+    resident: Option<u64>,
+    /// `VmHWM`: peak resident set size.
+    resident_max: Option<u64>,
+}
+
+impl KernelMemory {
+    #[cfg(target_os = "linux")]
+    fn read() -> Self {
+        match std::fs::read_to_string("/proc/self/status") {
+            Ok(status) => Self::parse(&status),
+            Err(error) => {
+                tracing::debug!(%error, "cannot read /proc/self/status; resident memory metrics are left out");
+                Self::default()
+            }
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn read() -> Self {
+        Self::default()
+    }
+
+    /// Parses the `VmRSS:` and `VmHWM:` lines of `/proc/PID/status`
+    /// (`VmRSS:\t    1234 kB`). Lines that do not parse are ignored.
+    #[cfg_attr(not(any(target_os = "linux", test)), allow(dead_code))]
+    fn parse(status: &str) -> Self {
+        let mut memory = Self::default();
+        for line in status.lines() {
+            let Some((key, value)) = line.split_once(':') else {
+                continue;
+            };
+            let slot = match key {
+                "VmRSS" => &mut memory.resident,
+                "VmHWM" => &mut memory.resident_max,
+                _ => continue,
+            };
+            let mut words = value.split_whitespace();
+            let bytes = match (words.next(), words.next(), words.next()) {
+                (Some(n), Some("kB"), None) => {
+                    n.parse::<u64>().ok().and_then(|kib| kib.checked_mul(1024))
+                }
+                _ => None,
+            };
+            if bytes.is_some() {
+                *slot = bytes;
+            }
+        }
+        memory
+    }
+}
+
+/// Reads the memory figures afresh at each scrape.
+#[derive(Debug)]
+struct MemoryCollector;
+
+impl Collector for MemoryCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        match JemallocSample::read() {
+            Ok(sample) => {
+                encode_bytes(
+                    &mut encoder,
+                    "process_memory_allocated",
+                    "Bytes allocated by the application, as counted by jemalloc.",
+                    sample.allocated,
+                )?;
+                encode_bytes(
+                    &mut encoder,
+                    "process_memory_resident",
+                    "Bytes in physically resident pages mapped by jemalloc.",
+                    sample.resident,
+                )?;
+                encode_bytes(
+                    &mut encoder,
+                    "process_memory_allocated_max",
+                    "Highest process_memory_allocated_bytes seen since the process started.",
+                    ALLOCATED_MAX.load(Ordering::Relaxed).max(sample.allocated),
+                )?;
+                encode_bytes(
+                    &mut encoder,
+                    "process_memory_resident_max",
+                    "Highest process_memory_resident_bytes seen since the process started.",
+                    RESIDENT_MAX.load(Ordering::Relaxed).max(sample.resident),
+                )?;
+            }
+            Err(error) => {
+                tracing::debug!(%error, "cannot read jemalloc statistics; allocator memory metrics are left out");
+            }
+        }
+
+        let kernel = KernelMemory::read();
+        if let Some(bytes) = kernel.resident {
+            encode_bytes(
+                &mut encoder,
+                "process_resident_memory",
+                "Resident set size of the process (VmRSS).",
+                bytes,
+            )?;
+        }
+        if let Some(bytes) = kernel.resident_max {
+            encode_bytes(
+                &mut encoder,
+                "process_resident_memory_max",
+                "Peak resident set size of the process (VmHWM).",
+                bytes,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Encodes one gauge in bytes; `name` is given without the `_bytes` unit suffix.
+fn encode_bytes(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    bytes: u64,
+) -> fmt::Result {
+    let unit = Unit::Bytes;
+    let metric = encoder.encode_descriptor(name, help, Some(&unit), MetricType::Gauge)?;
+    ConstGauge::new(bytes).encode(metric)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Serializes the tests that read jemalloc, so that only the sampler can
+    /// raise the high-water mark while the spike test runs.
+    static JEMALLOC_READERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn exclusive_jemalloc() -> std::sync::MutexGuard<'static, ()> {
+        JEMALLOC_READERS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    #[test]
+    fn parses_proc_status() {
+        let cases = [
+            (
+                "Name:\tballast\nVmHWM:\t    2048 kB\nVmRSS:\t    1024 kB\nThreads:\t4\n",
+                KernelMemory {
+                    resident: Some(1024 * 1024),
+                    resident_max: Some(2048 * 1024),
+                },
+            ),
+            ("", KernelMemory::default()),
+            ("VmRSS:\tlots kB\nVmHWM: 12 MB\n", KernelMemory::default()),
+            ("VmRSS:\t18446744073709551615 kB\n", KernelMemory::default()),
+            (
+                "VmRSS 12 kB\nVmRSS:\t7 kB\n",
+                KernelMemory {
+                    resident: Some(7 * 1024),
+                    resident_max: None,
+                },
+            ),
+        ];
+        for (status, want) in cases {
+            assert_eq!(KernelMemory::parse(status), want, "parsing {status:?}");
+        }
+    }
+
+    #[test]
+    fn encodes_all_memory_metrics() {
+        let _exclusive = exclusive_jemalloc();
+        let mut registry = Registry::default();
+        register_memory_metrics(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        let mut names = vec![
+            "process_memory_allocated_bytes",
+            "process_memory_resident_bytes",
+            "process_memory_allocated_max_bytes",
+            "process_memory_resident_max_bytes",
+        ];
+        if cfg!(target_os = "linux") {
+            names.extend([
+                "process_resident_memory_bytes",
+                "process_resident_memory_max_bytes",
+            ]);
+        }
+        for name in names {
+            assert!(
+                text.contains(&format!("\n{name} ")),
+                "{name} missing from:\n{text}"
+            );
+            assert!(
+                text.contains(&format!("# TYPE {name} gauge\n")),
+                "{name} has no gauge TYPE in:\n{text}"
+            );
+        }
+        let sample = JemallocSample::read().expect("jemalloc statistics");
+        assert!(sample.allocated > 0, "jemalloc is this test's allocator");
+    }
+
+    // The guard only keeps other test threads out; nothing on this runtime takes it.
+    #[allow(clippy::await_holding_lock)]
+    #[tokio::test]
+    async fn sampler_catches_a_spike_between_scrapes() {
+        const SPIKE: usize = 64 << 20;
+        let _exclusive = exclusive_jemalloc();
+        let sampler = spawn_memory_sampler();
+        assert!(
+            ALLOCATED_MAX.load(Ordering::Relaxed) < to_u64(SPIKE),
+            "no {SPIKE}-byte high-water mark before the spike"
+        );
+        let spike = std::hint::black_box(vec![1u8; SPIKE]);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        // Only the sampler reads jemalloc here: nothing scrapes.
+        while ALLOCATED_MAX.load(Ordering::Relaxed) < to_u64(SPIKE) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the sampler did not record a {SPIKE}-byte allocation within 10s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(spike);
+        sampler.abort();
+    }
+}

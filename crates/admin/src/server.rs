@@ -1,0 +1,417 @@
+//! The admin HTTP/1.1 server: `/live`, `/ready`, `/metrics`.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::Readiness;
+
+/// `Content-Type` of `/metrics`: the OpenMetrics text format that
+/// [`prometheus_client::encoding::text::encode`] writes (Prometheus scrapes it).
+pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Default for [`AdminServer::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+/// Default for [`AdminServer::header_read_timeout`].
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default for [`AdminServer::max_connection_age`].
+pub const DEFAULT_MAX_CONNECTION_AGE: Duration = Duration::from_secs(60);
+/// Default for [`AdminServer::shutdown_grace`].
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Largest request head (request line and headers) read from a client.
+const MAX_REQUEST_HEAD_BYTES: usize = 16 * 1024;
+/// Pause after an accept error that is not about one connection (for example
+/// running out of file descriptors), so the loop does not spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
+
+/// What the admin server serves: the metrics registry behind `/metrics` and
+/// the readiness check behind `/ready`. Cloning is cheap.
+#[derive(Clone, Debug)]
+pub struct AdminState {
+    registry: Arc<Registry>,
+    readiness: Readiness,
+}
+
+impl AdminState {
+    /// Serves `registry` on `/metrics` and asks `readiness` on `/ready`.
+    pub fn new(registry: Arc<Registry>, readiness: Readiness) -> Self {
+        Self {
+            registry,
+            readiness,
+        }
+    }
+}
+
+/// The admin HTTP/1.1 server, with its bounds.
+///
+/// | path | `GET` answer |
+/// |---|---|
+/// | `/live` | `200 live` while the server runs |
+/// | `/ready` | `200 ready` when the [`Readiness`] says so, else `503 not ready` |
+/// | `/metrics` | `200`, the registry in OpenMetrics text ([`METRICS_CONTENT_TYPE`]) |
+///
+/// Other methods on these paths get `405` (with `Allow: GET`), other paths
+/// `404`. Request bodies are never read.
+///
+/// Besides the caller's registry, `/metrics` reports the server's own
+/// `admin_connections_open` (gauge) and `admin_connections_rejected_total`
+/// (counter: connections closed at once because [`max_connections`] were open).
+///
+/// [`max_connections`]: AdminServer::max_connections
+#[derive(Debug)]
+pub struct AdminServer {
+    state: AdminState,
+    max_connections: usize,
+    header_read_timeout: Duration,
+    max_connection_age: Duration,
+    shutdown_grace: Duration,
+}
+
+impl AdminServer {
+    /// A server for `state` with the default bounds.
+    pub fn new(state: AdminState) -> Self {
+        Self {
+            state,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            max_connection_age: DEFAULT_MAX_CONNECTION_AGE,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+        }
+    }
+
+    /// Most connections served at once (default [`DEFAULT_MAX_CONNECTIONS`],
+    /// 64; at least 1). A connection accepted beyond it is closed at once,
+    /// unanswered, and counted in `admin_connections_rejected_total`.
+    pub fn max_connections(mut self, max: usize) -> Self {
+        self.max_connections = max.clamp(1, Semaphore::MAX_PERMITS);
+        self
+    }
+
+    /// How long a client may take to send a request head, counted from the
+    /// moment the server starts waiting for one; this is also how long an
+    /// idle keep-alive connection stays open (default
+    /// [`DEFAULT_HEADER_READ_TIMEOUT`], 10s). The connection is closed when it
+    /// runs out.
+    pub fn header_read_timeout(mut self, timeout: Duration) -> Self {
+        self.header_read_timeout = timeout;
+        self
+    }
+
+    /// How long one connection is served (default
+    /// [`DEFAULT_MAX_CONNECTION_AGE`], 60s). When it runs out the connection
+    /// is shut down gracefully like at server shutdown: the request in flight
+    /// gets [`shutdown_grace`](AdminServer::shutdown_grace) to finish. This
+    /// bounds clients that never read their response.
+    pub fn max_connection_age(mut self, age: Duration) -> Self {
+        self.max_connection_age = age;
+        self
+    }
+
+    /// How long in-flight requests may take to finish once shutdown starts
+    /// (default [`DEFAULT_SHUTDOWN_GRACE`], 5s); connections still busy then
+    /// are closed.
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
+        self
+    }
+
+    /// Serves connections from `listener` until `shutdown` resolves, then
+    /// stops accepting, lets in-flight requests finish within the shutdown
+    /// grace period and returns `Ok(())`.
+    ///
+    /// Accept errors (a connection reset before it was accepted, running out
+    /// of file descriptors) are logged and the loop goes on after a short
+    /// pause: they never end the server. The only error returned is failing
+    /// to read the listener's local address at start.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()>,
+    ) -> io::Result<()> {
+        let local = listener.local_addr()?;
+        tracing::info!(%local, "admin server listening");
+
+        let service = Arc::new(AdminService::new(self.state));
+        let mut http = http1::Builder::new();
+        http.timer(TokioTimer::new())
+            .header_read_timeout(self.header_read_timeout)
+            .max_buf_size(MAX_REQUEST_HEAD_BYTES)
+            .keep_alive(true);
+        let bounds = ConnectionBounds {
+            http,
+            max_age: self.max_connection_age,
+            grace: self.shutdown_grace,
+        };
+        let permits = Arc::new(Semaphore::new(self.max_connections));
+        let (stop, stopped) = watch::channel(false);
+        let mut connections = JoinSet::new();
+        let mut shutdown = pin!(shutdown);
+
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                Some(ended) = connections.join_next() => log_task_end(ended),
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, peer)) => {
+                        let Ok(permit) = permits.clone().try_acquire_owned() else {
+                            service.rejected.inc();
+                            tracing::debug!(%peer, "admin connection limit reached; closing the new connection");
+                            drop(stream);
+                            continue;
+                        };
+                        let guard = OpenConnection::new(permit, service.open.clone());
+                        connections.spawn(serve_connection(
+                            stream,
+                            peer,
+                            service.clone(),
+                            bounds.clone(),
+                            stopped.clone(),
+                            guard,
+                        ));
+                    }
+                    Err(error) if is_connection_error(&error) => {
+                        tracing::debug!(%error, "admin connection failed before it was accepted");
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "admin server cannot accept connections; retrying shortly");
+                        tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                    }
+                },
+            }
+        }
+
+        drop(listener);
+        stop.send_replace(true);
+        let in_flight = connections.len();
+        tracing::debug!(in_flight, "admin server shutting down");
+        // Each connection bounds its own drain by the grace period; this
+        // outer bound only guards against a connection task that overstays.
+        let drain = async {
+            while let Some(ended) = connections.join_next().await {
+                log_task_end(ended);
+            }
+        };
+        let outer = self.shutdown_grace.saturating_add(Duration::from_secs(1));
+        if tokio::time::timeout(outer, drain).await.is_err() {
+            tracing::warn!(
+                remaining = connections.len(),
+                "admin connections outlived the shutdown grace period; closing them"
+            );
+            connections.shutdown().await;
+        }
+        tracing::info!(%local, "admin server stopped");
+        Ok(())
+    }
+}
+
+/// Serves `state` on `listener` with the default bounds of [`AdminServer`]
+/// until `shutdown` resolves; see [`AdminServer::serve`].
+pub async fn serve(
+    listener: TcpListener,
+    state: AdminState,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    AdminServer::new(state).serve(listener, shutdown).await
+}
+
+/// Per-connection settings, cloned into each connection task.
+#[derive(Clone)]
+struct ConnectionBounds {
+    http: http1::Builder,
+    max_age: Duration,
+    grace: Duration,
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    service: Arc<AdminService>,
+    bounds: ConnectionBounds,
+    mut stopped: watch::Receiver<bool>,
+    _open: OpenConnection,
+) {
+    if let Err(error) = stream.set_nodelay(true) {
+        tracing::debug!(%peer, %error, "cannot set TCP_NODELAY on an admin connection");
+    }
+    let connection = bounds.http.serve_connection(
+        TokioIo::new(stream),
+        service_fn(move |request: Request<Incoming>| {
+            std::future::ready(Ok::<_, Infallible>(service.respond(&request)))
+        }),
+    );
+    let mut connection = pin!(connection);
+    tokio::select! {
+        ended = connection.as_mut() => {
+            log_connection_end(peer, ended);
+            return;
+        }
+        // An error means the server is gone: shut down all the same.
+        _ = stopped.wait_for(|stopped| *stopped) => {}
+        () = tokio::time::sleep(bounds.max_age) => {
+            tracing::debug!(%peer, "admin connection reached its maximum age; closing it");
+        }
+    }
+    connection.as_mut().graceful_shutdown();
+    match tokio::time::timeout(bounds.grace, connection).await {
+        Ok(ended) => log_connection_end(peer, ended),
+        Err(_) => {
+            tracing::debug!(%peer, "admin connection still busy after the grace period; closing it")
+        }
+    }
+}
+
+fn log_connection_end(peer: SocketAddr, ended: Result<(), hyper::Error>) {
+    if let Err(error) = ended {
+        // Garbage, timeouts and hang-ups land here; they are the client's business.
+        tracing::debug!(%peer, %error, "admin connection ended with an error");
+    }
+}
+
+fn log_task_end(ended: Result<(), tokio::task::JoinError>) {
+    if let Err(error) = ended {
+        if error.is_panic() {
+            tracing::error!(%error, "admin connection task panicked");
+        }
+    }
+}
+
+/// Errors of `accept` that concern only the connection being accepted.
+fn is_connection_error(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+            | io::ErrorKind::TimedOut
+    )
+}
+
+/// Holds a connection slot, and keeps `admin_connections_open` counting it,
+/// until the connection task ends (or is aborted).
+struct OpenConnection {
+    _permit: OwnedSemaphorePermit,
+    open: Gauge,
+}
+
+impl OpenConnection {
+    fn new(permit: OwnedSemaphorePermit, open: Gauge) -> Self {
+        open.inc();
+        Self {
+            _permit: permit,
+            open,
+        }
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
+}
+
+/// Answers requests; shared by all connections of one server.
+struct AdminService {
+    state: AdminState,
+    /// The server's own metrics, appended to the caller's on `/metrics`.
+    own_metrics: Registry,
+    rejected: Counter,
+    open: Gauge,
+}
+
+impl AdminService {
+    fn new(state: AdminState) -> Self {
+        let rejected = Counter::default();
+        let open = Gauge::default();
+        let mut own_metrics = Registry::default();
+        own_metrics.register(
+            "admin_connections_rejected",
+            "Admin connections closed unanswered because the connection limit was reached",
+            rejected.clone(),
+        );
+        own_metrics.register(
+            "admin_connections_open",
+            "Admin connections being served",
+            open.clone(),
+        );
+        Self {
+            state,
+            own_metrics,
+            rejected,
+            open,
+        }
+    }
+
+    fn respond<B>(&self, request: &Request<B>) -> Response<Full<Bytes>> {
+        let path = request.uri().path();
+        if !matches!(path, "/live" | "/ready" | "/metrics") {
+            return text(StatusCode::NOT_FOUND, "not found\n");
+        }
+        if request.method() != Method::GET {
+            let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+            response
+                .headers_mut()
+                .insert(ALLOW, HeaderValue::from_static("GET"));
+            return response;
+        }
+        match path {
+            "/live" => text(StatusCode::OK, "live\n"),
+            "/ready" if self.state.readiness.is_ready() => text(StatusCode::OK, "ready\n"),
+            "/ready" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
+            _ => self.metrics(),
+        }
+    }
+
+    fn metrics(&self) -> Response<Full<Bytes>> {
+        use prometheus_client::encoding::text::{encode_eof, encode_registry};
+
+        let mut body = String::new();
+        let encoded = encode_registry(&mut body, &self.state.registry)
+            .and_then(|()| encode_registry(&mut body, &self.own_metrics))
+            .and_then(|()| encode_eof(&mut body));
+        if encoded.is_err() {
+            tracing::warn!("cannot encode metrics; a registered metric or collector failed");
+            return text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "metrics encoding failed; see the process log\n",
+            );
+        }
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(METRICS_CONTENT_TYPE));
+        response
+    }
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(TEXT_PLAIN));
+    response
+}

@@ -1,0 +1,191 @@
+//! `ballast destination`: flags, then wiring of source, store, gRPC and admin.
+
+use crate::diagnostics::humantime_secs;
+use anyhow::Context;
+use ballast_admin::{AdminServer, AdminState, Readiness};
+use ballast_destination::{
+    index::{Index, IndexConfig, PortSet, DEFAULT_OPAQUE_PORTS},
+    metrics::Metrics,
+    server::{self, DestinationService, MeshConfig, ServerConfig},
+    source::manifests::{self, ManifestsConfig},
+    store::Store,
+};
+use clap::Args as ClapArgs;
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+use tokio::{net::TcpListener, sync::watch};
+
+#[derive(ClapArgs)]
+#[command(
+    after_help = "Source: `--manifests DIR` serves the Kubernetes objects (Pods, Services, \
+EndpointSlices) written in DIR and follows edits to it; it is the only source for now.\n\
+Every flag can also be set by the environment variable shown."
+)]
+pub struct Args {
+    /// Address of the gRPC server (Linkerd Destination API and gRPC health).
+    #[arg(
+        long,
+        env = "BALLAST_DESTINATION_ADDR",
+        default_value = "127.0.0.1:8086"
+    )]
+    addr: SocketAddr,
+
+    /// Address of the admin server (/live, /ready, /metrics).
+    #[arg(
+        long,
+        env = "BALLAST_DESTINATION_ADMIN_ADDR",
+        default_value = "127.0.0.1:9996"
+    )]
+    admin_addr: SocketAddr,
+
+    /// Directory of Kubernetes manifests (*.yaml, *.yml, *.json, read
+    /// recursively) standing in for a cluster; edits are followed.
+    #[arg(long, env = "BALLAST_DESTINATION_MANIFESTS")]
+    manifests: Option<PathBuf>,
+
+    /// Largest manifest file read; larger files are refused with an error.
+    #[arg(long, env = "BALLAST_DESTINATION_MANIFESTS_MAX_FILE_BYTES", default_value_t = 16 * 1024 * 1024)]
+    manifests_max_file_bytes: u64,
+
+    /// The cluster's DNS domain, as in NAME.NS.svc.CLUSTER_DOMAIN.
+    #[arg(
+        long,
+        env = "BALLAST_DESTINATION_CLUSTER_DOMAIN",
+        default_value = "cluster.local"
+    )]
+    cluster_domain: String,
+
+    /// Namespace of the control plane: pods injected by it (label
+    /// linkerd.io/control-plane-ns) get a TLS identity.
+    #[arg(
+        long,
+        env = "BALLAST_DESTINATION_CONTROLLER_NAMESPACE",
+        default_value = "linkerd"
+    )]
+    controller_namespace: String,
+
+    /// Trust domain of mesh identities; an empty value disables identities.
+    #[arg(
+        long,
+        env = "BALLAST_DESTINATION_IDENTITY_TRUST_DOMAIN",
+        default_value = "cluster.local"
+    )]
+    identity_trust_domain: String,
+
+    /// Do not hint HTTP/2 to meshed endpoints.
+    #[arg(long, env = "BALLAST_DESTINATION_DISABLE_H2_UPGRADE")]
+    disable_h2_upgrade: bool,
+
+    /// Ports treated as opaque where no config.linkerd.io/opaque-ports annotation says otherwise.
+    #[arg(long, env = "BALLAST_DESTINATION_DEFAULT_OPAQUE_PORTS", default_value = DEFAULT_OPAQUE_PORTS)]
+    default_opaque_ports: String,
+
+    /// Messages queued per stream; a client that lets its queue fill is cut
+    /// off with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "BALLAST_DESTINATION_STREAM_QUEUE", default_value_t = server::DEFAULT_STREAM_QUEUE,
+          value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    stream_queue: u32,
+
+    /// Concurrent Get and GetProfile streams; past it new streams get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "BALLAST_DESTINATION_MAX_STREAMS", default_value_t = server::DEFAULT_MAX_STREAMS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_streams: u32,
+
+    /// On SIGTERM, how long open streams and connections get to close before exit.
+    #[arg(long, env = "BALLAST_DESTINATION_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime_secs)]
+    shutdown_grace: Duration,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let Some(dir) = args.manifests.clone() else {
+        anyhow::bail!(
+            "no source given: pass --manifests DIR (a directory of Kubernetes manifests), \
+             e.g. `ballast destination --manifests examples/`"
+        );
+    };
+    let default_opaque_ports = PortSet::parse(&args.default_opaque_ports)
+        .map_err(|e| anyhow::anyhow!("--default-opaque-ports: {e}"))?;
+    let grpc = TcpListener::bind(args.addr)
+        .await
+        .with_context(|| format!("cannot listen on --addr {}", args.addr))?;
+    let admin = TcpListener::bind(args.admin_addr)
+        .await
+        .with_context(|| format!("cannot listen on --admin-addr {}", args.admin_addr))?;
+    tracing::info!("destination gRPC listening on {}", grpc.local_addr()?);
+    tracing::info!("admin listening on {}", admin.local_addr()?);
+
+    let metrics = Metrics::default();
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    ballast_admin::register_memory_metrics(&mut registry);
+    let _sampler = ballast_admin::spawn_memory_sampler();
+
+    let store = Store::new(
+        Index::new(IndexConfig {
+            default_opaque_ports,
+        }),
+        metrics,
+    );
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    let ready_store = store.clone();
+    let admin_state = AdminState::new(
+        Arc::new(registry),
+        Readiness::from_fn(move || ready_store.is_ready()),
+    );
+    let admin_task =
+        tokio::spawn(AdminServer::new(admin_state).serve(admin, stopped(stop_rx.clone())));
+
+    let mut source = tokio::spawn(manifests::run(
+        ManifestsConfig {
+            max_file_bytes: args.manifests_max_file_bytes,
+            ..ManifestsConfig::new(dir)
+        },
+        store.clone(),
+        stopped(stop_rx.clone()),
+    ));
+
+    let config = ServerConfig {
+        mesh: MeshConfig {
+            cluster_domain: args.cluster_domain,
+            controller_namespace: args.controller_namespace,
+            identity_trust_domain: Some(args.identity_trust_domain).filter(|d| !d.is_empty()),
+            enable_h2_upgrade: !args.disable_h2_upgrade,
+        },
+        stream_queue: args.stream_queue as usize,
+        max_streams: args.max_streams as usize,
+        ..ServerConfig::default()
+    };
+    let service = DestinationService::new(store.clone(), config, stop_rx.clone());
+    let mut grpc_task = tokio::spawn(server::serve(grpc, service, stopped(stop_rx.clone())));
+
+    let outcome: anyhow::Result<()> = tokio::select! {
+        _ = crate::signal::shutdown() => Ok(()),
+        r = &mut source => match r {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(anyhow::Error::new(e).context("manifests source failed")),
+            Err(e) => Err(anyhow::anyhow!("manifests source stopped: {e}")),
+        },
+        r = &mut grpc_task => Err(anyhow::anyhow!("gRPC server stopped: {r:?}")),
+    };
+
+    // Streams end cleanly (status OK) as soon as the flag turns; the server
+    // then waits for clients to hang up, for at most the grace period.
+    let _ = stop_tx.send(true);
+    let drain = async {
+        if !grpc_task.is_finished() {
+            let _ = grpc_task.await;
+        }
+        let _ = admin_task.await;
+    };
+    if tokio::time::timeout(args.shutdown_grace, drain)
+        .await
+        .is_err()
+    {
+        tracing::warn!(grace = ?args.shutdown_grace, "connections still open after the grace period; exiting");
+    }
+    tracing::info!("stopped");
+    outcome
+}

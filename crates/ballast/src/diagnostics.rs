@@ -1,0 +1,69 @@
+use ballast_destination::diagnostics as diag;
+use clap::{Args as ClapArgs, Subcommand, ValueEnum};
+use std::time::Duration;
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// The endpoints `Get` answers for AUTHORITY (NAME.NS.svc.CLUSTER_DOMAIN:PORT or IP:PORT).
+    Endpoints(Query),
+    /// The profile `GetProfile` answers for AUTHORITY.
+    Profile(Query),
+}
+
+#[derive(ClapArgs)]
+pub struct Query {
+    /// What to ask about: NAME.NS.svc.CLUSTER_DOMAIN:PORT, NAME.NS[:PORT] or IP:PORT.
+    authority: String,
+    /// Address of the destination controller's gRPC server.
+    #[arg(long, env = "BALLAST_DESTINATION", default_value = "127.0.0.1:8086")]
+    destination: String,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    /// How long to wait for the controller's first answer.
+    #[arg(long, default_value = "5s", value_parser = humantime_secs)]
+    timeout: Duration,
+}
+
+#[derive(Copy, Clone, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+pub fn humantime_secs(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map(|i| s.split_at(i))
+        .unwrap_or((s, "s"));
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 500ms, 5s, 2m)"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        _ => return Err(format!("{s:?}: unit must be ms, s or m")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
+}
+
+pub async fn run(cmd: Command) -> anyhow::Result<()> {
+    match cmd {
+        Command::Endpoints(q) => {
+            let answer = diag::endpoints(&q.destination, &q.authority, q.timeout).await?;
+            match q.output {
+                Output::Table => print!("{}", diag::endpoints_table(&q.authority, &answer)),
+                Output::Json => println!("{:#}", diag::endpoints_json(&answer)),
+            }
+        }
+        Command::Profile(q) => {
+            let profile = diag::profile(&q.destination, &q.authority, q.timeout).await?;
+            match q.output {
+                Output::Table => print!("{}", diag::profile_table(&profile)),
+                Output::Json => println!("{:#}", diag::profile_json(&profile)),
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,319 @@
+//! `ballast diagnostics`: ask a destination controller what it answers, and
+//! print it for people (a table) or programs (JSON).
+
+use crate::server::MAX_ADDRS_PER_UPDATE;
+use linkerd2_proxy_api::{
+    destination::{
+        destination_client::DestinationClient, protocol_hint, tls_identity, update,
+        DestinationProfile, GetDestination, WeightedAddr,
+    },
+    net::TcpAddress,
+};
+use serde_json::{json, Value};
+use std::{net::IpAddr, time::Duration};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DiagnosticsError {
+    #[error("cannot reach the destination controller at {addr}: {reason}; is `ballast destination` running there? (see --destination)")]
+    Connect { addr: String, reason: String },
+    #[error("the controller answered {code:?}: {message}")]
+    Status { code: tonic::Code, message: String },
+    #[error("no answer from the controller within {0:?}")]
+    Timeout(Duration),
+    #[error("the controller closed the stream without an answer")]
+    Closed,
+}
+
+impl From<tonic::Status> for DiagnosticsError {
+    fn from(s: tonic::Status) -> Self {
+        DiagnosticsError::Status {
+            code: s.code(),
+            message: s.message().chars().take(300).collect(),
+        }
+    }
+}
+
+/// What `Get` answered first: the endpoint set, or that there is none.
+#[derive(Debug)]
+pub enum EndpointsAnswer {
+    Endpoints(Vec<(std::collections::HashMap<String, String>, WeightedAddr)>),
+    NoEndpoints { exists: bool },
+}
+
+async fn connect(
+    addr: &str,
+    timeout: Duration,
+) -> Result<DestinationClient<tonic::transport::Channel>, DiagnosticsError> {
+    let uri = if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
+    let endpoint =
+        tonic::transport::Endpoint::from_shared(uri).map_err(|e| DiagnosticsError::Connect {
+            addr: addr.to_string(),
+            reason: e.to_string(),
+        })?;
+    let channel = endpoint
+        .connect_timeout(timeout)
+        .connect()
+        .await
+        .map_err(|e| DiagnosticsError::Connect {
+            addr: addr.to_string(),
+            reason: std::error::Error::source(&e)
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| e.to_string()),
+        })?;
+    // Answers are bounded by the server; this caps what we accept regardless.
+    Ok(DestinationClient::new(channel).max_decoding_message_size(16 * 1024 * 1024))
+}
+
+/// The first answer of `Get(authority)`: the initial set, which the server may
+/// split over several messages of [`MAX_ADDRS_PER_UPDATE`] addresses.
+pub async fn endpoints(
+    destination: &str,
+    authority: &str,
+    timeout: Duration,
+) -> Result<EndpointsAnswer, DiagnosticsError> {
+    let mut client = connect(destination, timeout).await?;
+    let req = GetDestination {
+        scheme: "k8s".into(),
+        path: authority.to_string(),
+        context_token: String::new(),
+    };
+    let mut stream = tokio::time::timeout(timeout, client.get(req))
+        .await
+        .map_err(|_| DiagnosticsError::Timeout(timeout))??
+        .into_inner();
+    let mut out = Vec::new();
+    loop {
+        let msg = tokio::time::timeout(timeout, stream.message())
+            .await
+            .map_err(|_| DiagnosticsError::Timeout(timeout))??
+            .ok_or(DiagnosticsError::Closed)?;
+        match msg.update {
+            Some(update::Update::Add(set)) => {
+                let full = set.addrs.len() == MAX_ADDRS_PER_UPDATE;
+                out.extend(
+                    set.addrs
+                        .into_iter()
+                        .map(|a| (set.metric_labels.clone(), a)),
+                );
+                if !full {
+                    return Ok(EndpointsAnswer::Endpoints(out));
+                }
+            }
+            Some(update::Update::NoEndpoints(n)) if out.is_empty() => {
+                return Ok(EndpointsAnswer::NoEndpoints { exists: n.exists })
+            }
+            _ => return Ok(EndpointsAnswer::Endpoints(out)),
+        }
+    }
+}
+
+/// The first answer of `GetProfile(authority)`.
+pub async fn profile(
+    destination: &str,
+    authority: &str,
+    timeout: Duration,
+) -> Result<DestinationProfile, DiagnosticsError> {
+    let mut client = connect(destination, timeout).await?;
+    let req = GetDestination {
+        scheme: "k8s".into(),
+        path: authority.to_string(),
+        context_token: String::new(),
+    };
+    let mut stream = tokio::time::timeout(timeout, client.get_profile(req))
+        .await
+        .map_err(|_| DiagnosticsError::Timeout(timeout))??
+        .into_inner();
+    tokio::time::timeout(timeout, stream.message())
+        .await
+        .map_err(|_| DiagnosticsError::Timeout(timeout))??
+        .ok_or(DiagnosticsError::Closed)
+}
+
+fn socket(addr: Option<&TcpAddress>) -> (String, u32) {
+    let Some(a) = addr else {
+        return ("-".into(), 0);
+    };
+    let ip =
+        a.ip.and_then(|ip| IpAddr::try_from(ip).ok())
+            .map(|ip| ip.to_string())
+            .unwrap_or_else(|| "-".into());
+    (ip, a.port)
+}
+
+fn identity(a: &WeightedAddr) -> Option<String> {
+    match a.tls_identity.as_ref()?.strategy.as_ref()? {
+        tls_identity::Strategy::DnsLikeIdentity(d) => Some(d.name.clone()),
+        tls_identity::Strategy::UriLikeIdentity(u) => Some(u.uri.clone()),
+    }
+}
+
+fn hint(a: &WeightedAddr) -> Option<String> {
+    let h = a.protocol_hint.as_ref()?;
+    let proto = match &h.protocol {
+        Some(protocol_hint::Protocol::H2(_)) => "h2",
+        Some(protocol_hint::Protocol::Opaque(_)) => "opaque",
+        None => "-",
+    };
+    Some(match &h.opaque_transport {
+        Some(t) => format!("{proto} (transport port {})", t.inbound_port),
+        None => proto.to_string(),
+    })
+}
+
+fn addr_json(
+    set_labels: Option<&std::collections::HashMap<String, String>>,
+    a: &WeightedAddr,
+) -> Value {
+    let (ip, port) = socket(a.addr.as_ref());
+    let mut labels: std::collections::BTreeMap<&String, &String> = a.metric_labels.iter().collect();
+    if let Some(set) = set_labels {
+        labels.extend(set.iter());
+    }
+    json!({
+        "ip": ip,
+        "port": port,
+        "weight": a.weight,
+        "labels": labels,
+        "identity": identity(a),
+        "protocol_hint": hint(a),
+    })
+}
+
+pub fn endpoints_json(answer: &EndpointsAnswer) -> Value {
+    match answer {
+        EndpointsAnswer::NoEndpoints { exists } => json!({"endpoints": [], "exists": exists}),
+        EndpointsAnswer::Endpoints(list) => json!({
+            "exists": true,
+            "endpoints": list.iter().map(|(set, a)| addr_json(Some(set), a)).collect::<Vec<_>>(),
+        }),
+    }
+}
+
+/// `NAMESPACE IP PORT POD SERVICE`, as `linkerd diagnostics endpoints` prints.
+pub fn endpoints_table(authority: &str, answer: &EndpointsAnswer) -> String {
+    let list = match answer {
+        EndpointsAnswer::NoEndpoints { exists: true } => {
+            return format!("No endpoints found for {authority} (the service exists).\n")
+        }
+        EndpointsAnswer::NoEndpoints { exists: false } => {
+            return format!("No endpoints found for {authority} (no such service).\n")
+        }
+        EndpointsAnswer::Endpoints(list) => list,
+    };
+    let mut rows = vec![[
+        "NAMESPACE".to_string(),
+        "IP".into(),
+        "PORT".into(),
+        "POD".into(),
+        "SERVICE".into(),
+        "IDENTITY".into(),
+        "HINT".into(),
+    ]];
+    for (set, a) in list {
+        let (ip, port) = socket(a.addr.as_ref());
+        let label = |k: &str| {
+            a.metric_labels
+                .get(k)
+                .or_else(|| set.get(k))
+                .cloned()
+                .unwrap_or_else(|| "-".into())
+        };
+        rows.push([
+            label("namespace"),
+            ip,
+            port.to_string(),
+            label("pod"),
+            label("service"),
+            identity(a).unwrap_or_else(|| "-".into()),
+            hint(a).unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    table(&rows)
+}
+
+pub fn profile_json(p: &DestinationProfile) -> Value {
+    json!({
+        "fully_qualified_name": p.fully_qualified_name,
+        "opaque_protocol": p.opaque_protocol,
+        "routes": p.routes.len(),
+        "retry_budget": p.retry_budget.as_ref().map(|b| json!({
+            "retry_ratio": b.retry_ratio,
+            "min_retries_per_second": b.min_retries_per_second,
+            "ttl_seconds": b.ttl.as_ref().map(|t| t.seconds),
+        })),
+        "dst_overrides": p.dst_overrides.iter().map(|d| json!({"authority": d.authority, "weight": d.weight})).collect::<Vec<_>>(),
+        "endpoint": p.endpoint.as_ref().map(|a| addr_json(None, a)),
+    })
+}
+
+pub fn profile_table(p: &DestinationProfile) -> String {
+    let or_dash = |s: &str| {
+        if s.is_empty() {
+            "-".to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    let mut rows = vec![
+        ["FIELD".to_string(), "VALUE".to_string()],
+        [
+            "fully qualified name".into(),
+            or_dash(&p.fully_qualified_name),
+        ],
+        ["opaque protocol".into(), p.opaque_protocol.to_string()],
+        ["routes".into(), p.routes.len().to_string()],
+    ];
+    if let Some(b) = &p.retry_budget {
+        rows.push([
+            "retry budget".into(),
+            format!(
+                "ratio {}, min {}/s, ttl {}s",
+                b.retry_ratio,
+                b.min_retries_per_second,
+                b.ttl.as_ref().map(|t| t.seconds).unwrap_or(0)
+            ),
+        ]);
+    }
+    if let Some(a) = &p.endpoint {
+        let (ip, port) = socket(a.addr.as_ref());
+        rows.push(["endpoint".into(), format!("{ip}:{port}")]);
+        let mut labels: Vec<_> = a.metric_labels.iter().collect();
+        labels.sort();
+        for (k, v) in labels {
+            rows.push([format!("endpoint label {k}"), v.clone()]);
+        }
+        rows.push([
+            "endpoint identity".into(),
+            identity(a).unwrap_or_else(|| "-".into()),
+        ]);
+        rows.push([
+            "endpoint hint".into(),
+            hint(a).unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    table(&rows)
+}
+
+fn table<const N: usize>(rows: &[[String; N]]) -> String {
+    let mut widths = [0usize; N];
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out.push_str(line.join("   ").trim_end());
+        out.push('\n');
+    }
+    out
+}

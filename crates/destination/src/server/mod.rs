@@ -1,0 +1,251 @@
+//! Linkerd's Destination gRPC API over the store.
+//!
+//! Each stream is a small task: it waits for its shared subscription to
+//! change, turns the new answer into messages, and puts them on a bounded
+//! queue. A client that does not read fills its queue; the stream is then
+//! closed with `RESOURCE_EXHAUSTED` and its subscription released. Nothing
+//! else waits on it.
+
+mod translate;
+mod updates;
+
+pub use translate::{MeshConfig, DEFAULT_PROXY_INBOUND_PORT, DEFAULT_WEIGHT};
+pub use updates::MAX_ADDRS_PER_UPDATE;
+
+use crate::{
+    authority,
+    index::Target,
+    metrics::Metrics,
+    resource::ServiceType,
+    store::{Store, Subscription},
+};
+use linkerd2_proxy_api::destination::{
+    destination_server::{Destination, DestinationServer},
+    DestinationProfile, GetDestination, Update,
+};
+use prometheus_client::metrics::gauge::Gauge;
+use std::{future::Future, sync::Arc, time::Duration};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+/// Bounds and behaviour of the gRPC server.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub mesh: MeshConfig,
+    /// Messages queued per stream before a client that does not read is cut.
+    pub stream_queue: usize,
+    /// Concurrent streams (Get and GetProfile together) before new ones are
+    /// refused with `RESOURCE_EXHAUSTED`.
+    pub max_streams: usize,
+    /// Largest request message accepted.
+    pub max_request_bytes: usize,
+    /// HTTP/2 keepalive pings, so that vanished clients are noticed.
+    pub keepalive: Duration,
+}
+
+/// Default per-stream queue, in messages.
+pub const DEFAULT_STREAM_QUEUE: u32 = 64;
+/// Default limit of concurrent streams.
+pub const DEFAULT_MAX_STREAMS: u32 = 20_000;
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            mesh: MeshConfig::default(),
+            stream_queue: DEFAULT_STREAM_QUEUE as usize,
+            max_streams: DEFAULT_MAX_STREAMS as usize,
+            max_request_bytes: 16 * 1024,
+            keepalive: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct DestinationService {
+    store: Arc<Store>,
+    config: Arc<ServerConfig>,
+    streams: Arc<Semaphore>,
+    shutdown: watch::Receiver<bool>,
+}
+
+type Stream<T> = ReceiverStream<Result<T, Status>>;
+
+impl DestinationService {
+    /// `shutdown` turning true ends every stream cleanly (status OK).
+    pub fn new(store: Arc<Store>, config: ServerConfig, shutdown: watch::Receiver<bool>) -> Self {
+        Self {
+            store,
+            streams: Arc::new(Semaphore::new(config.max_streams)),
+            config: Arc::new(config),
+            shutdown,
+        }
+    }
+
+    fn admit(&self, method: &str) -> Result<OwnedSemaphorePermit, Status> {
+        self.streams.clone().try_acquire_owned().map_err(|_| {
+            self.store
+                .metrics()
+                .streams_refused_total
+                .get_or_create(&Metrics::method(method))
+                .inc();
+            Status::resource_exhausted(format!(
+                "stream limit reached ({} concurrent streams); retry with backoff",
+                self.config.max_streams
+            ))
+        })
+    }
+
+    fn target(&self, req: &GetDestination) -> Result<Target, Status> {
+        let target = authority::parse(&req.path, &self.config.mesh.cluster_domain)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if let Target::Service { service, .. } = &target {
+            let external = self.store.with_index(|i| {
+                i.service(service)
+                    .is_some_and(|s| s.type_ == ServiceType::ExternalName)
+            });
+            if external {
+                return Err(Status::invalid_argument(format!(
+                    "service {service} is ExternalName; it has no endpoints to discover"
+                )));
+            }
+        }
+        Ok(target)
+    }
+
+    /// Runs one stream: sends what `render` makes of each new answer until the
+    /// client leaves, the queue overflows, or the server shuts down.
+    fn spawn_stream<V, T>(
+        &self,
+        method: &'static str,
+        mut sub: Subscription<V>,
+        permit: OwnedSemaphorePermit,
+        mut render: impl FnMut(&V) -> Vec<T> + Send + 'static,
+    ) -> Stream<T>
+    where
+        V: Send + Sync + 'static,
+        T: Send + 'static,
+    {
+        // One slot stays free for the status that closes an overflowing stream.
+        let (tx, rx) = mpsc::channel(self.config.stream_queue + 1);
+        let metrics = self.store.metrics().clone();
+        let label = Metrics::method(method);
+        let open = StreamGauge::open(metrics.streams.get_or_create(&label).clone());
+        metrics.streams_total.get_or_create(&label).inc();
+        let mut shutdown = self.shutdown.clone();
+        let queue = self.config.stream_queue;
+        tokio::spawn(async move {
+            let _permit = permit;
+            let _open = open;
+            let mut answer = sub.current();
+            loop {
+                for msg in render(&answer) {
+                    if tx.capacity() <= 1 {
+                        metrics.stream_overflows_total.get_or_create(&label).inc();
+                        let _ = tx.try_send(Err(Status::resource_exhausted(format!(
+                            "client did not read {queue} queued updates; stream closed, reconnect"
+                        ))));
+                        return;
+                    }
+                    if tx.try_send(Ok(msg)).is_err() {
+                        return;
+                    }
+                    metrics.updates_sent_total.get_or_create(&label).inc();
+                }
+                tokio::select! {
+                    next = sub.changed() => match next {
+                        Some(next) => answer = next,
+                        None => return,
+                    },
+                    _ = tx.closed() => return,
+                    _ = shutdown.wait_for(|stop| *stop) => return,
+                }
+            }
+        });
+        ReceiverStream::new(rx)
+    }
+}
+
+#[tonic::async_trait]
+impl Destination for DestinationService {
+    type GetStream = Stream<Update>;
+
+    async fn get(&self, req: Request<GetDestination>) -> Result<Response<Self::GetStream>, Status> {
+        let target = self.target(req.get_ref())?;
+        let permit = self.admit("Get")?;
+        let sub = self.store.subscribe_endpoints(target);
+        let mesh = self.config.mesh.clone();
+        let mut last: Option<Arc<crate::index::EndpointSet>> = None;
+        let stream = self.spawn_stream("Get", sub, permit, move |cur| {
+            let msgs = updates::diff(last.as_deref(), cur, &mesh);
+            last = Some(Arc::new(cur.clone()));
+            msgs
+        });
+        Ok(Response::new(stream))
+    }
+
+    type GetProfileStream = Stream<DestinationProfile>;
+
+    async fn get_profile(
+        &self,
+        req: Request<GetDestination>,
+    ) -> Result<Response<Self::GetProfileStream>, Status> {
+        let target = self.target(req.get_ref())?;
+        let permit = self.admit("GetProfile")?;
+        let sub = self.store.subscribe_profile(target.clone());
+        let mesh = self.config.mesh.clone();
+        let mut last: Option<DestinationProfile> = None;
+        let stream = self.spawn_stream("GetProfile", sub, permit, move |view| {
+            let profile = translate::profile(view, &target, &mesh);
+            if last.as_ref() == Some(&profile) {
+                return vec![];
+            }
+            last = Some(profile.clone());
+            vec![profile]
+        });
+        Ok(Response::new(stream))
+    }
+}
+
+/// Counts a stream as open for as long as its task lives.
+struct StreamGauge(Gauge);
+
+impl StreamGauge {
+    fn open(g: Gauge) -> Self {
+        g.inc();
+        Self(g)
+    }
+}
+
+impl Drop for StreamGauge {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Serves the Destination API and gRPC health on `listener` until `shutdown`
+/// resolves, then waits for open connections to close.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    service: DestinationService,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let config = service.config.clone();
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<DestinationServer<DestinationService>>()
+        .await;
+    let destination =
+        DestinationServer::new(service).max_decoding_message_size(config.max_request_bytes);
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(config.keepalive))
+        .http2_keepalive_timeout(Some(config.keepalive * 2))
+        .add_service(health_service)
+        .add_service(destination)
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown,
+        )
+        .await
+}

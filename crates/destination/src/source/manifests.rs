@@ -1,0 +1,996 @@
+//! The manifests-directory source: Kubernetes objects written as files,
+//! served as if a cluster held them, and followed as the files change.
+//!
+//! Every `*.yaml`, `*.yml` and `*.json` file under the directory (recursively;
+//! hidden entries such as `..data` and editor leftovers such as `web.yaml~`
+//! or `#web.yaml#` skipped) is read at start and applied in one batch. Then a
+//! file watcher (with a periodic rescan as a safety net, or polling when no
+//! watcher can be had) triggers rescans: the directory is walked, only the
+//! files whose metadata changed are read again, and the difference from the
+//! previous state is sent to the store in one batch.
+//!
+//! Policy for bad input: a file with any problem (unreadable, too large, not
+//! YAML, an invalid object) is logged with one line per problem (five at
+//! most per read), naming the file, the document and the field, and then
+//! applies nothing: its last good objects stay served until it reads cleanly
+//! again. When two files define the same object, the first in path order is
+//! served and a warning names both.
+//!
+//! Bounds: files larger than [`ManifestsConfig::max_file_bytes`] (default
+//! [`DEFAULT_MAX_FILE_BYTES`], 16 MiB) are refused; each file's YAML is read
+//! within `serde-saphyr`'s default budget (1024 documents, 250 000 nodes);
+//! at most [`MAX_FILES`] files and [`MAX_DEPTH`] directory levels are read.
+//! The last good objects of every file are kept (to serve them while the
+//! file is broken, and to compute deletions), so the objects are held twice:
+//! here and in the index.
+
+use super::documents::{self, label, ObjectId, Parsed};
+use crate::{
+    metrics::Metrics,
+    resource::{truncate, Resource},
+    store::{Op, Store},
+};
+use notify::{
+    event::{AccessKind, AccessMode, ModifyKind},
+    EventKind, RecommendedWatcher, RecursiveMode, Watcher,
+};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    fs,
+    future::Future,
+    hash::Hasher,
+    io::{self, Read},
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::{Duration, SystemTime},
+};
+use tokio::{sync::mpsc, time::Instant};
+
+/// Largest manifest file read by default (16 MiB).
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
+/// How long the directory must be quiet after a change before it is read,
+/// by default (10 ms).
+pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(10);
+/// Most manifest files read from one directory tree; the rest (in path
+/// order) are ignored, with a warning.
+pub const MAX_FILES: usize = 10_000;
+/// Deepest directory level read below the manifests directory.
+pub const MAX_DEPTH: usize = 16;
+
+/// Longest wait for quiet after a change, however busy the directory.
+const DEBOUNCE_CAP: Duration = Duration::from_millis(100);
+/// Full rescan (metadata only) in case the watcher missed an event.
+const RESCAN_INTERVAL: Duration = Duration::from_secs(2);
+/// Full rescan when no watcher could be created.
+const POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// A file changed this close to when it was read is read again on the next
+/// rescan and compared by content: file times are coarse, and a second write
+/// of the same size within one tick would leave its metadata unchanged.
+const RACY_WINDOW: Duration = Duration::from_secs(2);
+/// Entries read from one directory before it is cut short.
+const MAX_DIR_ENTRIES: usize = 4 * MAX_FILES;
+/// Longest problem line logged.
+const MESSAGE_MAX: usize = 300;
+/// Problem lines logged per file read; the rest are counted.
+const PROBLEMS_PER_FILE: usize = 5;
+
+/// Where the manifests are and how they are read.
+#[derive(Clone, Debug)]
+pub struct ManifestsConfig {
+    /// The directory read (recursively).
+    pub dir: PathBuf,
+    /// Files larger than this are refused with an error (their last good
+    /// state stays served). Default [`DEFAULT_MAX_FILE_BYTES`], 16 MiB.
+    pub max_file_bytes: u64,
+    /// Quiet time awaited after a change before rescanning (the wait is
+    /// capped at 100 ms however busy the directory is). Default
+    /// [`DEFAULT_DEBOUNCE`], 10 ms.
+    pub debounce: Duration,
+}
+
+impl ManifestsConfig {
+    /// Reads `dir` with the default limits.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            max_file_bytes: DEFAULT_MAX_FILE_BYTES,
+            debounce: DEFAULT_DEBOUNCE,
+        }
+    }
+}
+
+/// Why the source cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestsError {
+    #[error(
+        "cannot read the manifests directory {path}: {source}; create it, or pass an existing, readable directory"
+    )]
+    Unreadable {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "the manifests path {path} is not a directory; pass the directory that holds the *.yaml, *.yml and *.json files"
+    )]
+    NotADirectory { path: String },
+    #[error("the manifests directory scan stopped unexpectedly ({0}); this is a bug: restart the controller and report it")]
+    Stopped(String),
+}
+
+/// What one full read of a manifests directory found (see [`load`]).
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// The objects that would be served: one per kind, namespace and name
+    /// (the first file in path order wins), ordered by kind, then key.
+    pub objects: Vec<Resource>,
+    /// One line per problem, as logged: `FILE: document N at line L (Kind
+    /// ns/name): field F: reason`.
+    pub problems: Vec<String>,
+    /// Manifest files found.
+    pub files: usize,
+    /// Files with a problem (they contribute nothing).
+    pub invalid_files: usize,
+}
+
+/// Reads a manifests directory once, without a store: what [`run`] would
+/// serve after its first load. Blocking (file IO); problems are also logged.
+pub fn load(config: &ManifestsConfig) -> Result<Loaded, ManifestsError> {
+    check_dir(&config.dir)?;
+    let mut manifests = Manifests::new(config.clone());
+    let scan = manifests.rescan(&Metrics::default());
+    let objects = scan
+        .ops
+        .into_iter()
+        .filter_map(|op| match op {
+            Op::Apply(r) => Some(r),
+            _ => None,
+        })
+        .collect();
+    Ok(Loaded {
+        objects,
+        problems: scan.problems,
+        files: manifests.files.len(),
+        invalid_files: manifests.invalid_files(),
+    })
+}
+
+/// Serves the manifests in `config.dir` into `store` until `shutdown`
+/// resolves.
+///
+/// Loads every manifest file and applies them in one batch, marks the store
+/// ready, then follows changes (edits, new files and directories, renames,
+/// deletions), normally within tens of milliseconds and at worst within
+/// about two seconds if the watcher misses an event. Fails only when the
+/// directory cannot be read at start; later problems are logged and counted
+/// in the store's metrics (`reload_errors_total`, `manifest_files_invalid`,
+/// `reloads_total`).
+pub async fn run(
+    config: ManifestsConfig,
+    store: Arc<Store>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ManifestsError> {
+    check_dir(&config.dir)?;
+    let dir = shown(&config.dir);
+    let debounce = config.debounce;
+    // Watch before the first read so no change falls between the two.
+    let (tx, mut events) = mpsc::channel(1);
+    let mut watcher = DirWatch::start(&config.dir, tx);
+    let period = if watcher.is_some() {
+        RESCAN_INTERVAL
+    } else {
+        POLL_INTERVAL
+    };
+    let metrics = store.metrics().clone();
+
+    let (mut manifests, scan) = rescan(Manifests::new(config), metrics.clone()).await?;
+    let objects = scan.ops.len();
+    store.update(scan.ops);
+    store.set_ready();
+    tracing::info!(
+        dir = %dir,
+        files = manifests.files.len(),
+        invalid_files = manifests.invalid_files(),
+        objects,
+        "Loaded manifests"
+    );
+
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut tick = tokio::time::interval_at(Instant::now() + period, period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut watching = watcher.is_some();
+    let mut retry: Option<Instant> = None;
+    loop {
+        let retry_at = retry;
+        tokio::select! {
+            _ = &mut shutdown => break,
+            event = events.recv(), if watching => {
+                if event.is_none() {
+                    watching = false;
+                    continue;
+                }
+                tokio::select! {
+                    _ = &mut shutdown => break,
+                    _ = quiet(&mut events, debounce) => {}
+                }
+            }
+            _ = tick.tick() => {}
+            _ = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)), if retry_at.is_some() => {}
+        }
+        let (next, scan) = rescan(manifests, metrics.clone()).await?;
+        manifests = next;
+        tick.reset();
+        retry = scan.retry_after.map(|d| Instant::now() + d);
+        if let Some(w) = watcher.as_mut() {
+            if w.renew(scan.root_replaced) {
+                // Changes made before the new watch began: look once more.
+                retry = Some(Instant::now());
+            }
+        }
+        if !scan.ops.is_empty() {
+            tracing::debug!(dir = %dir, changes = scan.ops.len(), "Manifests changed");
+            store.update(scan.ops);
+        }
+    }
+    drop(watcher);
+    tracing::debug!(dir = %dir, "Stopped following manifests");
+    Ok(())
+}
+
+/// Runs one rescan on the blocking pool (it reads and parses files).
+async fn rescan(
+    mut manifests: Manifests,
+    metrics: Metrics,
+) -> Result<(Manifests, Scan), ManifestsError> {
+    tokio::task::spawn_blocking(move || {
+        let scan = manifests.rescan(&metrics);
+        (manifests, scan)
+    })
+    .await
+    .map_err(|e| ManifestsError::Stopped(e.to_string()))
+}
+
+/// Waits until no change has been signalled for `debounce`, or 100 ms in all.
+async fn quiet(events: &mut mpsc::Receiver<()>, debounce: Duration) {
+    let cap = Instant::now() + DEBOUNCE_CAP;
+    loop {
+        let until = (Instant::now() + debounce).min(cap);
+        match tokio::time::timeout_at(until, events.recv()).await {
+            Ok(Some(())) if Instant::now() < cap => continue,
+            _ => return,
+        }
+    }
+}
+
+/// A recursive watcher on the manifests directory that signals "something
+/// changed" on a channel of capacity 1 (a signal already pending is enough),
+/// and is set up again when the directory itself is replaced.
+struct DirWatch {
+    watcher: RecommendedWatcher,
+    dir: PathBuf,
+    /// Set by the watcher's thread when the directory itself goes away.
+    lost: Arc<AtomicBool>,
+    /// The directory could not be watched again yet.
+    pending: bool,
+}
+
+impl DirWatch {
+    /// `None`, logged, when the platform will not watch the directory.
+    fn start(dir: &Path, tx: mpsc::Sender<()>) -> Option<Self> {
+        let lost = Arc::new(AtomicBool::new(false));
+        let handler = {
+            let lost = lost.clone();
+            let dir = dir.to_path_buf();
+            move |event: notify::Result<notify::Event>| {
+                if let Ok(event) = &event {
+                    match event.kind {
+                        // Opening or reading a file (as a rescan does) changes nothing.
+                        EventKind::Access(access)
+                            if access != AccessKind::Close(AccessMode::Write) =>
+                        {
+                            return
+                        }
+                        EventKind::Remove(_) | EventKind::Modify(ModifyKind::Name(_))
+                            if event.paths.contains(&dir) =>
+                        {
+                            lost.store(true, Ordering::Release);
+                        }
+                        _ => {}
+                    }
+                }
+                // Errors (e.g. a lost event queue) are signals too: rescan.
+                let _ = tx.try_send(());
+            }
+        };
+        let watcher = notify::recommended_watcher(handler).and_then(|mut w| {
+            w.watch(dir, RecursiveMode::Recursive)?;
+            Ok(w)
+        });
+        match watcher {
+            Ok(watcher) => Some(Self {
+                watcher,
+                dir: dir.to_path_buf(),
+                lost,
+                pending: false,
+            }),
+            Err(e) => {
+                let mut reason = e.to_string();
+                truncate(&mut reason, 200);
+                tracing::warn!(
+                    dir = %shown(dir),
+                    "Cannot watch the manifests directory for changes ({reason}); polling it every {} ms \
+                     instead (raise fs.inotify.max_user_watches or max_user_instances to restore watching)",
+                    POLL_INTERVAL.as_millis()
+                );
+                None
+            }
+        }
+    }
+
+    /// Watches the directory again if it was removed, renamed or replaced
+    /// (the old watch went with it). True when a new watch was set up.
+    fn renew(&mut self, replaced: bool) -> bool {
+        let lost = self.lost.swap(false, Ordering::AcqRel);
+        if !(lost || replaced || self.pending) {
+            return false;
+        }
+        let _ = self.watcher.unwatch(&self.dir);
+        match self.watcher.watch(&self.dir, RecursiveMode::Recursive) {
+            Ok(()) => {
+                if self.pending {
+                    tracing::info!(dir = %shown(&self.dir), "Watching the manifests directory again");
+                }
+                self.pending = false;
+                true
+            }
+            Err(e) => {
+                // Most likely not back yet; the periodic rescan goes on and
+                // the next one tries again.
+                tracing::debug!(dir = %shown(&self.dir), error = %e, "Cannot watch the manifests directory yet");
+                self.pending = true;
+                false
+            }
+        }
+    }
+}
+
+fn check_dir(dir: &Path) -> Result<(), ManifestsError> {
+    let unreadable = |source| ManifestsError::Unreadable {
+        path: shown(dir),
+        source,
+    };
+    let meta = fs::metadata(dir).map_err(unreadable)?;
+    if !meta.is_dir() {
+        return Err(ManifestsError::NotADirectory { path: shown(dir) });
+    }
+    fs::read_dir(dir).map_err(unreadable)?;
+    Ok(())
+}
+
+/// A path for a message: bounded, without control characters.
+fn shown(path: &Path) -> String {
+    let mut s: String = path
+        .display()
+        .to_string()
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    truncate(&mut s, 160);
+    s
+}
+
+/// The directory's state as last read.
+struct Manifests {
+    config: ManifestsConfig,
+    files: BTreeMap<Arc<Path>, FileState>,
+    /// Which files define each object; the first (in path order) is served.
+    definers: HashMap<ObjectId, BTreeSet<Arc<Path>>>,
+    scanned: bool,
+    /// The directory's device and inode, to notice it being replaced.
+    root_id: Option<(u64, u64)>,
+    /// Warnings already given, so a lasting condition is logged once.
+    root_unreadable: bool,
+    truncated: bool,
+    unreadable_dirs: BTreeSet<PathBuf>,
+}
+
+struct FileState {
+    stat: Stat,
+    /// Hash of the content last read, if it could be read.
+    content: Option<u64>,
+    read_at: SystemTime,
+    /// The last good objects (empty if the file never read cleanly).
+    objects: BTreeMap<ObjectId, Resource>,
+    /// The last read had a problem.
+    invalid: bool,
+}
+
+impl FileState {
+    /// Could the file have changed since it was read without its metadata
+    /// showing it?
+    fn racy(&self) -> bool {
+        match self.stat.changed {
+            Some(changed) => self
+                .read_at
+                .duration_since(changed)
+                .map_or(true, |age| age < RACY_WINDOW),
+            None => true,
+        }
+    }
+}
+
+/// What a rescan found.
+#[derive(Default)]
+struct Scan {
+    ops: Vec<Op>,
+    problems: Vec<String>,
+    /// Files were changing as the scan looked: look again after this long.
+    retry_after: Option<Duration>,
+    /// The directory itself was replaced (or came back): watch it anew.
+    root_replaced: bool,
+}
+
+enum Change {
+    Removed,
+    Loaded(FileState),
+    /// The read failed: keep the objects, remember the metadata.
+    Failed {
+        stat: Stat,
+        content: Option<u64>,
+        read_at: SystemTime,
+    },
+    /// Same content as before (metadata changed only).
+    Same {
+        stat: Stat,
+        read_at: SystemTime,
+    },
+}
+
+impl Manifests {
+    fn new(config: ManifestsConfig) -> Self {
+        Self {
+            config,
+            files: BTreeMap::new(),
+            definers: HashMap::new(),
+            scanned: false,
+            root_id: None,
+            root_unreadable: false,
+            truncated: false,
+            unreadable_dirs: BTreeSet::new(),
+        }
+    }
+
+    fn invalid_files(&self) -> usize {
+        self.files.values().filter(|f| f.invalid).count()
+    }
+
+    /// Walks the directory, reads what changed, and returns the ops that
+    /// bring the store from the previous state to the new one.
+    fn rescan(&mut self, metrics: &Metrics) -> Scan {
+        let mut scan = Scan::default();
+        let listing = match walk(&self.config.dir) {
+            Ok(listing) => listing,
+            Err(e) => {
+                if !self.root_unreadable {
+                    self.root_unreadable = true;
+                    tracing::warn!(
+                        dir = %shown(&self.config.dir),
+                        "Cannot read the manifests directory ({e}); keeping the objects already loaded \
+                         until it can be read again (restore the directory or its permissions)"
+                    );
+                }
+                return scan;
+            }
+        };
+        if std::mem::take(&mut self.root_unreadable) {
+            tracing::info!(dir = %shown(&self.config.dir), "The manifests directory is readable again");
+            scan.root_replaced = true;
+        }
+        if self.root_id.is_some() && self.root_id != listing.root_id {
+            scan.root_replaced = true;
+        }
+        self.root_id = listing.root_id;
+        self.warn_limits(&listing);
+
+        let now = SystemTime::now();
+        let mut changes: Vec<(Arc<Path>, Change)> = Vec::new();
+        for path in self.files.keys() {
+            let under_unreadable = listing.unreadable.iter().any(|d| path.starts_with(d));
+            if !listing.files.contains_key(path) && !under_unreadable {
+                changes.push((path.clone(), Change::Removed));
+            }
+        }
+        for (path, &stat) in &listing.files {
+            let old = self.files.get(path);
+            if old.is_some_and(|old| old.stat == stat && !old.racy()) {
+                continue;
+            }
+            if self.scanned {
+                if let Some(wait) = settling(stat.changed, now, self.config.debounce) {
+                    // Still being written: keep the old state, look again soon.
+                    scan.retry_after = Some(scan.retry_after.map_or(wait, |w| w.min(wait)));
+                    continue;
+                }
+            }
+            let read_at = SystemTime::now();
+            let text = match read_text(path, self.config.max_file_bytes) {
+                Ok(text) => text,
+                Err(ReadError::Gone) => {
+                    if old.is_some() {
+                        changes.push((path.clone(), Change::Removed));
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    if self.scanned {
+                        metrics.reloads_total.inc();
+                    }
+                    metrics.reload_errors_total.inc();
+                    let had_objects = old.is_some_and(|o| !o.objects.is_empty());
+                    report(path, [e.to_string()].into_iter(), had_objects, &mut scan);
+                    changes.push((
+                        path.clone(),
+                        Change::Failed {
+                            stat,
+                            content: None,
+                            read_at,
+                        },
+                    ));
+                    continue;
+                }
+            };
+            let content = hash(&text);
+            if old.is_some_and(|old| old.content == Some(content)) {
+                changes.push((path.clone(), Change::Same { stat, read_at }));
+                continue;
+            }
+            if self.scanned {
+                metrics.reloads_total.inc();
+            }
+            let parsed = documents::parse(&text);
+            drop(text);
+            let change = self.judge(path, parsed, stat, content, read_at, metrics, &mut scan);
+            changes.push((path.clone(), change));
+        }
+        self.apply(changes, &mut scan);
+        metrics
+            .manifest_files_invalid
+            .set(self.invalid_files() as i64);
+        self.scanned = true;
+        scan
+    }
+
+    /// Turns a parsed file into a change: all of it, or (on any problem)
+    /// nothing but the new metadata.
+    #[allow(clippy::too_many_arguments)]
+    fn judge(
+        &self,
+        path: &Arc<Path>,
+        parsed: Parsed,
+        stat: Stat,
+        content: u64,
+        read_at: SystemTime,
+        metrics: &Metrics,
+        scan: &mut Scan,
+    ) -> Change {
+        let file = shown(path);
+        for dup in &parsed.duplicates {
+            tracing::warn!(
+                "{file}: {} is defined twice ({} and {}); the first is served, remove the other",
+                label(&dup.id),
+                dup.first,
+                dup.again
+            );
+        }
+        if !parsed.problems.is_empty() {
+            metrics.reload_errors_total.inc();
+            let had_objects = self.files.get(path).is_some_and(|o| !o.objects.is_empty());
+            report(
+                path,
+                parsed.problems.iter().map(|p| p.to_string()),
+                had_objects,
+                scan,
+            );
+            return Change::Failed {
+                stat,
+                content: Some(content),
+                read_at,
+            };
+        }
+        if parsed.skipped > 0 {
+            tracing::debug!(
+                file = %file,
+                skipped = parsed.skipped,
+                "Skipped objects of kinds the index does not use"
+            );
+        }
+        Change::Loaded(FileState {
+            stat,
+            content: Some(content),
+            read_at,
+            objects: parsed.objects,
+            invalid: false,
+        })
+    }
+
+    /// Records the changes and returns, in `scan.ops`, what the store must
+    /// do: for every object a changed file defined or defines, compare what
+    /// was served with what is served now.
+    fn apply(&mut self, changes: Vec<(Arc<Path>, Change)>, scan: &mut Scan) {
+        let mut affected: BTreeSet<ObjectId> = BTreeSet::new();
+        for (path, change) in &changes {
+            if let Change::Removed | Change::Loaded(_) = change {
+                if let Some(old) = self.files.get(path) {
+                    affected.extend(old.objects.keys().cloned());
+                }
+            }
+            if let Change::Loaded(new) = change {
+                affected.extend(new.objects.keys().cloned());
+            }
+        }
+        let before: Vec<(ObjectId, Option<Resource>)> = affected
+            .into_iter()
+            .map(|id| {
+                let served = self.served(&id).cloned();
+                (id, served)
+            })
+            .collect();
+
+        for (path, change) in changes {
+            match change {
+                Change::Removed => {
+                    if let Some(old) = self.files.remove(&path) {
+                        self.disown(&path, old.objects.keys());
+                    }
+                }
+                Change::Loaded(new) => {
+                    if let Some(old) = self.files.remove(&path) {
+                        self.disown(&path, old.objects.keys());
+                    }
+                    for id in new.objects.keys() {
+                        let definers = self.definers.entry(id.clone()).or_default();
+                        definers.insert(path.clone());
+                        if definers.len() > 1 {
+                            warn_duplicate(id, definers, &path);
+                        }
+                    }
+                    self.files.insert(path, new);
+                }
+                Change::Failed {
+                    stat,
+                    content,
+                    read_at,
+                } => match self.files.get_mut(&path) {
+                    Some(file) => {
+                        file.stat = stat;
+                        file.content = content;
+                        file.read_at = read_at;
+                        file.invalid = true;
+                    }
+                    None => {
+                        self.files.insert(
+                            path,
+                            FileState {
+                                stat,
+                                content,
+                                read_at,
+                                objects: BTreeMap::new(),
+                                invalid: true,
+                            },
+                        );
+                    }
+                },
+                Change::Same { stat, read_at } => {
+                    if let Some(file) = self.files.get_mut(&path) {
+                        file.stat = stat;
+                        file.read_at = read_at;
+                    }
+                }
+            }
+        }
+
+        for (id, was) in before {
+            match (was, self.served(&id)) {
+                (Some(_), None) => scan.ops.push(Op::Delete(id.0, id.1)),
+                (was, Some(now)) if was.as_ref() != Some(now) => {
+                    scan.ops.push(Op::Apply(now.clone()))
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The definition served for `id`: the first file's.
+    fn served(&self, id: &ObjectId) -> Option<&Resource> {
+        let path = self.definers.get(id)?.first()?;
+        self.files.get(path)?.objects.get(id)
+    }
+
+    fn disown<'a>(&mut self, path: &Arc<Path>, ids: impl Iterator<Item = &'a ObjectId>) {
+        for id in ids {
+            if let Some(definers) = self.definers.get_mut(id) {
+                definers.remove(path);
+                if definers.is_empty() {
+                    self.definers.remove(id);
+                }
+            }
+        }
+    }
+
+    fn warn_limits(&mut self, listing: &Listing) {
+        if listing.truncated && !self.truncated {
+            tracing::warn!(
+                dir = %shown(&self.config.dir),
+                "The manifests directory holds more than {MAX_FILES} manifest files, directories more than \
+                 {MAX_DIR_ENTRIES} entries, or directories nested deeper than {MAX_DEPTH} levels; the rest \
+                 is ignored. Point the controller at a smaller directory"
+            );
+        }
+        self.truncated = listing.truncated;
+        let now: BTreeSet<PathBuf> = listing.unreadable.iter().cloned().collect();
+        for dir in now.difference(&self.unreadable_dirs) {
+            tracing::warn!(
+                dir = %shown(dir),
+                "Cannot read a directory under the manifests directory; the objects already loaded from it \
+                 are kept. Fix its permissions"
+            );
+        }
+        self.unreadable_dirs = now;
+    }
+}
+
+fn warn_duplicate(id: &ObjectId, definers: &BTreeSet<Arc<Path>>, path: &Arc<Path>) {
+    let mut paths = definers.iter();
+    let (Some(first), Some(second)) = (paths.next(), paths.next()) else {
+        return;
+    };
+    let other = if first == path { second } else { first };
+    tracing::warn!(
+        "{} is defined in both {} and {}; serving the one in {} (first in path order). Remove one of them",
+        label(id),
+        shown(other),
+        shown(path),
+        shown(first)
+    );
+}
+
+/// Logs a file's problems, one line each (a few at most), and keeps them.
+fn report(path: &Path, problems: impl Iterator<Item = String>, had_objects: bool, scan: &mut Scan) {
+    let file = shown(path);
+    let consequence = if had_objects {
+        "nothing from this file changes until it is fixed; its previous objects stay served"
+    } else {
+        "nothing from this file is served until it is fixed"
+    };
+    let mut count = 0;
+    for problem in problems {
+        count += 1;
+        if count > PROBLEMS_PER_FILE {
+            continue;
+        }
+        // Parser messages may quote the file; keep the line one line.
+        let mut line: String = format!("{file}: {problem}")
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect();
+        truncate(&mut line, MESSAGE_MAX);
+        tracing::warn!("{line} ({consequence})");
+        scan.problems.push(line);
+    }
+    if count > PROBLEMS_PER_FILE {
+        let line = format!(
+            "{file}: {} more problems not shown",
+            count - PROBLEMS_PER_FILE
+        );
+        tracing::warn!("{line}");
+        scan.problems.push(line);
+    }
+}
+
+/// How long to wait before reading a file changed less than `window` ago
+/// (it may still be being written). A change time in the future does not
+/// count: clocks move.
+fn settling(changed: Option<SystemTime>, now: SystemTime, window: Duration) -> Option<Duration> {
+    let age = now.duration_since(changed?).ok()?;
+    (age < window).then(|| window - age)
+}
+
+fn hash(text: &str) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    h.write(text.as_bytes());
+    h.finish()
+}
+
+/// A file's metadata: what tells, without reading it, that it changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stat {
+    len: u64,
+    modified: Option<SystemTime>,
+    /// The inode change time where there is one (set by the kernel's clock,
+    /// whatever the file's mtime says), else the modification time.
+    changed: Option<SystemTime>,
+    /// Device and inode: a file replaced by a rename is a new file.
+    id: (u64, u64),
+}
+
+impl Stat {
+    fn of(meta: &fs::Metadata) -> Self {
+        let modified = meta.modified().ok();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            let changed = u64::try_from(meta.ctime()).ok().map(|secs| {
+                SystemTime::UNIX_EPOCH
+                    + Duration::new(secs, u32::try_from(meta.ctime_nsec()).unwrap_or(0))
+            });
+            Self {
+                len: meta.len(),
+                modified,
+                changed,
+                id: (meta.dev(), meta.ino()),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            Self {
+                len: meta.len(),
+                modified,
+                changed: modified,
+                id: (0, 0),
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Listing {
+    /// Manifest files, in path order.
+    files: BTreeMap<Arc<Path>, Stat>,
+    /// Directories that could not be read (their files keep their state).
+    unreadable: Vec<PathBuf>,
+    /// A limit was reached; some files were not listed.
+    truncated: bool,
+    /// Directories entered, to stop at symbolic link loops.
+    visited: HashSet<(u64, u64)>,
+    /// Device and inode of the directory itself (unix).
+    root_id: Option<(u64, u64)>,
+}
+
+/// Lists the manifest files under `root`. Fails only if `root` itself cannot
+/// be read.
+fn walk(root: &Path) -> io::Result<Listing> {
+    let mut listing = Listing::default();
+    if let Ok(meta) = fs::metadata(root) {
+        let id = Stat::of(&meta).id;
+        listing.visited.insert(id);
+        listing.root_id = Some(id);
+    }
+    walk_dir(root, 0, &mut listing)?;
+    Ok(listing)
+}
+
+fn walk_dir(dir: &Path, depth: usize, listing: &mut Listing) -> io::Result<()> {
+    let mut entries = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        // An entry that vanished while listing is simply not there.
+        let Ok(entry) = entry else { continue };
+        if entries.len() >= MAX_DIR_ENTRIES {
+            listing.truncated = true;
+            break;
+        }
+        entries.push(entry.path());
+    }
+    entries.sort();
+    for path in entries {
+        let Some(name) = path.file_name() else {
+            continue;
+        };
+        if is_ignored(&name.to_string_lossy()) {
+            continue;
+        }
+        // Follows symbolic links (a ConfigMap volume is made of them); a
+        // dangling one, or one removed meanwhile, is skipped.
+        let Ok(meta) = fs::metadata(&path) else {
+            continue;
+        };
+        if meta.is_dir() {
+            if depth + 1 > MAX_DEPTH {
+                listing.truncated = true;
+                continue;
+            }
+            #[cfg(unix)]
+            if !listing.visited.insert(Stat::of(&meta).id) {
+                continue;
+            }
+            if walk_dir(&path, depth + 1, listing).is_err() {
+                listing.unreadable.push(path);
+            }
+        } else if meta.is_file() && is_manifest(&path) {
+            if listing.files.len() >= MAX_FILES {
+                listing.truncated = true;
+                return Ok(());
+            }
+            listing.files.insert(Arc::from(path), Stat::of(&meta));
+        }
+    }
+    Ok(())
+}
+
+/// Hidden entries (`.git`, `..data`, `.web.yaml.swp`) and editor leftovers.
+fn is_ignored(name: &str) -> bool {
+    name.starts_with('.')
+        || name.starts_with('#')
+        || name.ends_with('~')
+        || name.ends_with(".swp")
+        || name.ends_with(".swx")
+        || name.ends_with(".tmp")
+}
+
+fn is_manifest(path: &Path) -> bool {
+    path.extension().and_then(|e| e.to_str()).is_some_and(|e| {
+        e.eq_ignore_ascii_case("yaml")
+            || e.eq_ignore_ascii_case("yml")
+            || e.eq_ignore_ascii_case("json")
+    })
+}
+
+enum ReadError {
+    /// Removed since it was listed.
+    Gone,
+    TooLarge {
+        len: u64,
+        max: u64,
+    },
+    NotUtf8 {
+        offset: usize,
+    },
+    Io(io::Error),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Gone => f.write_str("removed while being read"),
+            ReadError::TooLarge { len, max } => write!(
+                f,
+                "the file is larger than the limit ({len} bytes, at most {max} read); split it into smaller \
+                 files or raise the manifests max file size"
+            ),
+            ReadError::NotUtf8 { offset } => write!(
+                f,
+                "not UTF-8 text (invalid byte at offset {offset}); save the file as UTF-8"
+            ),
+            ReadError::Io(e) => write!(f, "cannot read the file ({e}); check its permissions"),
+        }
+    }
+}
+
+/// Reads a whole file, refusing one larger than `max` bytes (it is checked
+/// before reading and while reading, in case it grows).
+fn read_text(path: &Path, max: u64) -> Result<String, ReadError> {
+    let io_error = |e: io::Error| match e.kind() {
+        io::ErrorKind::NotFound => ReadError::Gone,
+        _ => ReadError::Io(e),
+    };
+    let file = fs::File::open(path).map_err(io_error)?;
+    let len = file.metadata().map_err(io_error)?.len();
+    if len > max {
+        return Err(ReadError::TooLarge { len, max });
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+    file.take(max.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(io_error)?;
+    if bytes.len() as u64 > max {
+        return Err(ReadError::TooLarge {
+            len: bytes.len() as u64,
+            max,
+        });
+    }
+    String::from_utf8(bytes).map_err(|e| ReadError::NotUtf8 {
+        offset: e.utf8_error().valid_up_to(),
+    })
+}

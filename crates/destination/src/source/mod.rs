@@ -1,0 +1,4 @@
+//! Where the index's objects come from.
+
+mod documents;
+pub mod manifests;
