@@ -19,7 +19,7 @@ pub enum Seen {
 }
 
 pub fn sock(a: &TcpAddress) -> SocketAddr {
-    let ip = IpAddr::try_from(a.ip.clone().expect("ip")).expect("valid ip");
+    let ip = IpAddr::try_from(a.ip.expect("ip")).expect("valid ip");
     SocketAddr::new(ip, a.port as u16)
 }
 
