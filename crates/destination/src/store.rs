@@ -21,8 +21,6 @@ use std::{
 use tokio::sync::watch;
 
 /// One change to the index, as a source reports it.
-// Ops are transient (built, applied, dropped), so their size does not matter.
-#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Op {
     Apply(Resource),

@@ -212,9 +212,9 @@ impl Index {
 
     // === Pods ===
 
-    fn apply_pod(&mut self, pod: Pod, ch: &mut Changes) {
+    fn apply_pod(&mut self, pod: Arc<Pod>, ch: &mut Changes) {
         let old = match self.pods.get(&pod.key) {
-            Some(old) if **old == pod => return,
+            Some(old) if *old == pod => return,
             Some(old) => Some(old.clone()),
             None => None,
         };
@@ -225,7 +225,6 @@ impl Index {
             self.touch_pod(old, ch);
             self.ips.remove(old);
         }
-        let pod = Arc::new(pod);
         self.pods_by_namespace
             .entry(pod.key.namespace.clone())
             .or_default()
@@ -285,9 +284,9 @@ impl Index {
 
     // === Services ===
 
-    fn apply_service(&mut self, svc: Service, ch: &mut Changes) {
+    fn apply_service(&mut self, svc: Arc<Service>, ch: &mut Changes) {
         if let Some(old) = self.services.get(&svc.key) {
-            if **old == svc {
+            if *old == svc {
                 return;
             }
             let old = old.clone();
@@ -306,7 +305,7 @@ impl Index {
             .or_default()
             .insert(svc.key.name.clone());
         ch.services.insert(svc.key.clone());
-        self.services.insert(svc.key.clone(), Arc::new(svc));
+        self.services.insert(svc.key.clone(), svc);
     }
 
     fn delete_service(&mut self, key: &ObjectKey, ch: &mut Changes) {
@@ -343,9 +342,9 @@ impl Index {
 
     // === EndpointSlices ===
 
-    fn apply_slice(&mut self, slice: EndpointSlice, ch: &mut Changes) {
+    fn apply_slice(&mut self, slice: Arc<EndpointSlice>, ch: &mut Changes) {
         if let Some(old) = self.slices.get(&slice.key) {
-            if **old == slice {
+            if *old == slice {
                 return;
             }
             let old = old.clone();
@@ -369,7 +368,7 @@ impl Index {
             }
         }
         self.slice_endpoints += slice.endpoints.len();
-        self.slices.insert(slice.key.clone(), Arc::new(slice));
+        self.slices.insert(slice.key.clone(), slice);
     }
 
     fn delete_slice(&mut self, key: &ObjectKey, ch: &mut Changes) {

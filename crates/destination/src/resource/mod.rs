@@ -14,17 +14,22 @@ pub use meta::{ObjectKey, Owner};
 pub use pod::{ContainerPort, Phase, Pod};
 pub use service::{Service, ServicePort, ServiceType, TargetPort};
 
+use std::sync::Arc;
+
 /// Annotation listing ports that carry opaque (non-HTTP) traffic.
 pub const OPAQUE_PORTS_ANNOTATION: &str = "config.linkerd.io/opaque-ports";
 /// Label set by Linkerd's proxy injector on meshed pods.
 pub const CONTROL_PLANE_NS_LABEL: &str = "linkerd.io/control-plane-ns";
 
 /// A Kubernetes object the index understands.
+///
+/// Objects are shared, not copied: a source that keeps the last good state of
+/// a file and the index that serves it hold the same allocation.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Resource {
-    Pod(Pod),
-    Service(Service),
-    EndpointSlice(EndpointSlice),
+    Pod(Arc<Pod>),
+    Service(Arc<Service>),
+    EndpointSlice(Arc<EndpointSlice>),
 }
 
 /// The kinds of object the index holds.
@@ -75,16 +80,20 @@ impl Resource {
             .and_then(|v| v.as_str())
             .unwrap_or_default();
         match (api_version, kind) {
-            ("v1", "Pod") => Ok(Some(Resource::Pod(decode::<pod::PodWire, Pod>(value)?))),
-            ("v1", "Service") => Ok(Some(Resource::Service(decode::<
+            ("v1", "Pod") => Ok(Some(Resource::Pod(Arc::new(decode::<pod::PodWire, Pod>(
+                value,
+            )?)))),
+            ("v1", "Service") => Ok(Some(Resource::Service(Arc::new(decode::<
                 service::ServiceWire,
                 Service,
-            >(value)?))),
+            >(value)?)))),
             ("discovery.k8s.io/v1", "EndpointSlice") => {
-                Ok(Some(Resource::EndpointSlice(decode::<
+                Ok(Some(Resource::EndpointSlice(Arc::new(decode::<
                     endpoint_slice::EndpointSliceWire,
                     EndpointSlice,
-                >(value)?)))
+                >(
+                    value
+                )?))))
             }
             _ => Ok(None),
         }

@@ -238,13 +238,16 @@ pub async fn serve(
     let destination =
         DestinationServer::new(service).max_decoding_message_size(config.max_request_bytes);
     tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .http2_keepalive_interval(Some(config.keepalive))
         .http2_keepalive_timeout(Some(config.keepalive * 2))
         .add_service(health_service)
         .add_service(destination)
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            // Updates are small and latency-bound: no Nagle delay. TCP
+            // keepalive finds peers that vanished without a FIN.
+            tonic::transport::server::TcpIncoming::from(listener)
+                .with_nodelay(Some(true))
+                .with_keepalive(Some(config.keepalive)),
             shutdown,
         )
         .await
