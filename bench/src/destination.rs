@@ -30,6 +30,8 @@ struct Opts {
     services: usize,
     streams: usize,
     rounds: usize,
+    /// Also write the generated cluster here, and keep it.
+    keep: Option<PathBuf>,
 }
 
 fn opts() -> anyhow::Result<Opts> {
@@ -39,6 +41,7 @@ fn opts() -> anyhow::Result<Opts> {
         services: 1_000,
         streams: 1_000,
         rounds: 50,
+        keep: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -51,6 +54,7 @@ fn opts() -> anyhow::Result<Opts> {
             "--services" => o.services = value.parse()?,
             "--streams" => o.streams = value.parse()?,
             "--rounds" => o.rounds = value.parse()?,
+            "--keep" => o.keep = Some(value.into()),
             other => anyhow::bail!("unknown flag {other}"),
         }
     }
@@ -166,21 +170,38 @@ async fn start(ballast: &Path, dir: &Path) -> anyhow::Result<(Controller, Durati
     Ok((c, ready))
 }
 
-async fn http_status(addr: &str, path: &str) -> u16 {
+async fn http_get(addr: &str, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
-        return 0;
+        return (0, String::new());
     };
     let req = format!("GET {path} HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n");
     if s.write_all(req.as_bytes()).await.is_err() {
-        return 0;
+        return (0, String::new());
     }
     let mut buf = Vec::new();
     let _ = s.read_to_end(&mut buf).await;
-    String::from_utf8_lossy(&buf)
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let status = text
         .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+async fn http_status(addr: &str, path: &str) -> u16 {
+    http_get(addr, path).await.0
+}
+
+/// jemalloc's allocated bytes, from the controller's /metrics, in KiB.
+async fn allocated(admin: &str) -> u64 {
+    let (_, text) = http_get(admin, "/metrics").await;
+    text.lines()
+        .find(|l| l.starts_with("process_memory_allocated_bytes "))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|b| (b / 1024.0) as u64)
         .unwrap_or(0)
 }
 
@@ -217,11 +238,15 @@ async fn main() -> anyhow::Result<()> {
     let per_service = o.pods / o.services;
     let empty = tempfile::tempdir()?;
     let cluster = tempfile::tempdir()?;
+    if let Some(keep) = &o.keep {
+        std::fs::create_dir_all(keep)?;
+    }
     for i in 0..o.services {
-        write_atomic(
-            &cluster.path().join(format!("svc-{i}.yaml")),
-            &service_file(i, per_service, 0),
-        )?;
+        let text = service_file(i, per_service, 0);
+        write_atomic(&cluster.path().join(format!("svc-{i}.yaml")), &text)?;
+        if let Some(keep) = &o.keep {
+            write_atomic(&keep.join(format!("svc-{i}.yaml")), &text)?;
+        }
     }
     let bytes: u64 = std::fs::read_dir(cluster.path())?
         .filter_map(|e| e.ok()?.metadata().ok())
@@ -236,6 +261,8 @@ async fn main() -> anyhow::Result<()> {
     let full_pid = full_c.child.id().unwrap_or(0);
     let (empty_rss, _) = rss(empty_pid);
     let (full_rss, full_hwm) = rss(full_pid);
+    let empty_alloc = allocated(&empty_c.admin).await;
+    let full_alloc = allocated(&full_c.admin).await;
 
     // STREAMS streams on service 0, spread over connections as proxies would be.
     let channels = (o.streams / 100).max(1);
@@ -315,6 +342,15 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("| RSS after load | {} | {} |", mb(empty_rss), mb(full_rss));
     println!("| peak RSS (VmHWM) during load | | {} |", mb(full_hwm));
+    println!(
+        "| allocated (jemalloc) after load | {} | {} |",
+        mb(empty_alloc),
+        mb(full_alloc)
+    );
+    println!(
+        "| allocated growth per pod | | {:.2} KB |",
+        (full_alloc.saturating_sub(empty_alloc)) as f64 * 1024.0 / 1000.0 / o.pods as f64
+    );
     println!(
         "| RSS growth per pod | | {:.2} KB |",
         (full_rss.saturating_sub(empty_rss)) as f64 * 1024.0 / 1000.0 / o.pods as f64

@@ -36,7 +36,9 @@ mod memory;
 mod readiness;
 mod server;
 
-pub use memory::{register_memory_metrics, spawn_memory_sampler, MEMORY_SAMPLE_INTERVAL};
+pub use memory::{
+    register_memory_metrics, release_unused_memory, spawn_memory_sampler, MEMORY_SAMPLE_INTERVAL,
+};
 pub use readiness::Readiness;
 pub use server::{
     serve, AdminServer, AdminState, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS,

@@ -85,6 +85,11 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..=65_536))]
     stream_queue: u32,
 
+    /// How long a stream with a full queue waits for its client to read
+    /// before it is cut off.
+    #[arg(long, env = "BALLAST_DESTINATION_STREAM_SEND_WAIT", default_value = "1s", value_parser = humantime_secs)]
+    stream_send_wait: Duration,
+
     /// Concurrent Get and GetProfile streams; past it new streams get RESOURCE_EXHAUSTED.
     #[arg(long, env = "BALLAST_DESTINATION_MAX_STREAMS", default_value_t = server::DEFAULT_MAX_STREAMS,
           value_parser = clap::value_parser!(u32).range(1..))]
@@ -147,6 +152,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         stopped(stop_rx.clone()),
     ));
 
+    // Loading a cluster allocates far more than it keeps: hand the rest back.
+    let loaded = store.clone();
+    tokio::spawn(async move {
+        loaded.wait_ready().await;
+        ballast_admin::release_unused_memory();
+    });
+
     let config = ServerConfig {
         mesh: MeshConfig {
             cluster_domain: args.cluster_domain,
@@ -155,6 +167,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             enable_h2_upgrade: !args.disable_h2_upgrade,
         },
         stream_queue: args.stream_queue as usize,
+        stream_send_wait: args.stream_send_wait,
         max_streams: args.max_streams as usize,
         ..ServerConfig::default()
     };

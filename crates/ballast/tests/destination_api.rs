@@ -477,3 +477,32 @@ async fn diagnostics_prints_tables_and_json() {
     let (status, _) = run(&["endpoints", "bad path:80"]);
     assert!(!status.success());
 }
+
+#[tokio::test]
+async fn a_large_answer_reaches_a_reading_client_whole_even_with_a_small_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    // 5,000 endpoints: five messages, more than the queue of 2 holds at once.
+    let mut all = vec![service("shop", "huge", "127.0.0.120", 80, 8080)];
+    for i in 0..5_000u32 {
+        let ip = format!("127.3.{}.{}", i / 250, i % 250 + 1);
+        all.push(PodSpec::new("shop", &format!("huge-{i}"), "huge", &ip, 8080).yaml());
+    }
+    for (n, chunk) in all.chunks(800).enumerate() {
+        write_atomic(&dir.path().join(format!("huge-{n}.yaml")), &docs(chunk));
+    }
+    let c = Controller::start(dir.path(), &["--stream-queue", "2"]).await;
+    let mut s = c.get("huge.shop.svc.cluster.local:80").await.unwrap();
+    let mut seen_addrs = std::collections::BTreeSet::new();
+    while seen_addrs.len() < 5_000 {
+        let got = added(seen(next(&mut s).await));
+        assert!(got.len() <= 1_000, "messages are bounded: {}", got.len());
+        seen_addrs.extend(got);
+    }
+    let overflows = c
+        .metric("destination_stream_overflows_total{method=\"Get\"}")
+        .await;
+    assert!(
+        matches!(overflows, None | Some(0.0)),
+        "no overflow: {overflows:?}"
+    );
+}

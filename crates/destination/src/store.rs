@@ -13,10 +13,7 @@ use crate::{
 };
 use std::{
     collections::HashMap,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, Mutex, MutexGuard,
-    },
+    sync::{Arc, Mutex, MutexGuard},
 };
 use tokio::sync::watch;
 
@@ -32,7 +29,7 @@ pub enum Op {
 pub struct Store {
     inner: Mutex<Inner>,
     metrics: Metrics,
-    ready: AtomicBool,
+    ready: watch::Sender<bool>,
 }
 
 struct Inner {
@@ -84,7 +81,7 @@ impl Store {
                 profile: HashMap::new(),
             }),
             metrics,
-            ready: AtomicBool::new(false),
+            ready: watch::Sender::new(false),
         });
         store.record_sizes(&store.lock().index);
         store
@@ -102,11 +99,17 @@ impl Store {
 
     /// True once a source has loaded its first full state.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        *self.ready.borrow()
+    }
+
+    /// Resolves once a source has loaded its first full state.
+    pub async fn wait_ready(&self) {
+        let mut rx = self.ready.subscribe();
+        let _ = rx.wait_for(|ready| *ready).await;
     }
 
     pub fn set_ready(&self) {
-        self.ready.store(true, Ordering::Release);
+        self.ready.send_replace(true);
     }
 
     /// Applies a batch of changes and pushes new answers to the subscriptions

@@ -3,12 +3,9 @@
 use super::{Endpoint, EndpointSet, Index, MeshIdentity, PortSet};
 use crate::resource::{
     ObjectKey, Pod, Service, ServiceType, TargetPort, CONTROL_PLANE_NS_LABEL,
-    OPAQUE_PORTS_ANNOTATION,
+    OPAQUE_PORTS_ANNOTATION, SKIP_INBOUND_PORTS_ANNOTATION,
 };
 use std::{collections::BTreeMap, net::SocketAddr};
-
-/// Ports on which a pod's proxy is bypassed, so the pod is not meshed there.
-const SKIP_INBOUND_PORTS_ANNOTATION: &str = "config.linkerd.io/skip-inbound-ports";
 
 impl Endpoint {
     /// An address with nothing known about it.
@@ -33,8 +30,8 @@ impl Index {
         let mut set = EndpointSet {
             exists: true,
             labels: BTreeMap::from([
-                ("namespace".to_string(), key.namespace.clone()),
-                ("service".to_string(), key.name.clone()),
+                ("namespace".to_string(), key.namespace.to_string()),
+                ("service".to_string(), key.name.to_string()),
             ]),
             endpoints: BTreeMap::new(),
         };
@@ -117,10 +114,10 @@ impl Index {
     /// One pod's endpoint at `addr`, with Linkerd's metric labels and hints.
     pub(super) fn pod_endpoint(&self, pod: &Pod, addr: SocketAddr) -> Endpoint {
         let mut labels = BTreeMap::new();
-        labels.insert("pod".to_string(), pod.key.name.clone());
+        labels.insert("pod".to_string(), pod.key.name.to_string());
         labels.insert("serviceaccount".to_string(), pod.service_account.clone());
         if let Some(hash) = pod.labels.get("pod-template-hash") {
-            labels.insert("pod_template_hash".to_string(), hash.clone());
+            labels.insert("pod_template_hash".to_string(), hash.to_string());
         }
         if let Some((kind, name)) = owner_label(pod) {
             labels.insert(kind, name);
@@ -136,14 +133,14 @@ impl Index {
             .get(CONTROL_PLANE_NS_LABEL)
             .filter(|ns| !ns.is_empty());
         if let Some(ns) = control_plane_ns {
-            labels.insert("control_plane_ns".to_string(), ns.clone());
+            labels.insert("control_plane_ns".to_string(), ns.to_string());
         }
         let mesh = control_plane_ns
             .filter(|_| !skipped)
             .map(|ns| MeshIdentity {
                 service_account: pod.service_account.clone(),
-                namespace: pod.key.namespace.clone(),
-                control_plane_ns: ns.clone(),
+                namespace: pod.key.namespace.to_string(),
+                control_plane_ns: ns.to_string(),
                 inbound_port: pod.proxy_inbound_port,
             });
         Endpoint {

@@ -107,9 +107,9 @@ pub struct IndexSizes {
 pub struct Index {
     config: IndexConfig,
     pods: HashMap<ObjectKey, Arc<Pod>>,
-    pods_by_namespace: HashMap<String, BTreeSet<String>>,
+    pods_by_namespace: HashMap<Arc<str>, BTreeSet<Arc<str>>>,
     services: HashMap<ObjectKey, Arc<Service>>,
-    services_by_namespace: HashMap<String, BTreeSet<String>>,
+    services_by_namespace: HashMap<Arc<str>, BTreeSet<Arc<str>>>,
     services_by_ip: HashMap<IpAddr, BTreeSet<ObjectKey>>,
     slices: HashMap<ObjectKey, Arc<EndpointSlice>>,
     slices_by_service: HashMap<ObjectKey, BTreeSet<ObjectKey>>,
@@ -444,7 +444,7 @@ impl Index {
                 };
                 if let Some(pod) = &endpoint.pod {
                     set.labels
-                        .insert("namespace".to_string(), pod.namespace.clone());
+                        .insert("namespace".to_string(), pod.namespace.to_string());
                 }
                 set.endpoints.insert(*addr, endpoint);
                 set
@@ -473,7 +473,7 @@ impl Index {
                         let mut endpoint = self.pod_endpoint(pod, *addr);
                         endpoint
                             .labels
-                            .insert("namespace".to_string(), pod.key.namespace.clone());
+                            .insert("namespace".to_string(), pod.key.namespace.to_string());
                         ProfileView::Pod {
                             opaque: endpoint.opaque,
                             endpoint,

@@ -700,7 +700,11 @@ fn reused_pod_ip_resolves_to_the_new_pod() {
         let addr: SocketAddr = format!("{ip}:8080").parse().unwrap();
         let pod = index.pod_for_addr(addr).expect("the IP has an owner");
         assert_eq!(pod.key, k(case.owner), "{name}: owner");
-        assert_eq!(pod.labels, labels(&[("app", "new")]), "{name}: labels");
+        assert_eq!(
+            pod.labels,
+            labels(&[("app", "new")]).into(),
+            "{name}: labels"
+        );
         assert_eq!(pod.service_account, "new-sa", "{name}: service account");
         assert_eq!(index.sizes().conflicts, 0, "{name}: no conflict");
 

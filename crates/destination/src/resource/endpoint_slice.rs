@@ -4,7 +4,7 @@ use super::{
     InvalidObject, ObjectKey,
 };
 use serde::Deserialize;
-use std::net::IpAddr;
+use std::{net::IpAddr, sync::Arc};
 
 /// Label naming the service an EndpointSlice belongs to.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -148,6 +148,7 @@ impl TryFrom<EndpointSliceWire> for EndpointSlice {
                     (Some("Pod") | None, Some(name)) if !name.is_empty() => Some(ObjectKey::new(
                         r.namespace
                             .filter(|n| !n.is_empty())
+                            .map(Arc::<str>::from)
                             .unwrap_or_else(|| key.namespace.clone()),
                         name,
                     )),

@@ -1,16 +1,19 @@
 use super::InvalidObject;
 use serde::Deserialize;
-use std::{collections::BTreeMap, fmt};
+use std::{collections::BTreeMap, fmt, sync::Arc};
 
 /// Namespace and name: how every namespaced object is addressed.
+///
+/// The strings are shared: the index keeps a key in several maps, and a
+/// clone costs a reference count, not a copy.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectKey {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
 }
 
 impl ObjectKey {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl Into<Arc<str>>, name: impl Into<Arc<str>>) -> Self {
         Self {
             namespace: namespace.into(),
             name: name.into(),
@@ -60,13 +63,13 @@ impl ObjectMetaWire {
     /// The object's key; objects without a namespace live in `default`, as
     /// `kubectl apply` would put them.
     pub fn key(&self) -> Result<ObjectKey, InvalidObject> {
-        let name = match self.name.as_deref() {
-            Some(n) if !n.is_empty() => n.to_string(),
+        let name: Arc<str> = match self.name.as_deref() {
+            Some(n) if !n.is_empty() => n.into(),
             _ => return Err(InvalidObject::missing("metadata.name")),
         };
-        let namespace = match self.namespace.as_deref() {
-            Some(ns) if !ns.is_empty() => ns.to_string(),
-            _ => "default".to_string(),
+        let namespace: Arc<str> = match self.namespace.as_deref() {
+            Some(ns) if !ns.is_empty() => ns.into(),
+            _ => "default".into(),
         };
         Ok(ObjectKey { namespace, name })
     }
@@ -83,18 +86,73 @@ impl ObjectMetaWire {
             })
     }
 
-    /// Keeps only the annotations Linkerd defines; the rest (for instance
+    /// Keeps only the annotations the index reads; the rest (for instance
     /// `kubectl.kubernetes.io/last-applied-configuration`) can be large and is
-    /// never read.
-    pub fn take_linkerd_annotations(&mut self) -> BTreeMap<String, String> {
+    /// never used.
+    pub fn take_used_annotations(&mut self) -> Labels {
         let mut all = std::mem::take(&mut self.annotations);
-        all.retain(|k, _| is_linkerd_key(k));
-        all
+        all.retain(|k, _| super::USED_ANNOTATIONS.contains(&k.as_str()));
+        all.into()
+    }
+
+    pub fn take_labels(&mut self) -> Labels {
+        std::mem::take(&mut self.labels).into()
     }
 }
 
-pub(super) fn is_linkerd_key(k: &str) -> bool {
-    k.starts_with("linkerd.io/")
-        || k.starts_with("config.linkerd.io/")
-        || k.contains(".linkerd.io/")
+/// A small, immutable string map (labels, annotations, selectors), sorted by
+/// key. A pod's handful of labels costs one allocation for the entries
+/// instead of a B-tree node sized for eleven.
+#[derive(Clone, Debug, PartialEq, Eq, Default, Hash)]
+pub struct Labels(Box<[(Box<str>, Box<str>)]>);
+
+impl Labels {
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .binary_search_by(|(k, _)| (**k).cmp(key))
+            .ok()
+            .map(|i| &*self.0[i].1)
+    }
+
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (&**k, &**v))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Does every entry of `self` appear in `other`?
+    pub fn is_subset_of(&self, other: &Labels) -> bool {
+        self.iter().all(|(k, v)| other.get(k) == Some(v))
+    }
+}
+
+impl From<BTreeMap<String, String>> for Labels {
+    fn from(map: BTreeMap<String, String>) -> Self {
+        // A BTreeMap iterates in key order: the slice is sorted.
+        Labels(
+            map.into_iter()
+                .map(|(k, v)| (k.into_boxed_str(), v.into_boxed_str()))
+                .collect(),
+        )
+    }
+}
+
+impl<K: Into<String>, V: Into<String>> FromIterator<(K, V)> for Labels {
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
+        let map: BTreeMap<String, String> = iter
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        map.into()
+    }
 }

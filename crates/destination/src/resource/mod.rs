@@ -10,7 +10,7 @@ mod pod;
 mod service;
 
 pub use endpoint_slice::{EndpointSlice, SliceEndpoint, SlicePort};
-pub use meta::{ObjectKey, Owner};
+pub use meta::{Labels, ObjectKey, Owner};
 pub use pod::{ContainerPort, Phase, Pod};
 pub use service::{Service, ServicePort, ServiceType, TargetPort};
 
@@ -18,6 +18,10 @@ use std::sync::Arc;
 
 /// Annotation listing ports that carry opaque (non-HTTP) traffic.
 pub const OPAQUE_PORTS_ANNOTATION: &str = "config.linkerd.io/opaque-ports";
+/// Annotation listing ports on which a pod's proxy is bypassed.
+pub const SKIP_INBOUND_PORTS_ANNOTATION: &str = "config.linkerd.io/skip-inbound-ports";
+/// The annotations the index reads; all others are dropped when decoding.
+pub const USED_ANNOTATIONS: &[&str] = &[OPAQUE_PORTS_ANNOTATION, SKIP_INBOUND_PORTS_ANNOTATION];
 /// Label set by Linkerd's proxy injector on meshed pods.
 pub const CONTROL_PLANE_NS_LABEL: &str = "linkerd.io/control-plane-ns";
 

@@ -1,17 +1,17 @@
 use super::{
-    meta::{ObjectMetaWire, Owner},
+    meta::{Labels, ObjectMetaWire, Owner},
     InvalidObject, ObjectKey,
 };
 use serde::Deserialize;
-use std::{collections::BTreeMap, net::IpAddr};
+use std::net::IpAddr;
 
 /// A pod, reduced to what endpoint resolution needs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Pod {
     pub key: ObjectKey,
-    pub labels: BTreeMap<String, String>,
-    /// Only Linkerd's annotations are kept.
-    pub annotations: BTreeMap<String, String>,
+    pub labels: Labels,
+    /// Only the annotations the index reads ([`super::USED_ANNOTATIONS`]).
+    pub annotations: Labels,
     pub owner: Option<Owner>,
     /// RFC 3339, as the API server writes it; compares in time order.
     pub creation_timestamp: Option<String>,
@@ -225,12 +225,12 @@ impl TryFrom<PodWire> for Pod {
             .and_then(|e| e.value.as_deref())
             .and_then(|v| v.rsplit_once(':'))
             .and_then(|(_, port)| port.parse::<u16>().ok());
-        let annotations = w.metadata.take_linkerd_annotations();
+        let annotations = w.metadata.take_used_annotations();
         Ok(Pod {
             owner: w.metadata.controller(),
             creation_timestamp: w.metadata.creation_timestamp.take(),
             terminating: w.metadata.deletion_timestamp.is_some(),
-            labels: std::mem::take(&mut w.metadata.labels),
+            labels: w.metadata.take_labels(),
             annotations,
             key,
             service_account: w

@@ -1,5 +1,5 @@
 use super::{
-    meta::ObjectMetaWire,
+    meta::{Labels, ObjectMetaWire},
     pod::{parse_ip, parse_port},
     InvalidObject, ObjectKey,
 };
@@ -10,13 +10,13 @@ use std::{collections::BTreeMap, net::IpAddr};
 #[derive(Clone, Debug, PartialEq)]
 pub struct Service {
     pub key: ObjectKey,
-    /// Only Linkerd's annotations are kept.
-    pub annotations: BTreeMap<String, String>,
+    /// Only the annotations the index reads ([`super::USED_ANNOTATIONS`]).
+    pub annotations: Labels,
     pub type_: ServiceType,
     /// `clusterIP` and `clusterIPs`, without `None` (headless).
     pub cluster_ips: Vec<IpAddr>,
     /// `None` for a service without a selector (endpoints managed by hand).
-    pub selector: Option<BTreeMap<String, String>>,
+    pub selector: Option<Labels>,
     pub ports: Vec<ServicePort>,
 }
 
@@ -47,9 +47,9 @@ impl Service {
     }
 
     /// Does this service select the pod with these labels?
-    pub fn selects(&self, labels: &BTreeMap<String, String>) -> bool {
+    pub fn selects(&self, labels: &Labels) -> bool {
         match &self.selector {
-            Some(sel) if !sel.is_empty() => sel.iter().all(|(k, v)| labels.get(k) == Some(v)),
+            Some(sel) if !sel.is_empty() => sel.is_subset_of(labels),
             _ => false,
         }
     }
@@ -156,11 +156,11 @@ impl TryFrom<ServiceWire> for Service {
             });
         }
         Ok(Service {
-            annotations: w.metadata.take_linkerd_annotations(),
+            annotations: w.metadata.take_used_annotations(),
             key,
             type_,
             cluster_ips,
-            selector: w.spec.selector,
+            selector: w.spec.selector.map(Labels::from),
             ports,
         })
     }

@@ -35,6 +35,8 @@ pub struct ServerConfig {
     pub mesh: MeshConfig,
     /// Messages queued per stream before a client that does not read is cut.
     pub stream_queue: usize,
+    /// How long a stream waits for room in a full queue before it is cut.
+    pub stream_send_wait: Duration,
     /// Concurrent streams (Get and GetProfile together) before new ones are
     /// refused with `RESOURCE_EXHAUSTED`.
     pub max_streams: usize,
@@ -46,6 +48,8 @@ pub struct ServerConfig {
 
 /// Default per-stream queue, in messages.
 pub const DEFAULT_STREAM_QUEUE: u32 = 64;
+/// Default wait for room in a full stream queue.
+pub const DEFAULT_STREAM_SEND_WAIT: Duration = Duration::from_secs(1);
 /// Default limit of concurrent streams.
 pub const DEFAULT_MAX_STREAMS: u32 = 20_000;
 
@@ -54,6 +58,7 @@ impl Default for ServerConfig {
         Self {
             mesh: MeshConfig::default(),
             stream_queue: DEFAULT_STREAM_QUEUE as usize,
+            stream_send_wait: DEFAULT_STREAM_SEND_WAIT,
             max_streams: DEFAULT_MAX_STREAMS as usize,
             max_request_bytes: 16 * 1024,
             keepalive: Duration::from_secs(10),
@@ -134,21 +139,31 @@ impl DestinationService {
         metrics.streams_total.get_or_create(&label).inc();
         let mut shutdown = self.shutdown.clone();
         let queue = self.config.stream_queue;
+        let send_wait = self.config.stream_send_wait;
         tokio::spawn(async move {
             let _permit = permit;
             let _open = open;
             let mut answer = sub.current();
             loop {
                 for msg in render(&answer) {
-                    if tx.capacity() <= 1 {
-                        metrics.stream_overflows_total.get_or_create(&label).inc();
-                        let _ = tx.try_send(Err(Status::resource_exhausted(format!(
-                            "client did not read {queue} queued updates; stream closed, reconnect"
-                        ))));
-                        return;
-                    }
-                    if tx.try_send(Ok(msg)).is_err() {
-                        return;
+                    // Wait briefly for room (a large answer is many messages
+                    // and the client reads them as they go); a client that
+                    // makes no room in that time is not reading.
+                    let room = tokio::time::timeout(send_wait, tx.reserve_many(2)).await;
+                    match room {
+                        Ok(Ok(mut permits)) => {
+                            if let Some(permit) = permits.next() {
+                                permit.send(Ok(msg));
+                            }
+                        }
+                        Ok(Err(_closed)) => return,
+                        Err(_full) => {
+                            metrics.stream_overflows_total.get_or_create(&label).inc();
+                            let _ = tx.try_send(Err(Status::resource_exhausted(format!(
+                                "client did not read {queue} queued updates; stream closed, reconnect"
+                            ))));
+                            return;
+                        }
                     }
                     metrics.updates_sent_total.get_or_create(&label).inc();
                 }

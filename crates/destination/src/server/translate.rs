@@ -109,8 +109,8 @@ fn service_ref(service: &ObjectKey, port: u16) -> meta::Metadata {
         kind: Some(meta::metadata::Kind::Resource(meta::Resource {
             group: "core".into(),
             kind: "Service".into(),
-            name: service.name.clone(),
-            namespace: service.namespace.clone(),
+            name: service.name.to_string(),
+            namespace: service.namespace.to_string(),
             section: String::new(),
             port: u32::from(port),
         })),

@@ -62,6 +62,11 @@ pub const MAX_DEPTH: usize = 16;
 
 /// Longest wait for quiet after a change, however busy the directory.
 const DEBOUNCE_CAP: Duration = Duration::from_millis(100);
+/// Change signals buffered between the watcher's thread and the source; past
+/// it they are dropped (a pending signal already asks for a rescan).
+const EVENT_QUEUE: usize = 64;
+/// Paths gathered for one targeted rescan; past it, the whole directory is walked.
+const MAX_TARGETED_PATHS: usize = 256;
 /// Full rescan (metadata only) in case the watcher missed an event.
 const RESCAN_INTERVAL: Duration = Duration::from_secs(2);
 /// Full rescan when no watcher could be created.
@@ -141,7 +146,7 @@ pub struct Loaded {
 pub fn load(config: &ManifestsConfig) -> Result<Loaded, ManifestsError> {
     check_dir(&config.dir)?;
     let mut manifests = Manifests::new(config.clone());
-    let scan = manifests.rescan(&Metrics::default());
+    let scan = manifests.rescan(&Metrics::default(), false);
     let objects = scan
         .ops
         .into_iter()
@@ -177,7 +182,7 @@ pub async fn run(
     let dir = shown(&config.dir);
     let debounce = config.debounce;
     // Watch before the first read so no change falls between the two.
-    let (tx, mut events) = mpsc::channel(1);
+    let (tx, mut events) = mpsc::channel(EVENT_QUEUE);
     let mut watcher = DirWatch::start(&config.dir, tx);
     let period = if watcher.is_some() {
         RESCAN_INTERVAL
@@ -186,7 +191,15 @@ pub async fn run(
     };
     let metrics = store.metrics().clone();
 
-    let (mut manifests, scan) = rescan(Manifests::new(config), metrics.clone()).await?;
+    let (mut manifests, scan) = rescan(
+        Manifests::new(config),
+        metrics.clone(),
+        Pending {
+            settled: false,
+            paths: None,
+        },
+    )
+    .await?;
     let objects = scan.ops.len();
     store.update(scan.ops);
     store.set_ready();
@@ -205,24 +218,32 @@ pub async fn run(
     let mut retry: Option<Instant> = None;
     loop {
         let retry_at = retry;
+        let mut pending = Pending {
+            settled: false,
+            paths: None,
+        };
         tokio::select! {
             _ = &mut shutdown => break,
             event = events.recv(), if watching => {
-                if event.is_none() {
+                let Some(first) = event else {
                     watching = false;
                     continue;
-                }
+                };
                 tokio::select! {
                     _ = &mut shutdown => break,
-                    _ = quiet(&mut events, debounce) => {}
+                    p = quiet(&mut events, first, debounce) => pending = p,
                 }
             }
             _ = tick.tick() => {}
             _ = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)), if retry_at.is_some() => {}
         }
-        let (next, scan) = rescan(manifests, metrics.clone()).await?;
+        let started = Instant::now();
+        let full = pending.paths.is_none();
+        let (next, scan) = rescan(manifests, metrics.clone(), pending).await?;
         manifests = next;
-        tick.reset();
+        if full {
+            tick.reset();
+        }
         retry = scan.retry_after.map(|d| Instant::now() + d);
         if let Some(w) = watcher.as_mut() {
             if w.renew(scan.root_replaced) {
@@ -231,7 +252,7 @@ pub async fn run(
             }
         }
         if !scan.ops.is_empty() {
-            tracing::debug!(dir = %dir, changes = scan.ops.len(), "Manifests changed");
+            tracing::debug!(dir = %dir, changes = scan.ops.len(), full, took = ?started.elapsed(), "Manifests changed");
             store.update(scan.ops);
         }
     }
@@ -244,23 +265,87 @@ pub async fn run(
 async fn rescan(
     mut manifests: Manifests,
     metrics: Metrics,
+    pending: Pending,
 ) -> Result<(Manifests, Scan), ManifestsError> {
     tokio::task::spawn_blocking(move || {
-        let scan = manifests.rescan(&metrics);
+        let targeted = pending
+            .paths
+            .as_ref()
+            .and_then(|paths| manifests.rescan_paths(paths, &metrics, pending.settled));
+        let scan = match targeted {
+            Some(scan) => scan,
+            None => manifests.rescan(&metrics, pending.settled),
+        };
         (manifests, scan)
     })
     .await
     .map_err(|e| ManifestsError::Stopped(e.to_string()))
 }
 
-/// Waits until no change has been signalled for `debounce`, or 100 ms in all.
-async fn quiet(events: &mut mpsc::Receiver<()>, debounce: Duration) {
+/// Waits until writes are done: at once when every pending event says a
+/// write completed (a file closed after writing, renamed into place, or
+/// removed); otherwise until no change has been signalled for `debounce`,
+/// or 100 ms in all. Returns whether the changes are known to be complete.
+async fn quiet(events: &mut mpsc::Receiver<Signal>, first: Signal, debounce: Duration) -> Pending {
+    let mut pending = Pending::default();
+    pending.add(first);
+    while let Ok(signal) = events.try_recv() {
+        pending.add(signal);
+    }
+    if pending.settled {
+        return pending;
+    }
     let cap = Instant::now() + DEBOUNCE_CAP;
     loop {
         let until = (Instant::now() + debounce).min(cap);
         match tokio::time::timeout_at(until, events.recv()).await {
-            Ok(Some(())) if Instant::now() < cap => continue,
-            _ => return,
+            Ok(Some(signal)) => {
+                pending.add(signal);
+                if Instant::now() >= cap {
+                    break;
+                }
+            }
+            _ => break,
+        }
+    }
+    pending.settled = false;
+    pending
+}
+
+/// What the watcher reported: whether the writes completed, and the paths.
+/// No path means "something changed": rescan everything.
+struct Signal {
+    complete: bool,
+    paths: Vec<PathBuf>,
+}
+
+/// Signals gathered before one rescan.
+struct Pending {
+    settled: bool,
+    /// The paths to look at, or `None` for the whole directory.
+    paths: Option<BTreeSet<PathBuf>>,
+}
+
+impl Default for Pending {
+    fn default() -> Self {
+        Self {
+            settled: true,
+            paths: Some(BTreeSet::new()),
+        }
+    }
+}
+
+impl Pending {
+    fn add(&mut self, signal: Signal) {
+        self.settled &= signal.complete;
+        if signal.paths.is_empty() {
+            self.paths = None;
+        }
+        if let Some(paths) = &mut self.paths {
+            paths.extend(signal.paths);
+            if paths.len() > MAX_TARGETED_PATHS {
+                self.paths = None;
+            }
         }
     }
 }
@@ -279,13 +364,27 @@ struct DirWatch {
 
 impl DirWatch {
     /// `None`, logged, when the platform will not watch the directory.
-    fn start(dir: &Path, tx: mpsc::Sender<()>) -> Option<Self> {
+    fn start(dir: &Path, tx: mpsc::Sender<Signal>) -> Option<Self> {
         let lost = Arc::new(AtomicBool::new(false));
         let handler = {
             let lost = lost.clone();
             let dir = dir.to_path_buf();
             move |event: notify::Result<notify::Event>| {
+                let mut complete = false;
+                let mut paths = Vec::new();
                 if let Ok(event) = &event {
+                    paths.clone_from(&event.paths);
+                    if !event.paths.is_empty()
+                        && event.paths.iter().all(|p| *p != dir && is_irrelevant(p))
+                    {
+                        return;
+                    }
+                    complete = matches!(
+                        event.kind,
+                        EventKind::Access(AccessKind::Close(AccessMode::Write))
+                            | EventKind::Modify(ModifyKind::Name(_))
+                            | EventKind::Remove(_)
+                    );
                     match event.kind {
                         // Opening or reading a file (as a rescan does) changes nothing.
                         EventKind::Access(access)
@@ -301,8 +400,14 @@ impl DirWatch {
                         _ => {}
                     }
                 }
-                // Errors (e.g. a lost event queue) are signals too: rescan.
-                let _ = tx.try_send(());
+                // Errors (e.g. a lost event queue) are signals too, with no
+                // path: they ask for a full rescan. So does a full queue.
+                if tx.try_send(Signal { complete, paths }).is_err() {
+                    let _ = tx.try_send(Signal {
+                        complete: false,
+                        paths: Vec::new(),
+                    });
+                }
             }
         };
         let watcher = notify::recommended_watcher(handler).and_then(|mut w| {
@@ -387,7 +492,7 @@ struct Manifests {
     config: ManifestsConfig,
     files: BTreeMap<Arc<Path>, FileState>,
     /// Which files define each object; the first (in path order) is served.
-    definers: HashMap<ObjectId, BTreeSet<Arc<Path>>>,
+    definers: HashMap<ObjectId, Definers>,
     scanned: bool,
     /// The directory's device and inode, to notice it being replaced.
     root_id: Option<(u64, u64)>,
@@ -469,7 +574,9 @@ impl Manifests {
 
     /// Walks the directory, reads what changed, and returns the ops that
     /// bring the store from the previous state to the new one.
-    fn rescan(&mut self, metrics: &Metrics) -> Scan {
+    /// `settled`: the watcher saw every write complete, so files need not be
+    /// left to settle.
+    fn rescan(&mut self, metrics: &Metrics, settled: bool) -> Scan {
         let mut scan = Scan::default();
         let listing = match walk(&self.config.dir) {
             Ok(listing) => listing,
@@ -504,56 +611,7 @@ impl Manifests {
             }
         }
         for (path, &stat) in &listing.files {
-            let old = self.files.get(path);
-            if old.is_some_and(|old| old.stat == stat && !old.racy()) {
-                continue;
-            }
-            if self.scanned {
-                if let Some(wait) = settling(stat.changed, now, self.config.debounce) {
-                    // Still being written: keep the old state, look again soon.
-                    scan.retry_after = Some(scan.retry_after.map_or(wait, |w| w.min(wait)));
-                    continue;
-                }
-            }
-            let read_at = SystemTime::now();
-            let text = match read_text(path, self.config.max_file_bytes) {
-                Ok(text) => text,
-                Err(ReadError::Gone) => {
-                    if old.is_some() {
-                        changes.push((path.clone(), Change::Removed));
-                    }
-                    continue;
-                }
-                Err(e) => {
-                    if self.scanned {
-                        metrics.reloads_total.inc();
-                    }
-                    metrics.reload_errors_total.inc();
-                    let had_objects = old.is_some_and(|o| !o.objects.is_empty());
-                    report(path, [e.to_string()].into_iter(), had_objects, &mut scan);
-                    changes.push((
-                        path.clone(),
-                        Change::Failed {
-                            stat,
-                            content: None,
-                            read_at,
-                        },
-                    ));
-                    continue;
-                }
-            };
-            let content = hash(&text);
-            if old.is_some_and(|old| old.content == Some(content)) {
-                changes.push((path.clone(), Change::Same { stat, read_at }));
-                continue;
-            }
-            if self.scanned {
-                metrics.reloads_total.inc();
-            }
-            let parsed = documents::parse(&text);
-            drop(text);
-            let change = self.judge(path, parsed, stat, content, read_at, metrics, &mut scan);
-            changes.push((path.clone(), change));
+            self.check_file(path, stat, now, settled, metrics, &mut scan, &mut changes);
         }
         self.apply(changes, &mut scan);
         metrics
@@ -561,6 +619,133 @@ impl Manifests {
             .set(self.invalid_files() as i64);
         self.scanned = true;
         scan
+    }
+
+    /// Reads one file if it changed, and records what to do with it.
+    #[allow(clippy::too_many_arguments)]
+    fn check_file(
+        &self,
+        path: &Arc<Path>,
+        stat: Stat,
+        now: SystemTime,
+        settled: bool,
+        metrics: &Metrics,
+        scan: &mut Scan,
+        changes: &mut Vec<(Arc<Path>, Change)>,
+    ) {
+        let old = self.files.get(path);
+        if old.is_some_and(|old| old.stat == stat && !old.racy()) {
+            return;
+        }
+        if self.scanned && !settled {
+            if let Some(wait) = settling(stat.changed, now, self.config.debounce) {
+                // Still being written: keep the old state, look again soon.
+                scan.retry_after = Some(scan.retry_after.map_or(wait, |w| w.min(wait)));
+                return;
+            }
+        }
+        let read_at = SystemTime::now();
+        let text = match read_text(path, self.config.max_file_bytes) {
+            Ok(text) => text,
+            Err(ReadError::Gone) => {
+                if old.is_some() {
+                    changes.push((path.clone(), Change::Removed));
+                }
+                return;
+            }
+            Err(e) => {
+                if self.scanned {
+                    metrics.reloads_total.inc();
+                }
+                metrics.reload_errors_total.inc();
+                let had_objects = old.is_some_and(|o| !o.objects.is_empty());
+                report(path, [e.to_string()].into_iter(), had_objects, scan);
+                changes.push((
+                    path.clone(),
+                    Change::Failed {
+                        stat,
+                        content: None,
+                        read_at,
+                    },
+                ));
+                return;
+            }
+        };
+        let content = hash(&text);
+        if old.is_some_and(|old| old.content == Some(content)) {
+            changes.push((path.clone(), Change::Same { stat, read_at }));
+            return;
+        }
+        if self.scanned {
+            metrics.reloads_total.inc();
+        }
+        let parsed = documents::parse(&text);
+        drop(text);
+        let change = self.judge(path, parsed, stat, content, read_at, metrics, scan);
+        changes.push((path.clone(), change));
+    }
+
+    /// Looks only at `paths` (what the watcher named), skipping the walk of
+    /// the whole directory. `None` when that is not enough: a directory
+    /// changed, a path is outside or too deep, or a file would pass a limit.
+    fn rescan_paths(
+        &mut self,
+        paths: &BTreeSet<PathBuf>,
+        metrics: &Metrics,
+        settled: bool,
+    ) -> Option<Scan> {
+        if !self.scanned {
+            return None;
+        }
+        let root = self.config.dir.clone();
+        let now = SystemTime::now();
+        let mut scan = Scan::default();
+        let mut changes: Vec<(Arc<Path>, Change)> = Vec::new();
+        for path in paths {
+            let rel = path.strip_prefix(&root).ok()?;
+            if rel.components().count() > MAX_DEPTH + 1 {
+                return None;
+            }
+            let known = self
+                .files
+                .get_key_value(path.as_path())
+                .map(|(k, _)| k.clone());
+            match fs::metadata(path) {
+                Ok(meta) if meta.is_file() => {
+                    let name = path.file_name()?.to_string_lossy();
+                    if is_ignored(&name) || !is_manifest(path) {
+                        continue;
+                    }
+                    let key = match known {
+                        Some(key) => key,
+                        None if self.files.len() >= MAX_FILES => return None,
+                        None => Arc::from(path.as_path()),
+                    };
+                    self.check_file(
+                        &key,
+                        Stat::of(&meta),
+                        now,
+                        settled,
+                        metrics,
+                        &mut scan,
+                        &mut changes,
+                    );
+                }
+                Ok(_) => return None,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => match known {
+                    Some(key) => changes.push((key, Change::Removed)),
+                    // Gone, and no file under it known: nothing to do.
+                    None if !self.files.keys().any(|k| k.starts_with(path)) => {}
+                    None => return None,
+                },
+                Err(_) => return None,
+            }
+        }
+        self.apply(changes, &mut scan);
+        metrics
+            .manifest_files_invalid
+            .set(self.invalid_files() as i64);
+        Some(scan)
     }
 
     /// Turns a parsed file into a change: all of it, or (on any problem)
@@ -652,7 +837,7 @@ impl Manifests {
                     }
                     for id in new.objects.keys() {
                         let definers = self.definers.entry(id.clone()).or_default();
-                        definers.insert(path.clone());
+                        definers.insert(&path);
                         if definers.len() > 1 {
                             warn_duplicate(id, definers, &path);
                         }
@@ -742,7 +927,42 @@ impl Manifests {
     }
 }
 
-fn warn_duplicate(id: &ObjectId, definers: &BTreeSet<Arc<Path>>, path: &Arc<Path>) {
+/// The files that define one object, in path order. Nearly always one: a
+/// sorted vector costs one small allocation where a set would cost a node.
+#[derive(Default)]
+struct Definers(Vec<Arc<Path>>);
+
+impl Definers {
+    fn insert(&mut self, path: &Arc<Path>) {
+        if let Err(at) = self.0.binary_search(path) {
+            self.0.insert(at, path.clone());
+        }
+    }
+
+    fn remove(&mut self, path: &Arc<Path>) {
+        if let Ok(at) = self.0.binary_search(path) {
+            self.0.remove(at);
+        }
+    }
+
+    fn first(&self) -> Option<&Arc<Path>> {
+        self.0.first()
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Arc<Path>> {
+        self.0.iter()
+    }
+}
+
+fn warn_duplicate(id: &ObjectId, definers: &Definers, path: &Arc<Path>) {
     let mut paths = definers.iter();
     let (Some(first), Some(second)) = (paths.next(), paths.next()) else {
         return;
@@ -993,4 +1213,14 @@ fn read_text(path: &Path, max: u64) -> Result<String, ReadError> {
     String::from_utf8(bytes).map_err(|e| ReadError::NotUtf8 {
         offset: e.utf8_error().valid_up_to(),
     })
+}
+
+/// Events about files the source never reads (editor and temp files, other
+/// extensions) need no rescan: writing `x.yaml.tmp~` before renaming it to
+/// `x.yaml` must not delay the rescan the rename asks for.
+fn is_irrelevant(path: &Path) -> bool {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    (is_ignored(name) || (path.extension().is_some() && !is_manifest(path))) && !path.is_dir()
 }
