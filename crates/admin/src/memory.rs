@@ -228,6 +228,28 @@ fn encode_bytes(
     ConstGauge::new(bytes).encode(metric)
 }
 
+/// Returns the allocator's unused dirty pages to the kernel now, instead of
+/// after jemalloc's decay time (10 s by default). Call it after a large,
+/// transient allocation, such as loading a whole cluster, so that RSS shows
+/// what is kept rather than what was briefly needed. Failures (another
+/// allocator in use) are ignored: this only affects how soon memory is
+/// returned.
+pub fn release_unused_memory() {
+    use tikv_jemalloc_ctl::{arenas, Access, AsName};
+    let Ok(n) = arenas::narenas::read() else {
+        return;
+    };
+    for i in 0..n {
+        let key = format!("arena.{i}.dirty_decay_ms\0");
+        let name = key.as_bytes().name();
+        // Setting the decay time to zero purges at once; then restore it.
+        if let Ok(previous) = Access::<isize>::read(name) {
+            let _ = Access::<isize>::write(name, 0);
+            let _ = Access::<isize>::write(name, previous);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -324,27 +346,5 @@ mod tests {
         }
         drop(spike);
         sampler.abort();
-    }
-}
-
-/// Returns the allocator's unused dirty pages to the kernel now, instead of
-/// after jemalloc's decay time (10 s by default). Call it after a large,
-/// transient allocation, such as loading a whole cluster, so that RSS shows
-/// what is kept rather than what was briefly needed. Failures (another
-/// allocator in use) are ignored: this only affects how soon memory is
-/// returned.
-pub fn release_unused_memory() {
-    use tikv_jemalloc_ctl::{arenas, Access, AsName};
-    let Ok(n) = arenas::narenas::read() else {
-        return;
-    };
-    for i in 0..n {
-        let key = format!("arena.{i}.dirty_decay_ms\0");
-        let name = key.as_bytes().name();
-        // Setting the decay time to zero purges at once; then restore it.
-        if let Ok(previous) = Access::<isize>::read(name) {
-            let _ = Access::<isize>::write(name, 0);
-            let _ = Access::<isize>::write(name, previous);
-        }
     }
 }

@@ -19,6 +19,7 @@ use crate::{
     resource::ServiceType,
     store::{Store, Subscription},
 };
+use futures_util::StreamExt;
 use linkerd2_proxy_api::destination::{
     destination_server::{Destination, DestinationServer},
     DestinationProfile, GetDestination, Update,
@@ -74,7 +75,15 @@ pub struct DestinationService {
     shutdown: watch::Receiver<bool>,
 }
 
-type Stream<T> = ReceiverStream<Result<T, Status>>;
+/// A stream's bounded queue holds boxed messages: a queue slot then costs a
+/// pointer, however large the message type.
+type Queued<T> = Result<Box<T>, Box<Status>>;
+type Stream<T> =
+    futures_util::stream::Map<ReceiverStream<Queued<T>>, fn(Queued<T>) -> Result<T, Status>>;
+
+fn unbox<T>(item: Queued<T>) -> Result<T, Status> {
+    item.map(|m| *m).map_err(|s| *s)
+}
 
 impl DestinationService {
     /// `shutdown` turning true ends every stream cleanly (status OK).
@@ -125,7 +134,7 @@ impl DestinationService {
         method: &'static str,
         mut sub: Subscription<V>,
         permit: OwnedSemaphorePermit,
-        mut render: impl FnMut(&V) -> Vec<T> + Send + 'static,
+        mut render: impl FnMut(&Arc<V>) -> Vec<T> + Send + 'static,
     ) -> Stream<T>
     where
         V: Send + Sync + 'static,
@@ -153,15 +162,15 @@ impl DestinationService {
                     match room {
                         Ok(Ok(mut permits)) => {
                             if let Some(permit) = permits.next() {
-                                permit.send(Ok(msg));
+                                permit.send(Ok(Box::new(msg)));
                             }
                         }
                         Ok(Err(_closed)) => return,
                         Err(_full) => {
                             metrics.stream_overflows_total.get_or_create(&label).inc();
-                            let _ = tx.try_send(Err(Status::resource_exhausted(format!(
+                            let _ = tx.try_send(Err(Box::new(Status::resource_exhausted(format!(
                                 "client did not read {queue} queued updates; stream closed, reconnect"
-                            ))));
+                            )))));
                             return;
                         }
                     }
@@ -177,7 +186,7 @@ impl DestinationService {
                 }
             }
         });
-        ReceiverStream::new(rx)
+        ReceiverStream::new(rx).map(unbox::<T> as fn(Queued<T>) -> Result<T, Status>)
     }
 }
 
@@ -190,10 +199,12 @@ impl Destination for DestinationService {
         let permit = self.admit("Get")?;
         let sub = self.store.subscribe_endpoints(target);
         let mesh = self.config.mesh.clone();
+        // The previous answer is kept by reference: answers are immutable
+        // and shared by every stream of the subscription.
         let mut last: Option<Arc<crate::index::EndpointSet>> = None;
         let stream = self.spawn_stream("Get", sub, permit, move |cur| {
             let msgs = updates::diff(last.as_deref(), cur, &mesh);
-            last = Some(Arc::new(cur.clone()));
+            last = Some(cur.clone());
             msgs
         });
         Ok(Response::new(stream))
