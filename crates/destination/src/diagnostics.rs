@@ -68,6 +68,28 @@ async fn connect(
     Ok(DestinationClient::new(channel).max_decoding_message_size(16 * 1024 * 1024))
 }
 
+fn request(authority: &str) -> GetDestination {
+    GetDestination {
+        scheme: "k8s".into(),
+        path: authority.to_string(),
+        context_token: String::new(),
+    }
+}
+
+/// `fut`, or a timeout error once `limit` has passed.
+async fn within<T>(
+    limit: Duration,
+    fut: impl std::future::Future<Output = Result<T, tonic::Status>>,
+) -> Result<T, DiagnosticsError> {
+    Ok(tokio::time::timeout(limit, fut)
+        .await
+        .map_err(|_| DiagnosticsError::Timeout(limit))??)
+}
+
+/// How long to wait for the rest of an initial answer the server split over
+/// several messages (they are sent back to back).
+const REST_OF_ANSWER: Duration = Duration::from_millis(250);
+
 /// The first answer of `Get(authority)`: the initial set, which the server may
 /// split over several messages of [`MAX_ADDRS_PER_UPDATE`] addresses.
 pub async fn endpoints(
@@ -76,21 +98,23 @@ pub async fn endpoints(
     timeout: Duration,
 ) -> Result<EndpointsAnswer, DiagnosticsError> {
     let mut client = connect(destination, timeout).await?;
-    let req = GetDestination {
-        scheme: "k8s".into(),
-        path: authority.to_string(),
-        context_token: String::new(),
-    };
-    let mut stream = tokio::time::timeout(timeout, client.get(req))
-        .await
-        .map_err(|_| DiagnosticsError::Timeout(timeout))??
+    let mut stream = within(timeout, client.get(request(authority)))
+        .await?
         .into_inner();
     let mut out = Vec::new();
+    let mut wait = timeout;
     loop {
-        let msg = tokio::time::timeout(timeout, stream.message())
-            .await
-            .map_err(|_| DiagnosticsError::Timeout(timeout))??
-            .ok_or(DiagnosticsError::Closed)?;
+        let msg = match tokio::time::timeout(wait, stream.message()).await {
+            Ok(msg) => msg?,
+            Err(_) if !out.is_empty() => return Ok(EndpointsAnswer::Endpoints(out)),
+            Err(_) => return Err(DiagnosticsError::Timeout(timeout)),
+        };
+        let Some(msg) = msg else {
+            if out.is_empty() {
+                return Err(DiagnosticsError::Closed);
+            }
+            return Ok(EndpointsAnswer::Endpoints(out));
+        };
         match msg.update {
             Some(update::Update::Add(set)) => {
                 let full = set.addrs.len() == MAX_ADDRS_PER_UPDATE;
@@ -102,6 +126,7 @@ pub async fn endpoints(
                 if !full {
                     return Ok(EndpointsAnswer::Endpoints(out));
                 }
+                wait = REST_OF_ANSWER;
             }
             Some(update::Update::NoEndpoints(n)) if out.is_empty() => {
                 return Ok(EndpointsAnswer::NoEndpoints { exists: n.exists })
@@ -118,18 +143,11 @@ pub async fn profile(
     timeout: Duration,
 ) -> Result<DestinationProfile, DiagnosticsError> {
     let mut client = connect(destination, timeout).await?;
-    let req = GetDestination {
-        scheme: "k8s".into(),
-        path: authority.to_string(),
-        context_token: String::new(),
-    };
-    let mut stream = tokio::time::timeout(timeout, client.get_profile(req))
-        .await
-        .map_err(|_| DiagnosticsError::Timeout(timeout))??
+    let mut stream = within(timeout, client.get_profile(request(authority)))
+        .await?
         .into_inner();
-    tokio::time::timeout(timeout, stream.message())
-        .await
-        .map_err(|_| DiagnosticsError::Timeout(timeout))??
+    within(timeout, stream.message())
+        .await?
         .ok_or(DiagnosticsError::Closed)
 }
 

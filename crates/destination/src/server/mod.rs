@@ -146,6 +146,8 @@ impl DestinationService {
         let label = Metrics::method(method);
         let open = StreamGauge::open(metrics.streams.get_or_create(&label).clone());
         metrics.streams_total.get_or_create(&label).inc();
+        let sent = metrics.updates_sent_total.get_or_create(&label).clone();
+        let overflows = metrics.stream_overflows_total.get_or_create(&label).clone();
         let mut shutdown = self.shutdown.clone();
         let queue = self.config.stream_queue;
         let send_wait = self.config.stream_send_wait;
@@ -167,14 +169,14 @@ impl DestinationService {
                         }
                         Ok(Err(_closed)) => return,
                         Err(_full) => {
-                            metrics.stream_overflows_total.get_or_create(&label).inc();
+                            overflows.inc();
                             let _ = tx.try_send(Err(Box::new(Status::resource_exhausted(format!(
                                 "client did not read {queue} queued updates; stream closed, reconnect"
                             )))));
                             return;
                         }
                     }
-                    metrics.updates_sent_total.get_or_create(&label).inc();
+                    sent.inc();
                 }
                 tokio::select! {
                     next = sub.changed() => match next {
