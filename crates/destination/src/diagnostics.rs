@@ -54,16 +54,28 @@ async fn connect(
             addr: addr.to_string(),
             reason: e.to_string(),
         })?;
-    let channel = endpoint
-        .connect_timeout(timeout)
-        .connect()
-        .await
-        .map_err(|e| DiagnosticsError::Connect {
-            addr: addr.to_string(),
-            reason: std::error::Error::source(&e)
-                .map(|s| s.to_string())
-                .unwrap_or_else(|| e.to_string()),
-        })?;
+    // A controller that is still starting refuses connections: try again
+    // until the timeout, so that a script can start one and query it.
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut pause = Duration::from_millis(20);
+    let channel = loop {
+        match endpoint.clone().connect_timeout(timeout).connect().await {
+            Ok(channel) => break channel,
+            Err(e) if tokio::time::Instant::now() + pause < deadline => {
+                tracing::debug!(error = %e, "controller not reachable yet; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            Err(e) => {
+                return Err(DiagnosticsError::Connect {
+                    addr: addr.to_string(),
+                    reason: std::error::Error::source(&e)
+                        .map(|s| s.to_string())
+                        .unwrap_or_else(|| e.to_string()),
+                })
+            }
+        }
+    };
     // Answers are bounded by the server; this caps what we accept regardless.
     Ok(DestinationClient::new(channel).max_decoding_message_size(16 * 1024 * 1024))
 }
