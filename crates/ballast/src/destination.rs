@@ -7,7 +7,10 @@ use ballast_destination::{
     index::{Index, IndexConfig, PortSet, DEFAULT_OPAQUE_PORTS},
     metrics::Metrics,
     server::{self, DestinationService, MeshConfig, ServerConfig},
-    source::manifests::{self, ManifestsConfig},
+    source::{
+        kube::{self as kube_source, BackoffConfig, KubeConfig},
+        manifests::{self, ManifestsConfig},
+    },
     store::Store,
 };
 use clap::Args as ClapArgs;
@@ -16,8 +19,10 @@ use tokio::{net::TcpListener, sync::watch};
 
 #[derive(ClapArgs)]
 #[command(
-    after_help = "Source: `--manifests DIR` serves the Kubernetes objects (Pods, Services, \
-EndpointSlices) written in DIR and follows edits to it; it is the only source for now.\n\
+    after_help = "Source: with `--manifests DIR`, the Kubernetes objects (Pods, Services, \
+EndpointSlices) written in DIR, following edits to it (the embedded default for local runs). \
+Without it, the Kubernetes API: `--kubeconfig` if given, else KUBECONFIG or ~/.kube/config, \
+else the in-cluster service account.\n\
 Every flag can also be set by the environment variable shown."
 )]
 pub struct Args {
@@ -41,6 +46,32 @@ pub struct Args {
     /// recursively) standing in for a cluster; edits are followed.
     #[arg(long, env = "BALLAST_DESTINATION_MANIFESTS")]
     manifests: Option<PathBuf>,
+
+    /// Kubeconfig for the Kubernetes source (when --manifests is not given);
+    /// default: KUBECONFIG, ~/.kube/config, else in-cluster.
+    #[arg(
+        long,
+        env = "BALLAST_DESTINATION_KUBECONFIG",
+        conflicts_with = "manifests"
+    )]
+    kubeconfig: Option<PathBuf>,
+
+    /// Objects per LIST page when listing the Kubernetes API.
+    #[arg(long, env = "BALLAST_DESTINATION_KUBE_PAGE_SIZE", default_value_t = kube_source::DEFAULT_PAGE_SIZE,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    kube_page_size: u32,
+
+    /// First retry delay after a Kubernetes API error; doubles per failure, with jitter.
+    #[arg(long, env = "BALLAST_DESTINATION_KUBE_BACKOFF_INITIAL", default_value = "800ms", value_parser = humantime_secs)]
+    kube_backoff_initial: Duration,
+
+    /// Longest retry delay after Kubernetes API errors.
+    #[arg(long, env = "BALLAST_DESTINATION_KUBE_BACKOFF_MAX", default_value = "30s", value_parser = humantime_secs)]
+    kube_backoff_max: Duration,
+
+    /// Longest wait honoured from the API server's `429 Retry-After`.
+    #[arg(long, env = "BALLAST_DESTINATION_KUBE_MAX_RETRY_AFTER", default_value = "60s", value_parser = humantime_secs)]
+    kube_max_retry_after: Duration,
 
     /// Largest manifest file read; larger files are refused with an error.
     #[arg(long, env = "BALLAST_DESTINATION_MANIFESTS_MAX_FILE_BYTES", default_value_t = 16 * 1024 * 1024)]
@@ -101,12 +132,6 @@ pub struct Args {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let Some(dir) = args.manifests.clone() else {
-        anyhow::bail!(
-            "no source given: pass --manifests DIR (a directory of Kubernetes manifests), \
-             e.g. `ballast destination --manifests examples/`"
-        );
-    };
     let default_opaque_ports = PortSet::parse(&args.default_opaque_ports)
         .map_err(|e| anyhow::anyhow!("--default-opaque-ports: {e}"))?;
     let grpc = TcpListener::bind(args.addr)
@@ -143,14 +168,36 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let admin_task =
         tokio::spawn(AdminServer::new(admin_state).serve(admin, stopped(stop_rx.clone())));
 
-    let mut source = tokio::spawn(manifests::run(
-        ManifestsConfig {
-            max_file_bytes: args.manifests_max_file_bytes,
-            ..ManifestsConfig::new(dir)
-        },
-        store.clone(),
-        stopped(stop_rx.clone()),
-    ));
+    let mut source = match args.manifests.clone() {
+        Some(dir) => {
+            tracing::info!(dir = %dir.display(), "source: manifests directory");
+            let config = ManifestsConfig {
+                max_file_bytes: args.manifests_max_file_bytes,
+                ..ManifestsConfig::new(dir)
+            };
+            let run = manifests::run(config, store.clone(), stopped(stop_rx.clone()));
+            tokio::spawn(async move { run.await.map_err(anyhow::Error::new) })
+        }
+        None => {
+            let config = KubeConfig {
+                kubeconfig: args.kubeconfig.clone(),
+                page_size: args.kube_page_size,
+                backoff: BackoffConfig {
+                    initial: args.kube_backoff_initial,
+                    max: args.kube_backoff_max,
+                    ..BackoffConfig::default()
+                },
+                max_retry_after: args.kube_max_retry_after,
+                ..KubeConfig::default()
+            };
+            let client = kube_source::client(&config, store.metrics())
+                .await
+                .context("cannot set up the Kubernetes client (or pass --manifests DIR to run without a cluster)")?;
+            tracing::info!("source: Kubernetes API");
+            let run = kube_source::run(config, client, store.clone(), stopped(stop_rx.clone()));
+            tokio::spawn(async move { run.await.map_err(anyhow::Error::new) })
+        }
+    };
 
     // Loading a cluster allocates far more than it keeps: hand the rest back.
     let loaded = store.clone();
@@ -178,8 +225,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         _ = crate::signal::shutdown() => Ok(()),
         r = &mut source => match r {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(anyhow::Error::new(e).context("manifests source failed")),
-            Err(e) => Err(anyhow::anyhow!("manifests source stopped: {e}")),
+            Ok(Err(e)) => Err(e.context("source failed")),
+            Err(e) => Err(anyhow::anyhow!("source stopped: {e}")),
         },
         r = &mut grpc_task => Err(anyhow::anyhow!("gRPC server stopped: {r:?}")),
     };

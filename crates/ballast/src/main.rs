@@ -33,7 +33,7 @@ struct Cli {
 enum Command {
     /// Run the destination controller: watch a cluster (or a manifests
     /// directory standing in for one) and serve Linkerd's Destination API.
-    Destination(destination::Args),
+    Destination(Box<destination::Args>),
     /// Ask a destination controller what it answers.
     #[command(subcommand)]
     Diagnostics(diagnostics::Command),
@@ -57,7 +57,7 @@ fn main() -> std::process::ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Destination(args) => destination::run(args).await,
+            Command::Destination(args) => destination::run(*args).await,
             Command::Diagnostics(cmd) => diagnostics::run(cmd).await,
         }
     });

@@ -52,17 +52,24 @@ where
 
 impl Controller {
     pub async fn start(manifests: &Path, extra: &[&str]) -> Controller {
+        let mut args = vec!["--manifests".to_string(), manifests.display().to_string()];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        Self::start_with(&args).await
+    }
+
+    /// Starts `ballast destination` with these flags after OS-picked
+    /// addresses (a flag given here overrides them).
+    pub async fn start_with(args: &[String]) -> Controller {
+        let mut defaults = Vec::new();
+        for flag in ["--addr", "--admin-addr"] {
+            if !args.iter().any(|a| a == flag) {
+                defaults.extend([flag, "127.0.0.1:0"]);
+            }
+        }
         let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
-            .args([
-                "destination",
-                "--addr",
-                "127.0.0.1:0",
-                "--admin-addr",
-                "127.0.0.1:0",
-            ])
-            .arg("--manifests")
-            .arg(manifests)
-            .args(extra)
+            .arg("destination")
+            .args(defaults)
+            .args(args)
             .env("BALLAST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -92,15 +99,22 @@ impl Controller {
                 sink.lock().unwrap().push(line);
             }
         });
-        let (grpc, admin) = tokio::time::timeout(DEADLINE, async {
+        let listening = tokio::time::timeout(DEADLINE, async {
             let r = addrs_rx
                 .wait_for(|(g, a)| g.is_some() && a.is_some())
                 .await
-                .expect("ballast exited before listening");
-            (r.0.unwrap(), r.1.unwrap())
+                .ok()?;
+            Some((r.0?, r.1?))
         })
-        .await
-        .expect("ballast did not report its addresses");
+        .await;
+        let Ok(Some((grpc, admin))) = listening else {
+            // Let the reader catch the last lines, then show them.
+            let _ = tokio::time::timeout(Duration::from_secs(2), child.wait()).await;
+            panic!(
+                "ballast did not start listening; its log:\n{}",
+                logs.lock().unwrap().join("\n")
+            );
+        };
         let c = Controller {
             child,
             grpc,

@@ -37,11 +37,11 @@ pub struct SliceEndpoint {
     pub node_name: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone, Debug)]
 #[serde(rename_all = "camelCase")]
-pub(super) struct EndpointSliceWire {
+pub(crate) struct EndpointSliceWire {
     #[serde(default)]
-    metadata: ObjectMetaWire,
+    pub(crate) metadata: ObjectMetaWire,
     address_type: Option<String>,
     #[serde(default)]
     ports: Option<Vec<SlicePortWire>>,
@@ -49,13 +49,13 @@ pub(super) struct EndpointSliceWire {
     endpoints: Option<Vec<SliceEndpointWire>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone, Debug)]
 struct SlicePortWire {
     name: Option<String>,
     port: Option<i64>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone, Debug)]
 #[serde(rename_all = "camelCase")]
 struct SliceEndpointWire {
     #[serde(default)]
@@ -68,26 +68,26 @@ struct SliceEndpointWire {
     hints: Option<HintsWire>,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, Clone, Debug)]
 struct ConditionsWire {
     ready: Option<bool>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone, Debug)]
 struct TargetRefWire {
     kind: Option<String>,
     namespace: Option<String>,
     name: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone, Debug)]
 #[serde(rename_all = "camelCase")]
 struct HintsWire {
     #[serde(default)]
     for_zones: Vec<ZoneWire>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone, Debug)]
 struct ZoneWire {
     name: Option<String>,
 }

@@ -1,5 +1,8 @@
 use super::InvalidObject;
-use serde::Deserialize;
+use serde::{
+    de::{self, IgnoredAny, MapAccess, Visitor},
+    Deserialize, Deserializer,
+};
 use std::{collections::BTreeMap, fmt, sync::Arc};
 
 /// Namespace and name: how every namespaced object is addressed.
@@ -34,23 +37,30 @@ pub struct Owner {
     pub name: String,
 }
 
-#[derive(Deserialize, Default)]
+/// An object's metadata as the API writes it, minus what the index never
+/// reads: `managedFields`, `finalizers`, `generation` and the like are skipped
+/// by the decoder, and only the annotations in [`super::USED_ANNOTATIONS`] are
+/// kept (the others' values are skipped, never allocated).
+#[derive(Deserialize, Default, Clone, Debug)]
 #[serde(rename_all = "camelCase")]
-pub(super) struct ObjectMetaWire {
+pub(crate) struct ObjectMetaWire {
     pub name: Option<String>,
     pub namespace: Option<String>,
-    #[serde(default)]
+    /// Read by the Kubernetes source (the watcher resumes from it).
+    pub resource_version: Option<String>,
+    pub uid: Option<String>,
+    #[serde(default, deserialize_with = "null_as_default")]
     pub labels: BTreeMap<String, String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "used_annotations")]
     pub annotations: BTreeMap<String, String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub owner_references: Vec<OwnerReferenceWire>,
     pub creation_timestamp: Option<String>,
     pub deletion_timestamp: Option<String>,
 }
 
-#[derive(Deserialize)]
-pub(super) struct OwnerReferenceWire {
+#[derive(Deserialize, Clone, Debug)]
+pub(crate) struct OwnerReferenceWire {
     #[serde(default)]
     pub kind: String,
     #[serde(default)]
@@ -86,13 +96,9 @@ impl ObjectMetaWire {
             })
     }
 
-    /// Keeps only the annotations the index reads; the rest (for instance
-    /// `kubectl.kubernetes.io/last-applied-configuration`) can be large and is
-    /// never used.
+    /// The annotations the index reads (the decoder kept no others).
     pub fn take_used_annotations(&mut self) -> Labels {
-        let mut all = std::mem::take(&mut self.annotations);
-        all.retain(|k, _| super::USED_ANNOTATIONS.contains(&k.as_str()));
-        all.into()
+        std::mem::take(&mut self.annotations).into()
     }
 
     pub fn take_labels(&mut self) -> Labels {
@@ -154,5 +160,85 @@ impl<K: Into<String>, V: Into<String>> FromIterator<(K, V)> for Labels {
             .map(|(k, v)| (k.into(), v.into()))
             .collect();
         map.into()
+    }
+}
+
+/// `null` reads as the default (empty) value, as the API means it.
+pub(crate) fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+/// Reads `metadata.annotations` keeping only [`super::USED_ANNOTATIONS`]:
+/// other keys are compared in place and their values skipped, so a large
+/// annotation (for instance `kubectl.kubernetes.io/last-applied-configuration`)
+/// is never allocated.
+fn used_annotations<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    struct Annotations;
+
+    impl<'de> Visitor<'de> for Annotations {
+        type Value = BTreeMap<String, String>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a map of strings")
+        }
+
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(BTreeMap::new())
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(BTreeMap::new())
+        }
+
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_map(self)
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some(UsedKey(key)) = map.next_key()? {
+                match key {
+                    Some(key) => {
+                        let value: String = map.next_value()?;
+                        out.insert(key.to_string(), value);
+                    }
+                    None => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            Ok(out)
+        }
+    }
+
+    d.deserialize_option(Annotations)
+}
+
+/// A map key, recognised as one of the used annotations without allocating.
+struct UsedKey(Option<&'static str>);
+
+impl<'de> Deserialize<'de> for UsedKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Key;
+
+        impl Visitor<'_> for Key {
+            type Value = UsedKey;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<UsedKey, E> {
+                Ok(UsedKey(
+                    super::USED_ANNOTATIONS.iter().copied().find(|k| *k == s),
+                ))
+            }
+        }
+
+        d.deserialize_str(Key)
     }
 }

@@ -14,6 +14,11 @@ pub use meta::{Labels, ObjectKey, Owner};
 pub use pod::{ContainerPort, Phase, Pod};
 pub use service::{Service, ServicePort, ServiceType, TargetPort};
 
+pub(crate) use endpoint_slice::EndpointSliceWire;
+pub(crate) use meta::ObjectMetaWire;
+pub(crate) use pod::PodWire;
+pub(crate) use service::ServiceWire;
+
 use std::sync::Arc;
 
 /// Annotation listing ports that carry opaque (non-HTTP) traffic.
@@ -84,23 +89,78 @@ impl Resource {
             .and_then(|v| v.as_str())
             .unwrap_or_default();
         match (api_version, kind) {
-            ("v1", "Pod") => Ok(Some(Resource::Pod(Arc::new(decode::<pod::PodWire, Pod>(
-                value,
-            )?)))),
-            ("v1", "Service") => Ok(Some(Resource::Service(Arc::new(decode::<
-                service::ServiceWire,
-                Service,
-            >(value)?)))),
+            ("v1", "Pod") => decode::<PodWire>(value).map(Some),
+            ("v1", "Service") => decode::<ServiceWire>(value).map(Some),
             ("discovery.k8s.io/v1", "EndpointSlice") => {
-                Ok(Some(Resource::EndpointSlice(Arc::new(decode::<
-                    endpoint_slice::EndpointSliceWire,
-                    EndpointSlice,
-                >(
-                    value
-                )?))))
+                decode::<EndpointSliceWire>(value).map(Some)
             }
             _ => Ok(None),
         }
+    }
+}
+
+/// One kind's wire type: the API's JSON decoded slim, then converted to the
+/// domain object the index holds. Both sources decode through it.
+pub(crate) trait Wire:
+    serde::de::DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static
+{
+    const KIND: Kind;
+
+    fn metadata(&self) -> &ObjectMetaWire;
+
+    fn metadata_mut(&mut self) -> &mut ObjectMetaWire;
+
+    /// Checks the object and converts it; the error names the field.
+    fn into_resource(self) -> Result<Resource, InvalidObject>;
+}
+
+impl Wire for PodWire {
+    const KIND: Kind = Kind::Pod;
+
+    fn metadata(&self) -> &ObjectMetaWire {
+        &self.metadata
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMetaWire {
+        &mut self.metadata
+    }
+
+    fn into_resource(self) -> Result<Resource, InvalidObject> {
+        Ok(Resource::Pod(Arc::new(Pod::try_from(self)?)))
+    }
+}
+
+impl Wire for ServiceWire {
+    const KIND: Kind = Kind::Service;
+
+    fn metadata(&self) -> &ObjectMetaWire {
+        &self.metadata
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMetaWire {
+        &mut self.metadata
+    }
+
+    fn into_resource(self) -> Result<Resource, InvalidObject> {
+        Ok(Resource::Service(Arc::new(Service::try_from(self)?)))
+    }
+}
+
+impl Wire for EndpointSliceWire {
+    const KIND: Kind = Kind::EndpointSlice;
+
+    fn metadata(&self) -> &ObjectMetaWire {
+        &self.metadata
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMetaWire {
+        &mut self.metadata
+    }
+
+    fn into_resource(self) -> Result<Resource, InvalidObject> {
+        Ok(Resource::EndpointSlice(Arc::new(EndpointSlice::try_from(
+            self,
+        )?)))
     }
 }
 
@@ -129,11 +189,7 @@ impl InvalidObject {
     }
 }
 
-fn decode<W, D>(value: serde_json::Value) -> Result<D, InvalidObject>
-where
-    W: serde::de::DeserializeOwned,
-    D: TryFrom<W, Error = InvalidObject>,
-{
+fn decode<W: Wire>(value: serde_json::Value) -> Result<Resource, InvalidObject> {
     let wire: W = serde_path_to_error::deserialize(value).map_err(|e| {
         let field = e.path().to_string();
         // serde's messages can quote whole input values; keep the reason short.
@@ -141,7 +197,7 @@ where
         truncate(&mut reason, 160);
         InvalidObject { field, reason }
     })?;
-    D::try_from(wire)
+    wire.into_resource()
 }
 
 /// Shortens `s` to at most `max` bytes on a char boundary, marking the cut.

@@ -2,8 +2,11 @@ use super::{
     meta::{Labels, ObjectMetaWire, Owner},
     InvalidObject, ObjectKey,
 };
-use serde::Deserialize;
-use std::net::IpAddr;
+use serde::{
+    de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor},
+    Deserialize, Deserializer,
+};
+use std::{fmt, net::IpAddr};
 
 /// A pod, reduced to what endpoint resolution needs.
 #[derive(Clone, Debug, PartialEq)]
@@ -64,18 +67,18 @@ impl Pod {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone, Debug)]
 #[serde(rename_all = "camelCase")]
-pub(super) struct PodWire {
+pub(crate) struct PodWire {
     #[serde(default)]
-    metadata: ObjectMetaWire,
+    pub(crate) metadata: ObjectMetaWire,
     #[serde(default)]
     spec: PodSpecWire,
     #[serde(default)]
     status: PodStatusWire,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, Clone, Debug)]
 #[serde(rename_all = "camelCase")]
 struct PodSpecWire {
     #[serde(default)]
@@ -87,28 +90,23 @@ struct PodSpecWire {
     containers: Vec<ContainerWire>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone, Debug)]
 struct ContainerWire {
     #[serde(default)]
     name: String,
     #[serde(default)]
     ports: Vec<ContainerPortWire>,
-    #[serde(default)]
-    env: Vec<EnvVarWire>,
-}
-
-#[derive(Deserialize)]
-struct EnvVarWire {
-    #[serde(default)]
-    name: String,
-    value: Option<String>,
+    /// The value of `LINKERD2_PROXY_INBOUND_LISTEN_ADDR`, the one variable
+    /// read; the others are skipped by the decoder, never allocated.
+    #[serde(default, rename = "env", deserialize_with = "proxy_inbound_env")]
+    proxy_inbound_listen_addr: Option<String>,
 }
 
 /// The container Linkerd's injector adds, and its inbound listener setting.
 const PROXY_CONTAINER: &str = "linkerd-proxy";
 const PROXY_INBOUND_ENV: &str = "LINKERD2_PROXY_INBOUND_LISTEN_ADDR";
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone, Debug)]
 #[serde(rename_all = "camelCase")]
 struct ContainerPortWire {
     name: Option<String>,
@@ -116,7 +114,7 @@ struct ContainerPortWire {
     host_port: Option<i64>,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, Clone, Debug)]
 #[serde(rename_all = "camelCase")]
 struct PodStatusWire {
     phase: Option<String>,
@@ -129,12 +127,12 @@ struct PodStatusWire {
     conditions: Option<Vec<ConditionWire>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone, Debug)]
 struct PodIpWire {
     ip: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone, Debug)]
 struct ConditionWire {
     #[serde(rename = "type", default)]
     type_: String,
@@ -220,9 +218,7 @@ impl TryFrom<PodWire> for Pod {
             .containers
             .iter()
             .filter(|c| c.name == PROXY_CONTAINER)
-            .flat_map(|c| c.env.iter())
-            .find(|e| e.name == PROXY_INBOUND_ENV)
-            .and_then(|e| e.value.as_deref())
+            .find_map(|c| c.proxy_inbound_listen_addr.as_deref())
             .and_then(|v| v.rsplit_once(':'))
             .and_then(|(_, port)| port.parse::<u16>().ok());
         let annotations = w.metadata.take_used_annotations();
@@ -248,5 +244,151 @@ impl TryFrom<PodWire> for Pod {
             host_ip,
             proxy_inbound_port,
         })
+    }
+}
+
+/// Reads a container's `env` list keeping only the value of
+/// [`PROXY_INBOUND_ENV`]. Other variables' values are skipped unread when
+/// their name comes first, as the API server writes it.
+fn proxy_inbound_env<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    struct EnvList;
+
+    impl<'de> Visitor<'de> for EnvList {
+        type Value = Option<String>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list of environment variables")
+        }
+
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_seq(self)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut found = None;
+            while let Some(EnvVar(value)) = seq.next_element()? {
+                if found.is_none() {
+                    found = value;
+                }
+            }
+            Ok(found)
+        }
+    }
+
+    d.deserialize_option(EnvList)
+}
+
+/// One `env` entry: the value when the name is [`PROXY_INBOUND_ENV`].
+struct EnvVar(Option<String>);
+
+impl<'de> Deserialize<'de> for EnvVar {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Entry;
+
+        impl<'de> Visitor<'de> for Entry {
+            type Value = EnvVar;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an environment variable")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<EnvVar, A::Error> {
+                let mut is_proxy_inbound: Option<bool> = None;
+                let mut value: Option<String> = None;
+                while let Some(key) = map.next_key::<EnvKey>()? {
+                    match key {
+                        EnvKey::Name => {
+                            let NameIsProxyInbound(matched) = map.next_value()?;
+                            is_proxy_inbound = Some(matched);
+                        }
+                        EnvKey::Value if is_proxy_inbound != Some(false) => {
+                            value = map.next_value()?;
+                        }
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(EnvVar(value.filter(|_| is_proxy_inbound == Some(true))))
+            }
+        }
+
+        d.deserialize_map(Entry)
+    }
+}
+
+enum EnvKey {
+    Name,
+    Value,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for EnvKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Key;
+
+        impl Visitor<'_> for Key {
+            type Value = EnvKey;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a field name")
+            }
+
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<EnvKey, E> {
+                Ok(match s {
+                    "name" => EnvKey::Name,
+                    "value" => EnvKey::Value,
+                    _ => EnvKey::Other,
+                })
+            }
+        }
+
+        d.deserialize_identifier(Key)
+    }
+}
+
+/// An env var's name, compared in place with [`PROXY_INBOUND_ENV`].
+struct NameIsProxyInbound(bool);
+
+impl<'de> Deserialize<'de> for NameIsProxyInbound {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Name;
+
+        impl<'de> Visitor<'de> for Name {
+            type Value = NameIsProxyInbound;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<NameIsProxyInbound, E> {
+                Ok(NameIsProxyInbound(s == PROXY_INBOUND_ENV))
+            }
+
+            fn visit_none<E: de::Error>(self) -> Result<NameIsProxyInbound, E> {
+                Ok(NameIsProxyInbound(false))
+            }
+
+            fn visit_unit<E: de::Error>(self) -> Result<NameIsProxyInbound, E> {
+                Ok(NameIsProxyInbound(false))
+            }
+
+            fn visit_some<D: Deserializer<'de>>(
+                self,
+                d: D,
+            ) -> Result<NameIsProxyInbound, D::Error> {
+                d.deserialize_str(self)
+            }
+        }
+
+        d.deserialize_option(Name)
     }
 }

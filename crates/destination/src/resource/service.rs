@@ -55,15 +55,15 @@ impl Service {
     }
 }
 
-#[derive(Deserialize)]
-pub(super) struct ServiceWire {
+#[derive(Deserialize, Clone, Debug)]
+pub(crate) struct ServiceWire {
     #[serde(default)]
-    metadata: ObjectMetaWire,
+    pub(crate) metadata: ObjectMetaWire,
     #[serde(default)]
     spec: ServiceSpecWire,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, Clone, Debug)]
 #[serde(rename_all = "camelCase")]
 struct ServiceSpecWire {
     #[serde(rename = "type")]
@@ -77,7 +77,7 @@ struct ServiceSpecWire {
     ports: Vec<ServicePortWire>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone, Debug)]
 #[serde(rename_all = "camelCase")]
 struct ServicePortWire {
     name: Option<String>,
@@ -85,7 +85,7 @@ struct ServicePortWire {
     target_port: Option<IntOrString>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone, Debug)]
 #[serde(untagged)]
 enum IntOrString {
     Int(i64),

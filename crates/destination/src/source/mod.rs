@@ -1,4 +1,5 @@
 //! Where the index's objects come from.
 
 mod documents;
+pub mod kube;
 pub mod manifests;

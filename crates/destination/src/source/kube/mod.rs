@@ -1,0 +1,320 @@
+//! The Kubernetes source: kube-rs watchers on Pods, Services and
+//! EndpointSlices (discovery.k8s.io/v1), feeding the same index as the
+//! manifests source, gently.
+//!
+//! What a start costs the API server: per resource kind, one paginated LIST
+//! ([`KubeConfig::page_size`] objects a page) and one WATCH with bookmarks.
+//! After that:
+//!
+//! - a watch that ends (timeout, cut connection) is reopened from the last
+//!   resourceVersion seen (an event or a bookmark) with no LIST; a WATCH
+//!   reopened right after one that ended at once waits on the backoff
+//!   schedule, so a server that closes watches at once is not hammered;
+//! - only `410 Gone` (an expired resourceVersion or continue token) relists
+//!   the kind; the relist replaces the kind's objects in one
+//!   [`Op::Reset`]: what is gone is removed, what is unchanged sends nothing;
+//! - every failure (connection refused, 5xx, 429, 410) waits one step of
+//!   the capped, jittered exponential schedule ([`BackoffConfig`]) before the
+//!   next request, and logs one warning naming the kind, what failed and the
+//!   wait; a `429` additionally waits its `Retry-After` (capped at
+//!   [`KubeConfig::max_retry_after`]) before the failure is reported;
+//! - kube's built-in retry layer is off: no request is retried outside the
+//!   schedule.
+//!
+//! While the API server is unreachable the index keeps its last state (the
+//! source never resets it on errors), the process stays live, and
+//! `destination_kube_last_event_age_seconds{kind}` grows. The store is set
+//! ready once every kind has completed its first list.
+//!
+//! Objects are decoded into slim projections ([`crate::resource`]'s wire
+//! types): fields the index does not read are skipped by the decoder and
+//! never allocated. A relist holds the new objects next to the index until
+//! it completes, so memory peaks near twice the steady state during one.
+
+mod backoff;
+mod client;
+mod resources;
+
+pub use backoff::{
+    BackoffConfig, DEFAULT_FACTOR, DEFAULT_INITIAL, DEFAULT_JITTER, DEFAULT_MAX,
+    DEFAULT_RESET_AFTER,
+};
+pub use resources::WATCHED_RESOURCES;
+
+use crate::{
+    metrics::Metrics,
+    resource::{truncate, EndpointSliceWire, PodWire, ServiceWire},
+    store::Store,
+};
+use backoff::Backoff;
+use futures_util::StreamExt;
+use kube::runtime::watcher;
+use resources::{ApiKind, Translator, Watched};
+use std::{
+    future::Future,
+    path::PathBuf,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+use tokio::time::Instant;
+
+/// Default objects per LIST page (kube's and client-go's default).
+pub const DEFAULT_PAGE_SIZE: u32 = 500;
+/// Default cap on the wait a `429 Retry-After` asks for.
+pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+/// Default time a LIST or GET has to complete, body included.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Longest error text logged.
+const ERROR_TEXT_MAX: usize = 300;
+
+/// How the Kubernetes source reaches and treats the API server.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KubeConfig {
+    /// A kubeconfig file; `None` infers the configuration: `KUBECONFIG` or
+    /// `~/.kube/config` if present, else the in-cluster service account.
+    pub kubeconfig: Option<PathBuf>,
+    /// Objects per LIST page (at least 1). Default [`DEFAULT_PAGE_SIZE`], 500.
+    pub page_size: u32,
+    /// The retry schedule after failures. Default: 800 ms doubling to 30 s,
+    /// half of each delay random ([`BackoffConfig::default`]).
+    pub backoff: BackoffConfig,
+    /// Longest wait honoured from a `429` response's `Retry-After`. Default
+    /// [`DEFAULT_MAX_RETRY_AFTER`], 60 s.
+    pub max_retry_after: Duration,
+    /// Time a request other than WATCH has to complete, body included (a
+    /// stalled LIST fails and is retried on the schedule). Default
+    /// [`DEFAULT_REQUEST_TIMEOUT`], 60 s. Watches are bounded by kube's idle
+    /// timeout (the watch timeout, 290 s, plus 5 s).
+    pub request_timeout: Duration,
+}
+
+impl Default for KubeConfig {
+    fn default() -> Self {
+        Self {
+            kubeconfig: None,
+            page_size: DEFAULT_PAGE_SIZE,
+            backoff: BackoffConfig::default(),
+            max_retry_after: DEFAULT_MAX_RETRY_AFTER,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+        }
+    }
+}
+
+/// Why the Kubernetes source cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error(
+        "cannot read the kubeconfig {path}: {source}; pass a readable kubeconfig file, or omit it to use KUBECONFIG or the in-cluster service account"
+    )]
+    Kubeconfig {
+        path: String,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error(
+        "no Kubernetes configuration found ({0}); run in a pod with a service account, set KUBECONFIG, or pass a kubeconfig file"
+    )]
+    Infer(#[source] kube::config::InferConfigError),
+    #[error("cannot build the Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+    #[error(
+        "the {0} watcher stopped unexpectedly; this is a bug: restart the controller and report it"
+    )]
+    Stopped(&'static str),
+}
+
+/// A kube client for the source: the kubeconfig file if one is given, else
+/// the inferred configuration (see [`KubeConfig::kubeconfig`]); see
+/// [`client_from_config`] for what is added.
+pub async fn client(config: &KubeConfig, metrics: &Metrics) -> Result<kube::Client, KubeError> {
+    let kube_config = match &config.kubeconfig {
+        Some(path) => {
+            let error = |source| KubeError::Kubeconfig {
+                path: path.display().to_string(),
+                source,
+            };
+            let file = kube::config::Kubeconfig::read_from(path).map_err(error)?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(error)?
+        }
+        None => kube::Config::infer().await.map_err(KubeError::Infer)?,
+    };
+    client_from_config(kube_config, config, metrics)
+}
+
+/// A kube client from an explicit kube configuration (tests point it at an
+/// emulated API server), with the source's layer: requests counted by verb
+/// and resource, responses by status code, `429 Retry-After` honoured up to
+/// [`KubeConfig::max_retry_after`], WATCHes reopened at once paced, requests
+/// other than WATCH bounded by [`KubeConfig::request_timeout`]. kube's own
+/// retry layer is turned off.
+pub fn client_from_config(
+    mut kube_config: kube::Config,
+    config: &KubeConfig,
+    metrics: &Metrics,
+) -> Result<kube::Client, KubeError> {
+    kube_config.default_retry = false;
+    let layer = client::ApiLayer::new(
+        metrics.clone(),
+        &config.backoff,
+        config.max_retry_after,
+        config.request_timeout,
+    );
+    let builder = kube::client::ClientBuilder::try_from(kube_config).map_err(KubeError::Client)?;
+    Ok(builder.with_layer(&layer).build())
+}
+
+/// Runs the source until `shutdown` resolves: one watcher per kind, each
+/// feeding `store`; the store is set ready once every kind is listed.
+///
+/// Errors from the API server never end it (they are retried on the
+/// schedule); it returns `Ok(())` on shutdown.
+pub async fn run(
+    config: KubeConfig,
+    client: kube::Client,
+    store: Arc<Store>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), KubeError> {
+    let pending = AtomicUsize::new(3);
+    let ctx = Ctx {
+        config: &config,
+        client: &client,
+        store: &store,
+        pending: &pending,
+    };
+    let watchers = async {
+        futures_util::future::try_join3(
+            watch::<PodWire>(ctx),
+            watch::<ServiceWire>(ctx),
+            watch::<EndpointSliceWire>(ctx),
+        )
+        .await
+        .map(|_| ())
+    };
+    tokio::select! {
+        () = shutdown => Ok(()),
+        r = watchers => r,
+    }
+}
+
+#[derive(Copy, Clone)]
+struct Ctx<'a> {
+    config: &'a KubeConfig,
+    client: &'a kube::Client,
+    store: &'a Arc<Store>,
+    /// Kinds that have not completed their first list.
+    pending: &'a AtomicUsize,
+}
+
+impl Ctx<'_> {
+    fn watcher<W: ApiKind>(
+        &self,
+    ) -> impl futures_util::Stream<Item = watcher::Result<watcher::Event<Watched<W>>>> + Send + use<'_, W>
+    {
+        let api = kube::Api::<Watched<W>>::all(self.client.clone());
+        let wc = watcher::Config::default().page_size(self.config.page_size.max(1));
+        watcher::watcher(api, wc)
+    }
+}
+
+/// One kind's watch loop. Returns only if kube's watcher stream ends, which
+/// it does not.
+async fn watch<W: ApiKind>(ctx: Ctx<'_>) -> Result<(), KubeError> {
+    let metrics: &Metrics = ctx.store.metrics();
+    let kind = W::PLURAL;
+    metrics.kube_last_event.start(kind);
+    let mut stream = ctx.watcher::<W>().boxed();
+    let mut translator = Translator::new::<W>();
+    let mut backoff = Backoff::new(&ctx.config.backoff);
+    let mut last_failure: Option<Instant> = None;
+    let mut listed_once = false;
+    loop {
+        let Some(item) = stream.next().await else {
+            return Err(KubeError::Stopped(kind));
+        };
+        match item {
+            Ok(event) => {
+                // `Init` comes before each list attempt, answered or not.
+                if !matches!(event, watcher::Event::Init) {
+                    metrics.kube_last_event.touch(kind);
+                }
+                let outcome = translator.on_event(event);
+                if outcome.relist {
+                    metrics
+                        .kube_relists_total
+                        .get_or_create(&Metrics::kind(kind))
+                        .inc();
+                    tracing::info!(kind, "Relisting (the watch could not resume)");
+                }
+                if let Some(op) = outcome.op {
+                    ctx.store.update(vec![op]);
+                }
+                metrics
+                    .kube_invalid_objects
+                    .get_or_create(&Metrics::kind(kind))
+                    .set(translator.invalid_count() as i64);
+                if outcome.progress {
+                    backoff.reset();
+                }
+                if outcome.listed && !listed_once {
+                    listed_once = true;
+                    tracing::info!(kind, "Initial list complete");
+                    if ctx.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+                        tracing::info!("Every kind listed; the Kubernetes source is ready");
+                        ctx.store.set_ready();
+                    }
+                }
+            }
+            Err(error) => {
+                let now = Instant::now();
+                if last_failure.is_some_and(|at| {
+                    now.saturating_duration_since(at) > backoff.config().reset_after
+                }) {
+                    backoff.reset();
+                }
+                last_failure = Some(now);
+                let delay = backoff.next_delay();
+                let mut text = error.to_string();
+                truncate(&mut text, ERROR_TEXT_MAX);
+                tracing::warn!(
+                    kind,
+                    failed = what_failed(&error),
+                    error = %text,
+                    retry_in_ms = delay.as_millis() as u64,
+                    attempt = backoff.step(),
+                    "Kubernetes API request failed; serving the last known state"
+                );
+                if gone_at_watch_start(&error) {
+                    // kube's watcher would retry the WATCH from the same
+                    // (expired) resourceVersion; a new watcher relists.
+                    stream = ctx.watcher::<W>().boxed();
+                }
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+fn what_failed(error: &watcher::Error) -> &'static str {
+    match error {
+        watcher::Error::InitialListFailed(_) => "list",
+        watcher::Error::WatchStartFailed(_) => "watch start",
+        watcher::Error::WatchError(_) => "watch (error event)",
+        watcher::Error::WatchFailed(_) => "watch stream",
+        watcher::Error::NoResourceVersion => "list (no resourceVersion)",
+    }
+}
+
+/// A WATCH refused with `410 Gone` as its HTTP status (a real API server
+/// sends the 410 as an event, which kube's watcher answers with a relist).
+fn gone_at_watch_start(error: &watcher::Error) -> bool {
+    matches!(error, watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 410)
+}
+
+#[cfg(test)]
+mod tests;

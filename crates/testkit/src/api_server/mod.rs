@@ -1,0 +1,434 @@
+//! A Kubernetes API server emulation serving the real list/watch protocol over HTTP/1.1.
+//!
+//! See [`ApiServer`].
+
+mod handler;
+mod resources;
+mod selector;
+mod status;
+mod store;
+mod watch;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{broadcast, watch as latest};
+use tokio::task::JoinHandle;
+
+use store::{Change, Store};
+
+/// Settings fixed when an [`ApiServer`] starts (the first two can be changed later).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How many changes are retained for watches to resume from and for list pages to
+    /// be read at (default 1000). Older resourceVersions are answered 410 Gone.
+    pub history_limit: usize,
+    /// How often a watch that asked for bookmarks gets one (default 1s).
+    pub bookmark_interval: Duration,
+    /// How many changes one watch may fall behind before it is closed, as the real
+    /// API server closes unresponsive watchers (default 1024).
+    pub watch_buffer: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            history_limit: 1000,
+            bookmark_interval: Duration::from_secs(1),
+            watch_buffer: 1024,
+        }
+    }
+}
+
+/// One request the server received, recorded before it was answered (faulted and
+/// stalled requests included).
+#[derive(Debug, Clone)]
+pub struct RequestRecord {
+    /// HTTP method, e.g. `GET`.
+    pub method: String,
+    /// Kubernetes verb: `list`, `watch`, `get`, `create`, `update`, `patch`, `delete`,
+    /// `deletecollection`; `get` also for non-resource paths such as `/version`.
+    pub verb: String,
+    /// Resource plural (`pods`), when the path names a served resource.
+    pub resource: Option<String>,
+    /// Namespace from the path; `None` for all-namespaces requests.
+    pub namespace: Option<String>,
+    /// Object name from the path, for single-object requests.
+    pub name: Option<String>,
+    /// Request path without the query.
+    pub path: String,
+    /// The raw query string (empty when none).
+    pub query: String,
+    /// When the request arrived.
+    pub at: Instant,
+}
+
+impl RequestRecord {
+    /// The decoded value of one query parameter, e.g. `param("resourceVersion")`.
+    pub fn param(&self, key: &str) -> Option<String> {
+        form_urlencoded::parse(self.query.as_bytes())
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.into_owned())
+    }
+}
+
+/// State shared by the handle, the accept loop, connections and watch streams.
+pub(crate) struct Shared {
+    pub store: Mutex<Store>,
+    pub events: broadcast::Sender<Arc<Change>>,
+    pub requests: Mutex<Vec<RequestRecord>>,
+    pub fault: Mutex<Option<(u16, Option<u64>)>>,
+    pub refuse: latest::Sender<bool>,
+    pub stall: latest::Sender<bool>,
+    pub cut: latest::Sender<u64>,
+    pub shutdown: latest::Sender<bool>,
+    pub bookmark_interval: latest::Sender<Duration>,
+    /// Bumped on every observable change, for [`ApiServer::wait_until`].
+    pub changes: latest::Sender<u64>,
+    pub open_watches: AtomicUsize,
+}
+
+impl Shared {
+    pub fn notify(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A Kubernetes API server emulation on `127.0.0.1`, for the real kube client.
+///
+/// It serves `pods` and `services` (core `v1`) and `endpointslices`
+/// (`discovery.k8s.io/v1`), namespaced and across namespaces:
+///
+/// - **LIST** with `limit`/`continue` (pages are consistent reads at the first page's
+///   resourceVersion; a token older than the retained history is 410 Expired),
+///   `resourceVersion` with `resourceVersionMatch` (`NotOlderThan`, `Exact`, or unset;
+///   `0` and unset read the latest state), `labelSelector` and `fieldSelector`.
+///   Items omit `apiVersion`/`kind`, as the real API's do.
+/// - **WATCH** (`watch=true`): newline-delimited JSON events over a chunked response,
+///   replaying retained changes after `resourceVersion`; a compacted resourceVersion
+///   gets one `ERROR` event with a 410 `Status`, then the stream ends; no or `0`
+///   resourceVersion (or `sendInitialEvents=true`) starts with synthetic `ADDED`
+///   events for the current objects; `allowWatchBookmarks=true` gets `BOOKMARK`
+///   events every [`Settings::bookmark_interval`] (and the `k8s.io/initial-events-end`
+///   bookmark after initial events when `sendInitialEvents=true`); `timeoutSeconds`
+///   ends the stream cleanly.
+/// - **GET** of one object, `/version`, `/api`, `/apis`, `/api/v1`,
+///   `/apis/discovery.k8s.io[/v1]`, `/healthz`.
+///
+/// Writes over HTTP are not served (405); tests change objects with [`ApiServer::apply`]
+/// and [`ApiServer::delete`]. All types share one resourceVersion counter, as etcd's
+/// revision is shared. Every request is recorded before it is answered.
+///
+/// Dropping the server stops it and abruptly closes every connection and stream.
+pub struct ApiServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    accept: JoinHandle<()>,
+}
+
+impl ApiServer {
+    /// Starts a server with default [`Settings`] on `127.0.0.1`, on a port the OS picks.
+    ///
+    /// # Panics
+    /// If no loopback port can be bound.
+    pub async fn start() -> ApiServer {
+        ApiServer::start_with(Settings::default()).await
+    }
+
+    /// Starts a server with these settings.
+    ///
+    /// # Panics
+    /// If no loopback port can be bound.
+    pub async fn start_with(settings: Settings) -> ApiServer {
+        let listener = match TcpListener::bind(("127.0.0.1", 0)).await {
+            Ok(l) => l,
+            Err(e) => panic!("ballast-testkit: cannot bind 127.0.0.1:0: {e}"),
+        };
+        let addr = match listener.local_addr() {
+            Ok(a) => a,
+            Err(e) => panic!("ballast-testkit: no local address for the listener: {e}"),
+        };
+        let (events, _) = broadcast::channel(settings.watch_buffer.max(1));
+        let shared = Arc::new(Shared {
+            store: Mutex::new(Store::new(settings.history_limit)),
+            events,
+            requests: Mutex::new(Vec::new()),
+            fault: Mutex::new(None),
+            refuse: latest::Sender::new(false),
+            stall: latest::Sender::new(false),
+            cut: latest::Sender::new(0),
+            shutdown: latest::Sender::new(false),
+            bookmark_interval: latest::Sender::new(settings.bookmark_interval),
+            changes: latest::Sender::new(0),
+            open_watches: AtomicUsize::new(0),
+        });
+        let accept = tokio::spawn(accept_loop(listener, shared.clone()));
+        ApiServer {
+            addr,
+            shared,
+            accept,
+        }
+    }
+
+    /// The address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Writes `dir/kubeconfig`: one cluster at [`ApiServer::url`], no auth, namespace
+    /// `default`; loadable by `kube::config::Kubeconfig::read_from` or `KUBECONFIG`.
+    ///
+    /// # Panics
+    /// If the file cannot be written.
+    pub fn write_kubeconfig(&self, dir: &Path) -> PathBuf {
+        let path = dir.join("kubeconfig");
+        let text = format!(
+            "apiVersion: v1\n\
+             kind: Config\n\
+             clusters:\n\
+             - name: ballast-testkit\n  cluster:\n    server: {url}\n\
+             users:\n\
+             - name: ballast-testkit\n  user: {{}}\n\
+             contexts:\n\
+             - name: ballast-testkit\n  context:\n    cluster: ballast-testkit\n    user: ballast-testkit\n    namespace: default\n\
+             current-context: ballast-testkit\n",
+            url = self.url()
+        );
+        if let Err(e) = std::fs::write(&path, text) {
+            panic!("ballast-testkit: cannot write {}: {e}", path.display());
+        }
+        path
+    }
+
+    /// Creates or replaces an object, found by `apiVersion`, `kind`,
+    /// `metadata.namespace` (default `default`) and `metadata.name`. Sets
+    /// `metadata.resourceVersion`, and `uid` and `creationTimestamp` unless given (a
+    /// replace keeps the stored ones). Replacing an object with identical content
+    /// changes nothing, as on the real API. Returns the stored object.
+    ///
+    /// # Panics
+    /// If the type is not served or the object has no name; see [`ApiServer::try_apply`].
+    #[track_caller]
+    pub fn apply(&self, obj: Value) -> Value {
+        match self.try_apply(obj) {
+            Ok(v) => v,
+            Err(e) => panic!("ballast-testkit: {e}"),
+        }
+    }
+
+    /// [`ApiServer::apply`], with the reason as an error instead of a panic.
+    pub fn try_apply(&self, obj: Value) -> Result<Value, String> {
+        let stored = {
+            let mut store = lock(&self.shared.store);
+            let (stored, change) = store.apply(obj)?;
+            if let Some(change) = change {
+                // Sent under the lock, so watches see changes in revision order.
+                let _ = self.shared.events.send(change);
+            }
+            stored
+        };
+        self.shared.notify();
+        Ok((*stored).clone())
+    }
+
+    /// Deletes an object; false when there was none (or the type is not served).
+    pub fn delete(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> bool {
+        let Some(resource) = resources::by_kind(api_version, kind) else {
+            return false;
+        };
+        let deleted = {
+            let mut store = lock(&self.shared.store);
+            let change = store.delete(resource, &(namespace.to_string(), name.to_string()));
+            if let Some(change) = &change {
+                let _ = self.shared.events.send(change.clone());
+            }
+            change.is_some()
+        };
+        self.shared.notify();
+        deleted
+    }
+
+    /// The stored object, as GET would return it.
+    pub fn get(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
+        let resource = resources::by_plural(plural)?;
+        let store = lock(&self.shared.store);
+        store
+            .get(resource, &(namespace.to_string(), name.to_string()))
+            .map(|o| (*o).clone())
+    }
+
+    /// How many objects of this type (plural, e.g. `pods`) are stored.
+    pub fn objects(&self, plural: &str) -> usize {
+        resources::by_plural(plural).map_or(0, |r| lock(&self.shared.store).len(r))
+    }
+
+    /// The current resourceVersion (the revision of the last change).
+    pub fn resource_version(&self) -> String {
+        lock(&self.shared.store).rv().to_string()
+    }
+
+    /// Every request received so far, in arrival order.
+    pub fn requests(&self) -> Vec<RequestRecord> {
+        lock(&self.shared.requests).clone()
+    }
+
+    /// How many requests had this verb (`list`, `watch`, `get`, ...) on this resource
+    /// plural (`pods`).
+    pub fn count(&self, verb: &str, plural: &str) -> usize {
+        lock(&self.shared.requests)
+            .iter()
+            .filter(|r| r.verb == verb && r.resource.as_deref() == Some(plural))
+            .count()
+    }
+
+    /// How many watch streams are open now.
+    pub fn open_watches(&self) -> usize {
+        self.shared.open_watches.load(Ordering::SeqCst)
+    }
+
+    /// Waits until exactly `n` watch streams are open; false if the deadline passed.
+    pub async fn wait_for_watches(&self, n: usize, deadline: Duration) -> bool {
+        self.wait_until(deadline, |s| s.open_watches() == n).await
+    }
+
+    /// Waits until at least `n` requests with this verb on this plural were received;
+    /// false if the deadline passed.
+    pub async fn wait_for_requests(
+        &self,
+        verb: &str,
+        plural: &str,
+        n: usize,
+        deadline: Duration,
+    ) -> bool {
+        self.wait_until(deadline, |s| s.count(verb, plural) >= n)
+            .await
+    }
+
+    /// Waits until `cond` holds, re-checking whenever a request arrives, a watch opens
+    /// or closes, or an object changes; false if the deadline passed first.
+    pub async fn wait_until(
+        &self,
+        deadline: Duration,
+        mut cond: impl FnMut(&ApiServer) -> bool,
+    ) -> bool {
+        let mut changes = self.shared.changes.subscribe();
+        let until = tokio::time::Instant::now() + deadline;
+        loop {
+            if cond(self) {
+                return true;
+            }
+            match tokio::time::timeout_at(until, changes.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return cond(self),
+            }
+        }
+    }
+
+    /// While on, new connections are accepted and closed at once, and open connections
+    /// (with their watches) are dropped: clients see connection errors.
+    pub fn refuse_connections(&self, on: bool) {
+        self.shared.refuse.send_replace(on);
+    }
+
+    /// While `Some((code, retry_after_secs))`, every request is answered with that
+    /// status code, a `Status` body and, when given, `Retry-After`. Open watches are
+    /// not affected; see [`ApiServer::cut_watches`].
+    pub fn fail_with(&self, status: Option<(u16, Option<u64>)>) {
+        *lock(&self.shared.fault) = status;
+    }
+
+    /// Ends every open watch stream now, abruptly (no final chunk), as a lost
+    /// connection would.
+    pub fn cut_watches(&self) {
+        self.shared.cut.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// While on, new requests are recorded but not answered; they are answered (as the
+    /// server then stands) when it is turned off.
+    pub fn stall(&self, on: bool) {
+        self.shared.stall.send_replace(on);
+    }
+
+    /// Forgets all retained history, as an etcd compaction does: watches and list
+    /// pages at any older resourceVersion get 410 Gone; the current one still works.
+    pub fn expire_history(&self) {
+        lock(&self.shared.store).expire_history();
+    }
+
+    /// How often watches get bookmarks; applies to open watches too.
+    pub fn set_bookmark_interval(&self, d: Duration) {
+        self.shared.bookmark_interval.send_replace(d);
+    }
+
+    /// How many changes are retained; lowering it compacts at once.
+    pub fn set_history_limit(&self, n: usize) {
+        lock(&self.shared.store).set_history_limit(n);
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.shared.shutdown.send_replace(true);
+        self.accept.abort();
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let mut shutdown = shared.shutdown.subscribe();
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                if *shared.refuse.borrow() {
+                    drop(stream);
+                    continue;
+                }
+                tokio::spawn(serve_connection(stream, shared.clone()));
+            }
+            Err(e) => {
+                // Out of file descriptors and the like: pause rather than spin.
+                tracing::debug!(error = %e, "testkit api server: accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
+    let _ = stream.set_nodelay(true);
+    let mut shutdown = shared.shutdown.subscribe();
+    let mut refuse = shared.refuse.subscribe();
+    let svc_shared = shared.clone();
+    let svc = service_fn(move |req| handler::handle(svc_shared.clone(), req));
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .serve_connection(TokioIo::new(stream), svc);
+    tokio::select! {
+        res = conn => {
+            if let Err(e) = res {
+                tracing::trace!(error = %e, "testkit api server: connection ended");
+            }
+        }
+        _ = shutdown.wait_for(|s| *s) => {}
+        _ = refuse.wait_for(|r| *r) => {}
+    }
+}

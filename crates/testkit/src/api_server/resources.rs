@@ -1,0 +1,272 @@
+//! The resource types the emulation serves, and request paths to routes (pure).
+
+/// One served resource type, as the API's discovery documents describe it.
+#[derive(Debug)]
+pub(crate) struct ResourceType {
+    /// API group; `""` is the core group.
+    pub group: &'static str,
+    pub version: &'static str,
+    pub plural: &'static str,
+    pub singular: &'static str,
+    pub kind: &'static str,
+    pub short_names: &'static [&'static str],
+    /// Field selector keys the real API server accepts for this type
+    /// (besides `metadata.name` and `metadata.namespace`).
+    pub field_labels: &'static [&'static str],
+}
+
+impl ResourceType {
+    /// `v1` or `group/version`.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    pub fn list_kind(&self) -> String {
+        format!("{}List", self.kind)
+    }
+}
+
+/// Every served type; all are namespaced. A resource is referred to by its index here.
+pub(crate) const RESOURCES: &[ResourceType] = &[
+    ResourceType {
+        group: "",
+        version: "v1",
+        plural: "pods",
+        singular: "pod",
+        kind: "Pod",
+        short_names: &["po"],
+        field_labels: &[
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.nominatedNodeName",
+        ],
+    },
+    ResourceType {
+        group: "",
+        version: "v1",
+        plural: "services",
+        singular: "service",
+        kind: "Service",
+        short_names: &["svc"],
+        field_labels: &["spec.clusterIP", "spec.type"],
+    },
+    ResourceType {
+        group: "discovery.k8s.io",
+        version: "v1",
+        plural: "endpointslices",
+        singular: "endpointslice",
+        kind: "EndpointSlice",
+        short_names: &[],
+        field_labels: &["addressType"],
+    },
+];
+
+/// The index of the type with this `apiVersion` and `kind`.
+pub(crate) fn by_kind(api_version: &str, kind: &str) -> Option<usize> {
+    RESOURCES
+        .iter()
+        .position(|r| r.kind == kind && r.api_version() == api_version)
+}
+
+/// The index of the type with this plural name (plurals are unique across groups here).
+pub(crate) fn by_plural(plural: &str) -> Option<usize> {
+    RESOURCES.iter().position(|r| r.plural == plural)
+}
+
+/// What a request path names.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// `/version`
+    Version,
+    /// `/healthz`, `/readyz`, `/livez`
+    Health,
+    /// `/api`
+    CoreVersions,
+    /// `/apis`
+    Groups,
+    /// `/apis/{group}`
+    Group(&'static str),
+    /// `/api/v1` or `/apis/{group}/{version}`
+    Resources {
+        group: &'static str,
+        version: &'static str,
+    },
+    /// A collection, in one namespace or (namespace `None`) across all.
+    Collection {
+        resource: usize,
+        namespace: Option<String>,
+    },
+    /// One named object.
+    Object {
+        resource: usize,
+        namespace: String,
+        name: String,
+    },
+    NotFound,
+}
+
+impl Route {
+    pub fn resource(&self) -> Option<usize> {
+        match self {
+            Route::Collection { resource, .. } | Route::Object { resource, .. } => Some(*resource),
+            _ => None,
+        }
+    }
+}
+
+/// The served groups other than core, with their one version each.
+pub(crate) fn named_groups() -> Vec<(&'static str, &'static str)> {
+    let mut groups: Vec<(&'static str, &'static str)> = Vec::new();
+    for r in RESOURCES {
+        if !r.group.is_empty() && !groups.iter().any(|(g, _)| *g == r.group) {
+            groups.push((r.group, r.version));
+        }
+    }
+    groups
+}
+
+/// Parses a request path (without query). Empty segments are ignored.
+pub(crate) fn route(path: &str) -> Route {
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    match segs.as_slice() {
+        ["version"] => Route::Version,
+        ["healthz"] | ["readyz"] | ["livez"] => Route::Health,
+        ["api"] => Route::CoreVersions,
+        ["apis"] => Route::Groups,
+        ["api", version, rest @ ..] => resource_route("", version, rest),
+        ["apis", group, rest @ ..] => {
+            let Some((group, _)) = named_groups().into_iter().find(|(g, _)| g == group) else {
+                return Route::NotFound;
+            };
+            match rest {
+                [] => Route::Group(group),
+                [version, rest @ ..] => resource_route(group, version, rest),
+            }
+        }
+        _ => Route::NotFound,
+    }
+}
+
+fn resource_route(group: &'static str, version: &str, rest: &[&str]) -> Route {
+    let in_group = |plural: &str| {
+        RESOURCES
+            .iter()
+            .position(|r| r.group == group && r.version == version && r.plural == plural)
+    };
+    let Some(version) = RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.version == version)
+        .map(|r| r.version)
+    else {
+        return Route::NotFound;
+    };
+    match rest {
+        [] => Route::Resources { group, version },
+        [plural] => match in_group(plural) {
+            Some(resource) => Route::Collection {
+                resource,
+                namespace: None,
+            },
+            None => Route::NotFound,
+        },
+        ["namespaces", ns, plural] => match in_group(plural) {
+            Some(resource) => Route::Collection {
+                resource,
+                namespace: Some(ns.to_string()),
+            },
+            None => Route::NotFound,
+        },
+        ["namespaces", ns, plural, name] => match in_group(plural) {
+            Some(resource) => Route::Object {
+                resource,
+                namespace: ns.to_string(),
+                name: name.to_string(),
+            },
+            None => Route::NotFound,
+        },
+        _ => Route::NotFound,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_by_table() {
+        let pods = by_plural("pods");
+        let slices = by_plural("endpointslices");
+        let cases: &[(&str, Route)] = &[
+            ("/version", Route::Version),
+            ("/api", Route::CoreVersions),
+            ("/apis", Route::Groups),
+            ("/apis/discovery.k8s.io", Route::Group("discovery.k8s.io")),
+            (
+                "/api/v1",
+                Route::Resources {
+                    group: "",
+                    version: "v1",
+                },
+            ),
+            (
+                "/api/v1/pods",
+                Route::Collection {
+                    resource: pods.unwrap_or(99),
+                    namespace: None,
+                },
+            ),
+            (
+                "/api/v1/namespaces/ns1/pods",
+                Route::Collection {
+                    resource: pods.unwrap_or(99),
+                    namespace: Some("ns1".into()),
+                },
+            ),
+            (
+                "/api/v1/namespaces/ns1/pods/p1",
+                Route::Object {
+                    resource: pods.unwrap_or(99),
+                    namespace: "ns1".into(),
+                    name: "p1".into(),
+                },
+            ),
+            (
+                "/apis/discovery.k8s.io/v1/namespaces/ns1/endpointslices",
+                Route::Collection {
+                    resource: slices.unwrap_or(99),
+                    namespace: Some("ns1".into()),
+                },
+            ),
+            ("/api/v1/pods/p1", Route::NotFound),
+            ("/api/v2/pods", Route::NotFound),
+            ("/api/v1/endpointslices", Route::NotFound),
+            ("/apis/discovery.k8s.io/v1/pods", Route::NotFound),
+            ("/apis/apps/v1/deployments", Route::NotFound),
+            ("/api/v1/namespaces/ns1/pods/p1/status", Route::NotFound),
+            ("/", Route::NotFound),
+            ("", Route::NotFound),
+        ];
+        for (path, want) in cases {
+            assert_eq!(&route(path), want, "path {path}");
+        }
+    }
+
+    #[test]
+    fn kinds_resolve() {
+        assert_eq!(by_kind("v1", "Pod"), by_plural("pods"));
+        assert_eq!(
+            by_kind("discovery.k8s.io/v1", "EndpointSlice"),
+            by_plural("endpointslices")
+        );
+        assert_eq!(by_kind("v1", "EndpointSlice"), None);
+    }
+}

@@ -1,0 +1,11 @@
+//! Test-only fixtures for Ballast.
+//!
+//! [`ApiServer`] emulates a Kubernetes API server closely enough for the real kube
+//! client and `kube::runtime::watcher` to list and watch against it, with faults a test
+//! can switch on and off. No product crate depends on this crate.
+
+#![forbid(unsafe_code)]
+
+pub mod api_server;
+
+pub use api_server::{ApiServer, RequestRecord, Settings};
