@@ -199,11 +199,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     };
 
-    // Loading a cluster allocates far more than it keeps: hand the rest back.
-    let loaded = store.clone();
+    // Loading a cluster (or relisting it) allocates far more than it keeps:
+    // hand the rest back to the kernel after each bulk load.
+    let mut bulk_loads = store.bulk_loads();
     tokio::spawn(async move {
-        loaded.wait_ready().await;
-        ballast_admin::release_unused_memory();
+        while bulk_loads.changed().await.is_ok() {
+            ballast_admin::release_unused_memory();
+        }
     });
 
     let config = ServerConfig {

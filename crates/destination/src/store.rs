@@ -30,6 +30,8 @@ pub struct Store {
     inner: Mutex<Inner>,
     metrics: Metrics,
     ready: watch::Sender<bool>,
+    /// Counts bulk loads (the first full state, and every relist).
+    bulk_loads: watch::Sender<u64>,
 }
 
 struct Inner {
@@ -82,6 +84,7 @@ impl Store {
             }),
             metrics,
             ready: watch::Sender::new(false),
+            bulk_loads: watch::Sender::new(0),
         });
         store.record_sizes(&store.lock().index);
         store
@@ -108,8 +111,16 @@ impl Store {
         let _ = rx.wait_for(|ready| *ready).await;
     }
 
+    /// Changes after each bulk load (the first full state, a relist): the
+    /// moments when much memory was briefly in use and can be handed back.
+    pub fn bulk_loads(&self) -> watch::Receiver<u64> {
+        self.bulk_loads.subscribe()
+    }
+
     pub fn set_ready(&self) {
-        self.ready.send_replace(true);
+        if !self.ready.send_replace(true) {
+            self.bulk_loads.send_modify(|n| *n += 1);
+        }
     }
 
     /// Applies a batch of changes and pushes new answers to the subscriptions
@@ -118,6 +129,7 @@ impl Store {
         let mut inner = self.lock();
         let inner = &mut *inner;
         let mut changes = Changes::default();
+        let bulk = ops.iter().any(|op| matches!(op, Op::Reset(..)));
         for op in ops {
             changes.merge(match op {
                 Op::Apply(r) => inner.index.apply(r),
@@ -136,6 +148,9 @@ impl Store {
             );
         }
         self.record_sizes(&inner.index);
+        if bulk && self.is_ready() {
+            self.bulk_loads.send_modify(|n| *n += 1);
+        }
         if changes.is_empty() {
             return;
         }

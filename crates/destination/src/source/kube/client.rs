@@ -442,4 +442,64 @@ mod tests {
             4
         );
     }
+
+    /// A stand-in for kube's stack: answers every request with `status`.
+    struct Answer(StatusCode, Option<&'static str>);
+
+    impl Service<Request<()>> for Answer {
+        type Response = Response<http_body_util::Empty<Bytes>>;
+        type Error = BoxError;
+        type Future = std::future::Ready<Result<Self::Response, BoxError>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Request<()>) -> Self::Future {
+            let mut r = Response::new(http_body_util::Empty::new());
+            *r.status_mut() = self.0;
+            if let Some(v) = self.1 {
+                r.headers_mut()
+                    .insert(RETRY_AFTER, HeaderValue::from_static(v));
+            }
+            std::future::ready(Ok(r))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn too_many_requests_waits_retry_after_up_to_the_cap() {
+        let metrics = Metrics::default();
+        let layer = ApiLayer::new(
+            metrics.clone(),
+            &BackoffConfig::default(),
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+        );
+        let request = || Request::get("/api/v1/pods?limit=500").body(()).unwrap();
+        for (retry_after, waited) in [(Some("2"), 2), (Some("600"), 5), (None, 0)] {
+            let mut svc = layer.layer(Answer(StatusCode::TOO_MANY_REQUESTS, retry_after));
+            let start = Instant::now();
+            let r = svc.call(request()).await.unwrap();
+            assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(
+                start.elapsed(),
+                Duration::from_secs(waited),
+                "{retry_after:?}"
+            );
+        }
+        let mut svc = layer.layer(Answer(StatusCode::OK, Some("9")));
+        let start = Instant::now();
+        svc.call(request()).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        let count = |code: &str| {
+            metrics
+                .kube_responses_total
+                .get_or_create(&KubeResponseLabel {
+                    kind: "pods".into(),
+                    code: code.into(),
+                })
+                .get()
+        };
+        assert_eq!((count("429"), count("200")), (3, 1));
+    }
 }

@@ -1,0 +1,338 @@
+//! Kubernetes source benchmark (not a test).
+//!
+//! Serves PODS pods (10 per service) from testkit's API server emulation,
+//! starts `ballast destination --kubeconfig` on it, and reports API requests
+//! per start, time to ready, RSS and RSS per pod, then forces a relist (410
+//! Gone) and reports the peak RSS during it against the steady state. The same
+//! cluster is also written as manifests and loaded by the manifests source,
+//! side by side.
+//!
+//! Usage: kube-bench [--ballast PATH] [--pods N] [--page-size N]
+
+use ballast_testkit::ApiServer;
+use serde_json::json;
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::{Duration, Instant},
+};
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::{Child, Command},
+};
+
+struct Opts {
+    ballast: PathBuf,
+    pods: usize,
+    page_size: u32,
+}
+
+fn opts() -> anyhow::Result<Opts> {
+    let mut o = Opts {
+        ballast: PathBuf::from("target/release/ballast"),
+        pods: 10_000,
+        page_size: 500,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--ballast" => o.ballast = value.into(),
+            "--pods" => o.pods = value.parse()?,
+            "--page-size" => o.page_size = value.parse()?,
+            other => anyhow::bail!("unknown flag {other}"),
+        }
+    }
+    Ok(o)
+}
+
+fn pod(n: usize) -> serde_json::Value {
+    let svc = n / 10;
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": format!("svc-{svc}-6d4cf56db6-p{n}"), "namespace": format!("ns-{}", svc % 10),
+            "creationTimestamp": "2026-11-01T10:00:00Z",
+            "labels": {"app": format!("svc-{svc}"), "pod-template-hash": "6d4cf56db6",
+                       "linkerd.io/control-plane-ns": "linkerd"},
+            "annotations": {"linkerd.io/proxy-version": "stable",
+                            "kubectl.kubernetes.io/restartedAt": "2026-11-01T10:00:00Z"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                 "name": format!("svc-{svc}-6d4cf56db6"), "controller": true,
+                                 "uid": format!("0f6c2a34-1111-2222-3333-{n:012}")}],
+            "managedFields": [{"manager": "kube-controller-manager", "operation": "Update",
+                               "apiVersion": "v1", "fieldsType": "FieldsV1",
+                               "fieldsV1": {"f:metadata": {"f:labels": {"f:app": {}, "f:pod-template-hash": {}}},
+                                            "f:spec": {"f:containers": {"k:{\"name\":\"app\"}": {"f:image": {}}}}}}],
+        },
+        "spec": {
+            "serviceAccountName": format!("svc-{svc}"), "nodeName": format!("node-{}", n % 50),
+            "containers": [
+                {"name": "app", "image": "example/app:1.0",
+                 "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
+                 "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}},
+                {"name": "linkerd-proxy", "image": "cr.l5d.io/linkerd/proxy:stable",
+                 "env": [{"name": "LINKERD2_PROXY_INBOUND_LISTEN_ADDR", "value": "0.0.0.0:4143"},
+                         {"name": "LINKERD2_PROXY_LOG", "value": "warn,linkerd=info"}]},
+            ],
+            "volumes": [{"name": "kube-api-access", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}],
+        },
+        "status": {
+            "phase": "Running",
+            "podIP": format!("10.{}.{}.{}", n / 62_500 + 1, n / 250 % 250, n % 250 + 1),
+            "hostIP": format!("172.16.0.{}", n % 50 + 1),
+            "conditions": [{"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"}],
+            "containerStatuses": [{"name": "app", "ready": true, "restartCount": 0, "image": "example/app:1.0"}],
+        },
+    })
+}
+
+fn service(i: usize) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": format!("svc-{i}"), "namespace": format!("ns-{}", i % 10)},
+        "spec": {"clusterIP": format!("10.96.{}.{}", i / 250, i % 250 + 1),
+                 "selector": {"app": format!("svc-{i}")},
+                 "ports": [{"name": "http", "port": 80, "targetPort": "http"}]},
+    })
+}
+
+struct Controller {
+    child: Child,
+    admin: String,
+}
+
+async fn start(ballast: &Path, args: &[String]) -> anyhow::Result<(Controller, Duration)> {
+    let started = Instant::now();
+    let mut child = Command::new(ballast)
+        .args([
+            "destination",
+            "--addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+        ])
+        .args(args)
+        .env("BALLAST_LOG", "warn,ballast=info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let mut admin = None;
+    while admin.is_none() {
+        let line = lines
+            .next_line()
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("ballast exited early"))?;
+        admin = line
+            .split("admin listening on ")
+            .nth(1)
+            .map(|s| s.trim().to_string());
+    }
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let c = Controller {
+        child,
+        admin: admin.unwrap_or_default(),
+    };
+    while http_status(&c.admin, "/ready").await != 200 {
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(300), "not ready");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok((c, started.elapsed()))
+}
+
+async fn http_status(addr: &str, path: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+        return 0;
+    };
+    let req = format!("GET {path} HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return 0;
+    }
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf).await;
+    String::from_utf8_lossy(&buf)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// (VmRSS, VmHWM) in KiB.
+fn rss(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+fn manifests(dir: &Path, pods: usize) -> anyhow::Result<()> {
+    for s in 0..pods / 10 {
+        let mut docs = vec![service(s)];
+        docs.extend((s * 10..s * 10 + 10).map(pod));
+        let text = docs
+            .iter()
+            .map(|d| serde_json::to_string(d).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n---\n");
+        std::fs::write(dir.join(format!("svc-{s}.yaml")), text)?;
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let o = opts()?;
+    anyhow::ensure!(
+        o.ballast.exists(),
+        "{} not found: build it with `cargo build --release -p ballast`",
+        o.ballast.display()
+    );
+    let api = ApiServer::start().await;
+    let tmp = tempfile::tempdir()?;
+    let kubeconfig = api.write_kubeconfig(tmp.path()).display().to_string();
+    for s in 0..o.pods / 10 {
+        api.apply(service(s));
+    }
+    for n in 0..o.pods {
+        api.apply(pod(n));
+    }
+    let empty_api = ApiServer::start().await;
+    let empty_dir = tempfile::tempdir()?;
+    let empty_kubeconfig = empty_api
+        .write_kubeconfig(empty_dir.path())
+        .display()
+        .to_string();
+
+    let kube_args = |kc: &str| {
+        vec![
+            "--kubeconfig".to_string(),
+            kc.to_string(),
+            "--kube-page-size".to_string(),
+            o.page_size.to_string(),
+        ]
+    };
+    let (empty, _) = start(&o.ballast, &kube_args(&empty_kubeconfig)).await?;
+    let before = api.requests().len();
+    let (full, ready) = start(&o.ballast, &kube_args(&kubeconfig)).await?;
+    api.wait_for_watches(3, Duration::from_secs(60)).await;
+    let per_start = api.requests().len() - before;
+    let lists: usize = ["pods", "services", "endpointslices"]
+        .iter()
+        .map(|k| api.count("list", k))
+        .sum();
+    let watches: usize = ["pods", "services", "endpointslices"]
+        .iter()
+        .map(|k| api.count("watch", k))
+        .sum();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let empty_pid = empty.child.id().unwrap_or(0);
+    let full_pid = full.child.id().unwrap_or(0);
+    let (empty_rss, _) = rss(empty_pid);
+    let (steady, hwm_load) = rss(full_pid);
+
+    // A relist: history lost while the watches are cut. The peak is measured
+    // from here: writing 5 to clear_refs resets VmHWM (Linux).
+    let hwm_reset = std::fs::write(format!("/proc/{full_pid}/clear_refs"), "5").is_ok();
+    let lists_before = api.count("list", "pods");
+    api.stall(true);
+    api.cut_watches();
+    // One change while the watches are down, so that their last
+    // resourceVersion is older than what remains of history.
+    let mut changed = pod(0);
+    changed["metadata"]["labels"]["bench"] = json!("relist");
+    api.apply(changed);
+    api.expire_history();
+    api.stall(false);
+    let relist_started = Instant::now();
+    let relisted = api
+        .wait_until(Duration::from_secs(300), |a| {
+            a.count("list", "pods") > lists_before && a.open_watches() == 3
+        })
+        .await;
+    anyhow::ensure!(relisted, "no relist happened");
+    // The watch reopens once the relist is applied; let it settle.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let relist_took = relist_started.elapsed();
+    let relists = api.count("list", "pods") - lists_before;
+    let (after_relist, hwm_relist) = rss(full_pid);
+    drop(full);
+    drop(empty);
+
+    // The manifests source on the same cluster.
+    let dir = tempfile::tempdir()?;
+    manifests(dir.path(), o.pods)?;
+    let empty_m = tempfile::tempdir()?;
+    let m_args = |d: &Path| vec!["--manifests".to_string(), d.display().to_string()];
+    let (m_empty, _) = start(&o.ballast, &m_args(empty_m.path())).await?;
+    let (m_full, m_ready) = start(&o.ballast, &m_args(dir.path())).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (m_empty_rss, _) = rss(m_empty.child.id().unwrap_or(0));
+    let (m_rss, m_hwm) = rss(m_full.child.id().unwrap_or(0));
+
+    let mb = |kib: u64| format!("{:.1} MB", kib as f64 / 1024.0);
+    let per_pod = |full: u64, empty: u64| {
+        format!(
+            "{:.2} KB",
+            full.saturating_sub(empty) as f64 * 1.024 / o.pods as f64
+        )
+    };
+    println!(
+        "{} pods in {} services, LIST page size {}",
+        o.pods,
+        o.pods / 10,
+        o.page_size
+    );
+    println!();
+    println!("| | Kubernetes source (testkit) | manifests source |");
+    println!("|---|---|---|");
+    println!("| API requests per start | {per_start} ({lists} LIST pages, {watches} WATCH) | 0 |");
+    println!(
+        "| time to ready | {:.0} ms | {:.0} ms |",
+        ready.as_secs_f64() * 1e3,
+        m_ready.as_secs_f64() * 1e3
+    );
+    println!(
+        "| RSS, empty cluster | {} | {} |",
+        mb(empty_rss),
+        mb(m_empty_rss)
+    );
+    println!("| RSS after load | {} | {} |", mb(steady), mb(m_rss));
+    println!(
+        "| RSS growth per pod | {} | {} |",
+        per_pod(steady, empty_rss),
+        per_pod(m_rss, m_empty_rss)
+    );
+    println!(
+        "| peak RSS during load (VmHWM) | {} | {} |",
+        mb(hwm_load),
+        mb(m_hwm)
+    );
+    println!(
+        "| relist after 410 Gone | {relists} pod LIST pages, {:.0} ms (incl. 2 s settle) | |",
+        relist_took.as_secs_f64() * 1e3
+    );
+    println!("| RSS after a relist | {} | |", mb(after_relist));
+    println!(
+        "| peak RSS during the relist{} / steady | {} / {} = {:.2}x | |",
+        if hwm_reset {
+            ""
+        } else {
+            " (or load; VmHWM not resettable)"
+        },
+        mb(hwm_relist),
+        mb(steady),
+        hwm_relist as f64 / steady.max(1) as f64
+    );
+    Ok(())
+}
