@@ -9,19 +9,15 @@
 //! Usage: destination-bench [--ballast PATH] [--pods N] [--services N]
 //!        [--streams N] [--rounds N]
 
+use ballast_bench::{allocated, rss, start};
 use linkerd2_proxy_api::destination::{
     destination_client::DestinationClient, update, GetDestination,
 };
 use std::{
     path::{Path, PathBuf},
-    process::Stdio,
     time::{Duration, Instant},
 };
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::{Child, Command},
-    sync::mpsc,
-};
+use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
 struct Opts {
@@ -115,110 +111,6 @@ fn write_atomic(path: &Path, contents: &str) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-struct Controller {
-    child: Child,
-    grpc: String,
-    admin: String,
-    started: Instant,
-}
-
-async fn start(ballast: &Path, dir: &Path) -> anyhow::Result<(Controller, Duration)> {
-    let started = Instant::now();
-    let mut child = Command::new(ballast)
-        .args([
-            "destination",
-            "--addr",
-            "127.0.0.1:0",
-            "--admin-addr",
-            "127.0.0.1:0",
-            "--max-streams",
-            "100000",
-        ])
-        .arg("--manifests")
-        .arg(dir)
-        .env("BALLAST_LOG", "warn,ballast=info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let (mut grpc, mut admin) = (None, None);
-    while grpc.is_none() || admin.is_none() {
-        let line = lines
-            .next_line()
-            .await?
-            .ok_or_else(|| anyhow::anyhow!("ballast exited early"))?;
-        let after = |m: &str| line.split(m).nth(1).map(|s| s.trim().to_string());
-        grpc = grpc.or(after("destination gRPC listening on "));
-        admin = admin.or(after("admin listening on "));
-    }
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    let c = Controller {
-        child,
-        grpc: grpc.unwrap_or_default(),
-        admin: admin.unwrap_or_default(),
-        started,
-    };
-    loop {
-        if http_status(&c.admin, "/ready").await == 200 {
-            break;
-        }
-        anyhow::ensure!(started.elapsed() < Duration::from_secs(120), "not ready");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let ready = c.started.elapsed();
-    Ok((c, ready))
-}
-
-async fn http_get(addr: &str, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
-        return (0, String::new());
-    };
-    let req = format!("GET {path} HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n");
-    if s.write_all(req.as_bytes()).await.is_err() {
-        return (0, String::new());
-    }
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf).await;
-    let text = String::from_utf8_lossy(&buf).to_string();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    (status, text)
-}
-
-async fn http_status(addr: &str, path: &str) -> u16 {
-    http_get(addr, path).await.0
-}
-
-/// jemalloc's allocated bytes, from the controller's /metrics, in KiB.
-async fn allocated(admin: &str) -> u64 {
-    let (_, text) = http_get(admin, "/metrics").await;
-    text.lines()
-        .find(|l| l.starts_with("process_memory_allocated_bytes "))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|b| (b / 1024.0) as u64)
-        .unwrap_or(0)
-}
-
-/// (VmRSS, VmHWM) in KiB.
-fn rss(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -253,12 +145,20 @@ async fn main() -> anyhow::Result<()> {
         .map(|m| m.len())
         .sum();
 
-    let (empty_c, empty_ready) = start(&o.ballast, empty.path()).await?;
-    let (full_c, full_ready) = start(&o.ballast, cluster.path()).await?;
+    let args = |dir: &Path| {
+        vec![
+            "--max-streams".to_string(),
+            "100000".to_string(),
+            "--manifests".to_string(),
+            dir.display().to_string(),
+        ]
+    };
+    let (empty_c, empty_ready) = start(&o.ballast, &args(empty.path())).await?;
+    let (full_c, full_ready) = start(&o.ballast, &args(cluster.path())).await?;
     // Let the allocator settle after the load, then read both side by side.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let empty_pid = empty_c.child.id().unwrap_or(0);
-    let full_pid = full_c.child.id().unwrap_or(0);
+    let empty_pid = empty_c.pid();
+    let full_pid = full_c.pid();
     let (empty_rss, _) = rss(empty_pid);
     let (full_rss, full_hwm) = rss(full_pid);
     let empty_alloc = allocated(&empty_c.admin).await;

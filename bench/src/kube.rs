@@ -9,16 +9,12 @@
 //!
 //! Usage: kube-bench [--ballast PATH] [--pods N] [--page-size N]
 
+use ballast_bench::{pod, rss, service, start};
 use ballast_testkit::ApiServer;
 use serde_json::json;
 use std::{
     path::{Path, PathBuf},
-    process::Stdio,
     time::{Duration, Instant},
-};
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::{Child, Command},
 };
 
 struct Opts {
@@ -46,134 +42,6 @@ fn opts() -> anyhow::Result<Opts> {
         }
     }
     Ok(o)
-}
-
-fn pod(n: usize) -> serde_json::Value {
-    let svc = n / 10;
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {
-            "name": format!("svc-{svc}-6d4cf56db6-p{n}"), "namespace": format!("ns-{}", svc % 10),
-            "creationTimestamp": "2026-11-01T10:00:00Z",
-            "labels": {"app": format!("svc-{svc}"), "pod-template-hash": "6d4cf56db6",
-                       "linkerd.io/control-plane-ns": "linkerd"},
-            "annotations": {"linkerd.io/proxy-version": "stable",
-                            "kubectl.kubernetes.io/restartedAt": "2026-11-01T10:00:00Z"},
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                                 "name": format!("svc-{svc}-6d4cf56db6"), "controller": true,
-                                 "uid": format!("0f6c2a34-1111-2222-3333-{n:012}")}],
-            "managedFields": [{"manager": "kube-controller-manager", "operation": "Update",
-                               "apiVersion": "v1", "fieldsType": "FieldsV1",
-                               "fieldsV1": {"f:metadata": {"f:labels": {"f:app": {}, "f:pod-template-hash": {}}},
-                                            "f:spec": {"f:containers": {"k:{\"name\":\"app\"}": {"f:image": {}}}}}}],
-        },
-        "spec": {
-            "serviceAccountName": format!("svc-{svc}"), "nodeName": format!("node-{}", n % 50),
-            "containers": [
-                {"name": "app", "image": "example/app:1.0",
-                 "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
-                 "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}},
-                {"name": "linkerd-proxy", "image": "cr.l5d.io/linkerd/proxy:stable",
-                 "env": [{"name": "LINKERD2_PROXY_INBOUND_LISTEN_ADDR", "value": "0.0.0.0:4143"},
-                         {"name": "LINKERD2_PROXY_LOG", "value": "warn,linkerd=info"}]},
-            ],
-            "volumes": [{"name": "kube-api-access", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}],
-        },
-        "status": {
-            "phase": "Running",
-            "podIP": format!("10.{}.{}.{}", n / 62_500 + 1, n / 250 % 250, n % 250 + 1),
-            "hostIP": format!("172.16.0.{}", n % 50 + 1),
-            "conditions": [{"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"}],
-            "containerStatuses": [{"name": "app", "ready": true, "restartCount": 0, "image": "example/app:1.0"}],
-        },
-    })
-}
-
-fn service(i: usize) -> serde_json::Value {
-    json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": format!("svc-{i}"), "namespace": format!("ns-{}", i % 10)},
-        "spec": {"clusterIP": format!("10.96.{}.{}", i / 250, i % 250 + 1),
-                 "selector": {"app": format!("svc-{i}")},
-                 "ports": [{"name": "http", "port": 80, "targetPort": "http"}]},
-    })
-}
-
-struct Controller {
-    child: Child,
-    admin: String,
-}
-
-async fn start(ballast: &Path, args: &[String]) -> anyhow::Result<(Controller, Duration)> {
-    let started = Instant::now();
-    let mut child = Command::new(ballast)
-        .args([
-            "destination",
-            "--addr",
-            "127.0.0.1:0",
-            "--admin-addr",
-            "127.0.0.1:0",
-        ])
-        .args(args)
-        .env("BALLAST_LOG", "warn,ballast=info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let mut admin = None;
-    while admin.is_none() {
-        let line = lines
-            .next_line()
-            .await?
-            .ok_or_else(|| anyhow::anyhow!("ballast exited early"))?;
-        admin = line
-            .split("admin listening on ")
-            .nth(1)
-            .map(|s| s.trim().to_string());
-    }
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    let c = Controller {
-        child,
-        admin: admin.unwrap_or_default(),
-    };
-    while http_status(&c.admin, "/ready").await != 200 {
-        anyhow::ensure!(started.elapsed() < Duration::from_secs(300), "not ready");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    Ok((c, started.elapsed()))
-}
-
-async fn http_status(addr: &str, path: &str) -> u16 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
-        return 0;
-    };
-    let req = format!("GET {path} HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n");
-    if s.write_all(req.as_bytes()).await.is_err() {
-        return 0;
-    }
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf).await;
-    String::from_utf8_lossy(&buf)
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
-}
-
-/// (VmRSS, VmHWM) in KiB.
-fn rss(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
 }
 
 fn manifests(dir: &Path, pods: usize) -> anyhow::Result<()> {
@@ -236,8 +104,8 @@ async fn main() -> anyhow::Result<()> {
         .map(|k| api.count("watch", k))
         .sum();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let empty_pid = empty.child.id().unwrap_or(0);
-    let full_pid = full.child.id().unwrap_or(0);
+    let empty_pid = empty.pid();
+    let full_pid = full.pid();
     let (empty_rss, _) = rss(empty_pid);
     let (steady, hwm_load) = rss(full_pid);
 
@@ -277,8 +145,8 @@ async fn main() -> anyhow::Result<()> {
     let (m_empty, _) = start(&o.ballast, &m_args(empty_m.path())).await?;
     let (m_full, m_ready) = start(&o.ballast, &m_args(dir.path())).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (m_empty_rss, _) = rss(m_empty.child.id().unwrap_or(0));
-    let (m_rss, m_hwm) = rss(m_full.child.id().unwrap_or(0));
+    let (m_empty_rss, _) = rss(m_empty.pid());
+    let (m_rss, m_hwm) = rss(m_full.pid());
 
     let mb = |kib: u64| format!("{:.1} MB", kib as f64 / 1024.0);
     let per_pod = |full: u64, empty: u64| {
