@@ -230,12 +230,6 @@ impl Store {
             .get_or_create(&Metrics::method(method.label()))
             .set(n as i64);
     }
-
-    /// Live subscriptions (Get, GetProfile).
-    pub fn subscription_counts(&self) -> (usize, usize) {
-        let inner = self.lock();
-        (inner.get.len(), inner.profile.len())
-    }
 }
 
 fn join<V>(
