@@ -31,11 +31,10 @@
 //! never allocated. A relist holds the new objects next to the index until
 //! it completes, so memory peaks near twice the steady state during one.
 
-mod backoff;
 mod client;
 mod resources;
 
-pub use backoff::{
+pub use ballast_backoff::{
     BackoffConfig, DEFAULT_FACTOR, DEFAULT_INITIAL, DEFAULT_JITTER, DEFAULT_MAX,
     DEFAULT_RESET_AFTER,
 };
@@ -46,7 +45,7 @@ use crate::{
     resource::{truncate, EndpointSliceWire, PodWire, ServiceWire},
     store::Store,
 };
-use backoff::Backoff;
+use ballast_backoff::Backoff;
 use futures_util::StreamExt;
 use kube::runtime::watcher;
 use resources::{ApiKind, Translator, Watched};

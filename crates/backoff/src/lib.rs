@@ -1,10 +1,15 @@
-//! The retry schedule: capped exponential backoff with jitter.
+//! The retry schedule: capped exponential backoff with jitter. Shared by the
+//! controller's Kubernetes client and the proxy's control-plane client and
+//! endpoint connects; it knows nothing of either.
 //!
 //! Retry `n` (counting from 0) waits a delay drawn uniformly from
 //! `[(1 - jitter) * base(n), base(n)]`, where
 //! `base(n) = min(initial * factor^n, max)`. The top of the range is a hard
 //! cap (no wait is ever longer than `max`), and the bottom bounds how often a
 //! failing API server can be asked: see [`BackoffConfig::max_attempts_within`].
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 use std::time::Duration;
 
@@ -133,12 +138,13 @@ impl BackoffConfig {
 
 /// The state of one schedule: how many failures in a row.
 #[derive(Debug)]
-pub(crate) struct Backoff {
+pub struct Backoff {
     config: BackoffConfig,
     step: u32,
 }
 
 impl Backoff {
+    /// A schedule at its first step.
     pub fn new(config: &BackoffConfig) -> Self {
         Self {
             config: config.sanitized(),
@@ -163,6 +169,7 @@ impl Backoff {
         self.step
     }
 
+    /// The sanitized configuration this schedule follows.
     pub fn config(&self) -> &BackoffConfig {
         &self.config
     }
