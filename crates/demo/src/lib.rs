@@ -1,0 +1,9 @@
+//! Ballast's demo: a steerable HTTP backend, a steady load client, and the
+//! scenario `ballast demo` plays (controller outage, endpoint removal,
+//! convergence) with a live view of the traffic.
+
+#![forbid(unsafe_code)]
+
+pub mod backend;
+
+pub use backend::Backend;
