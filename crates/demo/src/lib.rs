@@ -5,5 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
+pub mod load;
 
 pub use backend::Backend;
+pub use load::{LoadClient, LoadConfig};
