@@ -2,9 +2,12 @@
 
 #![forbid(unsafe_code)]
 
+mod backend;
+mod demo;
 mod destination;
 mod diagnostics;
 mod logging;
+mod proxy;
 mod signal;
 
 use clap::{Parser, Subcommand};
@@ -34,9 +37,17 @@ enum Command {
     /// Run the destination controller: watch a cluster (or a manifests
     /// directory standing in for one) and serve Linkerd's Destination API.
     Destination(Box<destination::Args>),
+    /// Run the sidecar proxy: carry a workload's traffic, resolved through
+    /// the destination controller and balanced across endpoints.
+    Proxy(Box<proxy::Args>),
     /// Ask a destination controller what it answers.
     #[command(subcommand)]
     Diagnostics(diagnostics::Command),
+    /// Run one demo HTTP backend that names itself in every answer.
+    Backend(backend::Args),
+    /// Play the demo: kill the controller under steady traffic, change the
+    /// cluster meanwhile, and watch the proxy carry on and converge.
+    Demo(demo::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -45,10 +56,21 @@ fn main() -> std::process::ExitCode {
         eprintln!("ballast: {e}");
         return std::process::ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // The proxy sizes its own runtime: one thread by default, as a sidecar
+    // with one core.
+    let built = match &cli.command {
+        Command::Proxy(args) if args.workers == 1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Command::Proxy(args) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(usize::from(args.workers))
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+    };
+    let runtime = match built {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("ballast: cannot start the async runtime: {e}");
@@ -58,7 +80,10 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Destination(args) => destination::run(*args).await,
+            Command::Proxy(args) => proxy::run(*args).await,
             Command::Diagnostics(cmd) => diagnostics::run(cmd).await,
+            Command::Backend(args) => backend::run(args).await,
+            Command::Demo(args) => demo::run(args).await,
         }
     });
     match result {

@@ -1,0 +1,254 @@
+//! `ballast proxy`: flags, then wiring of listeners, admin and the proxy.
+
+use crate::diagnostics::humantime_secs;
+use anyhow::Context;
+use ballast_admin::{AdminServer, AdminState, Readiness};
+use ballast_backoff::BackoffConfig;
+use ballast_proxy::config::{self as defaults, ControlConfig, InboundConfig, OutboundConfig};
+use clap::Args as ClapArgs;
+use std::{net::SocketAddr, sync::atomic::AtomicBool, sync::Arc, time::Duration};
+use tokio::{net::TcpListener, sync::watch};
+
+#[derive(ClapArgs, Debug)]
+#[command(
+    after_help = "Routing: a connection redirected to the outbound listener by iptables goes \
+where it was going (a service's cluster IP to the service's endpoints, a pod's IP to the pod, \
+anything else unchanged); a connection made to the outbound listener directly is HTTP routed by \
+each request's Host / :authority (NAME.NS[.svc[.CLUSTER_DOMAIN]][:PORT]). --outbound-tcp adds \
+listeners that forward opaque TCP to a fixed authority.\n\
+Every flag can also be set by the environment variable shown."
+)]
+pub struct Args {
+    /// Address of the destination controller's gRPC server (HOST:PORT).
+    #[arg(
+        long,
+        env = "BALLAST_PROXY_DESTINATION_ADDR",
+        default_value = "ballast-dst-headless.ballast.svc.cluster.local:8086"
+    )]
+    destination_addr: String,
+
+    /// Outbound listener: the workload's traffic to the mesh.
+    #[arg(long, env = "BALLAST_PROXY_OUTBOUND_ADDR", default_value = defaults::DEFAULT_OUTBOUND_ADDR)]
+    outbound_addr: SocketAddr,
+
+    /// Inbound listener: traffic to the workload (forwarded to 127.0.0.1 at its original port).
+    #[arg(long, env = "BALLAST_PROXY_INBOUND_ADDR", default_value = defaults::DEFAULT_INBOUND_ADDR)]
+    inbound_addr: SocketAddr,
+
+    /// Admin listener: /live, /ready, /metrics.
+    #[arg(long, env = "BALLAST_PROXY_ADMIN_ADDR", default_value = defaults::DEFAULT_ADMIN_ADDR)]
+    admin_addr: SocketAddr,
+
+    /// An extra listener forwarding opaque TCP to a service, as LISTEN=AUTHORITY
+    /// (e.g. 127.0.0.1:5432=db.shop.svc.cluster.local:5432); repeatable, or
+    /// comma-separated in the environment.
+    #[arg(long, env = "BALLAST_PROXY_OUTBOUND_TCP", value_delimiter = ',', value_parser = parse_tcp_route)]
+    outbound_tcp: Vec<(SocketAddr, String)>,
+
+    /// Kubernetes cluster domain of service names.
+    #[arg(
+        long,
+        env = "BALLAST_PROXY_CLUSTER_DOMAIN",
+        default_value = "cluster.local"
+    )]
+    cluster_domain: String,
+
+    /// Namespace of this workload, sent to the controller as context.
+    #[arg(long, env = "BALLAST_PROXY_POD_NAMESPACE", default_value = "default")]
+    pod_namespace: String,
+
+    /// How long to wait for a client's first bytes to tell HTTP from opaque TCP.
+    #[arg(long, env = "BALLAST_PROXY_DETECT_TIMEOUT", default_value = "10s", value_parser = humantime_secs)]
+    detect_timeout: Duration,
+
+    /// Timeout of one connect to an endpoint.
+    #[arg(long, env = "BALLAST_PROXY_CONNECT_TIMEOUT", default_value = "1s", value_parser = humantime_secs)]
+    connect_timeout: Duration,
+
+    /// First delay before an endpoint whose connect failed is tried again.
+    #[arg(long, env = "BALLAST_PROXY_CONNECT_BACKOFF_MIN", default_value = "100ms", value_parser = humantime_secs)]
+    connect_backoff_min: Duration,
+
+    /// Longest delay before an endpoint whose connects fail is tried again.
+    #[arg(long, env = "BALLAST_PROXY_CONNECT_BACKOFF_MAX", default_value = "500ms", value_parser = humantime_secs)]
+    connect_backoff_max: Duration,
+
+    /// How long an HTTP request waits for a ready endpoint before a 503.
+    #[arg(long, env = "BALLAST_PROXY_HTTP_FAILFAST_TIMEOUT", default_value = "3s", value_parser = humantime_secs)]
+    http_failfast_timeout: Duration,
+
+    /// How long a TCP connection waits for a ready endpoint before it is closed.
+    #[arg(long, env = "BALLAST_PROXY_TCP_FAILFAST_TIMEOUT", default_value = "3s", value_parser = humantime_secs)]
+    tcp_failfast_timeout: Duration,
+
+    /// Requests (or connections) that may wait for an endpoint, per target;
+    /// more get a 503 (or are closed) at once.
+    #[arg(long, env = "BALLAST_PROXY_QUEUE_CAPACITY", default_value_t = defaults::DEFAULT_QUEUE_CAPACITY)]
+    queue_capacity: usize,
+
+    /// A target unused this long loses its resolution and connections.
+    #[arg(long, env = "BALLAST_PROXY_DISCOVERY_IDLE_TIMEOUT", default_value = "5s", value_parser = humantime_secs)]
+    discovery_idle_timeout: Duration,
+
+    /// Idle HTTP/1 connections to an endpoint close after this long.
+    #[arg(long, env = "BALLAST_PROXY_HTTP1_POOL_IDLE_TIMEOUT", default_value = "3s", value_parser = humantime_secs)]
+    http1_pool_idle_timeout: Duration,
+
+    /// Idle HTTP/1 connections kept per endpoint.
+    #[arg(long, env = "BALLAST_PROXY_HTTP1_POOL_MAX_IDLE", default_value_t = defaults::DEFAULT_HTTP1_POOL_MAX_IDLE)]
+    http1_pool_max_idle: usize,
+
+    /// Endpoints kept per target; the controller's further adds are dropped and counted.
+    #[arg(long, env = "BALLAST_PROXY_MAX_ENDPOINTS_PER_TARGET", default_value_t = defaults::DEFAULT_MAX_ENDPOINTS_PER_TARGET)]
+    max_endpoints_per_target: usize,
+
+    /// Targets (services, pods, addresses) resolved at once.
+    #[arg(long, env = "BALLAST_PROXY_MAX_TARGETS", default_value_t = defaults::DEFAULT_MAX_TARGETS)]
+    max_targets: usize,
+
+    /// Connections open at once per listener; more are closed at accept.
+    #[arg(long, env = "BALLAST_PROXY_MAX_CONNECTIONS", default_value_t = defaults::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
+
+    /// First delay between attempts to reach the controller.
+    #[arg(long, env = "BALLAST_PROXY_CONTROL_BACKOFF_MIN", default_value = "100ms", value_parser = humantime_secs)]
+    control_backoff_min: Duration,
+
+    /// Longest delay between attempts to reach the controller.
+    #[arg(long, env = "BALLAST_PROXY_CONTROL_BACKOFF_MAX", default_value = "10s", value_parser = humantime_secs)]
+    control_backoff_max: Duration,
+
+    /// Fraction of each control-plane delay that is random (0 to 1).
+    #[arg(long, env = "BALLAST_PROXY_CONTROL_BACKOFF_JITTER", default_value_t = defaults::DEFAULT_CONTROL_BACKOFF_JITTER)]
+    control_backoff_jitter: f64,
+
+    /// Largest message accepted from the controller, in bytes.
+    #[arg(long, env = "BALLAST_PROXY_CONTROL_MAX_MESSAGE_BYTES", default_value_t = defaults::DEFAULT_CONTROL_MAX_MESSAGE_BYTES)]
+    control_max_message_bytes: usize,
+
+    /// How long a new transparent connection waits for its profile before it
+    /// is routed to its original destination without one.
+    #[arg(long, env = "BALLAST_PROXY_PROFILE_TIMEOUT", default_value = "500ms", value_parser = humantime_secs)]
+    profile_timeout: Duration,
+
+    /// Worker threads (1: a single-threaded runtime, as a sidecar with one core).
+    #[arg(long, env = "BALLAST_PROXY_WORKERS", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub workers: u16,
+
+    /// On SIGTERM, how long open connections get to finish before exit.
+    #[arg(long, env = "BALLAST_PROXY_SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime_secs)]
+    shutdown_grace: Duration,
+}
+
+fn parse_tcp_route(s: &str) -> Result<(SocketAddr, String), String> {
+    let (listen, authority) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected LISTEN=AUTHORITY, got {s:?}"))?;
+    let listen = listen
+        .trim()
+        .parse()
+        .map_err(|e| format!("listen address {listen:?}: {e}"))?;
+    let authority = authority.trim();
+    if authority.is_empty() || !authority.contains(':') {
+        return Err(format!(
+            "authority {authority:?} must be NAME.NS.svc.CLUSTER_DOMAIN:PORT"
+        ));
+    }
+    Ok((listen, authority.to_string()))
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let outbound = TcpListener::bind(args.outbound_addr)
+        .await
+        .with_context(|| format!("cannot listen on --outbound-addr {}", args.outbound_addr))?;
+    let inbound = TcpListener::bind(args.inbound_addr)
+        .await
+        .with_context(|| format!("cannot listen on --inbound-addr {}", args.inbound_addr))?;
+    let admin = TcpListener::bind(args.admin_addr)
+        .await
+        .with_context(|| format!("cannot listen on --admin-addr {}", args.admin_addr))?;
+    let mut tcp_routes = Vec::new();
+    for (addr, authority) in &args.outbound_tcp {
+        let l = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on --outbound-tcp {addr}"))?;
+        tracing::info!(
+            "outbound TCP route listening on {} for {authority}",
+            l.local_addr()?
+        );
+        tcp_routes.push((l, authority.clone()));
+    }
+    tracing::info!("outbound listening on {}", outbound.local_addr()?);
+    tracing::info!("inbound listening on {}", inbound.local_addr()?);
+    tracing::info!("admin listening on {}", admin.local_addr()?);
+    tracing::info!(destination = %args.destination_addr, "resolving through the destination controller");
+
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = ballast_proxy::Metrics::register(&mut registry);
+    ballast_admin::register_memory_metrics(&mut registry);
+    let _sampler = ballast_admin::spawn_memory_sampler();
+    // Listeners are bound: the proxy is ready to take traffic.
+    let ready = Arc::new(AtomicBool::new(true));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let admin_addr = admin.local_addr()?;
+    let admin_state = AdminState::new(Arc::new(registry), Readiness::from_flag(ready));
+    let mut admin_stop = stop_rx.clone();
+    let admin_task = tokio::spawn(AdminServer::new(admin_state).serve(admin, async move {
+        let _ = admin_stop.wait_for(|s| *s).await;
+    }));
+
+    let config = ballast_proxy::Config {
+        control: ControlConfig {
+            addr: args.destination_addr,
+            connect_timeout: args.connect_timeout,
+            backoff: BackoffConfig {
+                initial: args.control_backoff_min,
+                max: args.control_backoff_max,
+                jitter: args.control_backoff_jitter,
+                ..defaults::default_control_backoff()
+            },
+            max_message_bytes: args.control_max_message_bytes,
+            profile_timeout: args.profile_timeout,
+            context_token: format!("{{\"ns\":\"{}\"}}", args.pod_namespace.replace('"', "")),
+        },
+        outbound: OutboundConfig {
+            addr: args.outbound_addr,
+            tcp_routes: args.outbound_tcp.clone(),
+            cluster_domain: args.cluster_domain,
+            detect_timeout: args.detect_timeout,
+            connect_timeout: args.connect_timeout,
+            connect_backoff: BackoffConfig {
+                initial: args.connect_backoff_min,
+                max: args.connect_backoff_max,
+                ..defaults::default_connect_backoff()
+            },
+            http_failfast_timeout: args.http_failfast_timeout,
+            tcp_failfast_timeout: args.tcp_failfast_timeout,
+            queue_capacity: args.queue_capacity,
+            discovery_idle_timeout: args.discovery_idle_timeout,
+            http1_pool_idle_timeout: args.http1_pool_idle_timeout,
+            http1_pool_max_idle: args.http1_pool_max_idle,
+            max_endpoints_per_target: args.max_endpoints_per_target,
+            max_targets: args.max_targets,
+            max_connections: args.max_connections,
+        },
+        inbound: InboundConfig {
+            addr: args.inbound_addr,
+            connect_timeout: args.connect_timeout,
+            max_connections: args.max_connections,
+        },
+        admin_addr,
+        shutdown_grace: args.shutdown_grace,
+    };
+    let listeners = ballast_proxy::Listeners {
+        outbound,
+        inbound,
+        tcp_routes,
+        admin: admin_addr,
+    };
+    let result = ballast_proxy::serve(config, listeners, metrics, crate::signal::shutdown()).await;
+    let _ = stop_tx.send(true);
+    let _ = admin_task.await;
+    result.map_err(|e| anyhow::anyhow!(e))
+}

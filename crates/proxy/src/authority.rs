@@ -1,0 +1,110 @@
+//! Which target an HTTP authority (`Host` / `:authority`) names.
+
+use std::net::{IpAddr, SocketAddr};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostTarget {
+    /// A mesh service, as the controller's canonical authority
+    /// `name.ns.svc.CLUSTER_DOMAIN:port`.
+    Service(String),
+    /// An IP address and port.
+    Addr(SocketAddr),
+    /// Anything else: not for the mesh.
+    Other,
+}
+
+/// Reads `host[:port]` (port 80 when absent). A service may be named
+/// `name.ns`, `name.ns.svc` or `name.ns.svc.CLUSTER_DOMAIN`, with or without
+/// a trailing dot, in any case.
+pub fn parse_host(authority: &str, cluster_domain: &str) -> HostTarget {
+    let (host, port) = match split_port(authority) {
+        Some(hp) => hp,
+        None => return HostTarget::Other,
+    };
+    if let Ok(ip) = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+    {
+        return HostTarget::Addr(SocketAddr::new(ip, port));
+    }
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    let domain = cluster_domain.trim_end_matches('.').to_ascii_lowercase();
+    let labels: Vec<&str> = host.split('.').collect();
+    if labels.len() < 2 || !labels[..2].iter().all(|l| is_dns_label(l)) {
+        return HostTarget::Other;
+    }
+    let rest = labels[2..].join(".");
+    let in_mesh = rest.is_empty() || rest == "svc" || rest == format!("svc.{domain}");
+    if !in_mesh {
+        return HostTarget::Other;
+    }
+    HostTarget::Service(format!("{}.{}.svc.{domain}:{port}", labels[0], labels[1]))
+}
+
+fn split_port(authority: &str) -> Option<(&str, u16)> {
+    if authority.is_empty() || authority.len() > 253 + 6 {
+        return None;
+    }
+    // `[v6]:port`, `[v6]`, `host:port`, `host`.
+    if let Some(rest) = authority.strip_prefix('[') {
+        let end = rest.find(']')?;
+        let host = &authority[..end + 2];
+        return match &rest[end + 1..] {
+            "" => Some((host, 80)),
+            p => Some((host, p.strip_prefix(':')?.parse().ok()?)),
+        };
+    }
+    match authority.rsplit_once(':') {
+        Some((host, port)) => Some((host, port.parse().ok()?)),
+        None => Some((authority, 80)),
+    }
+}
+
+fn is_dns_label(l: &str) -> bool {
+    !l.is_empty()
+        && l.len() <= 63
+        && l.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !l.starts_with('-')
+        && !l.ends_with('-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_by_table() {
+        let svc = |s: &str| HostTarget::Service(s.to_string());
+        let addr = |s: &str| HostTarget::Addr(s.parse().expect("addr"));
+        let cases = [
+            ("web.shop", svc("web.shop.svc.cluster.local:80")),
+            ("web.shop:8080", svc("web.shop.svc.cluster.local:8080")),
+            ("web.shop.svc", svc("web.shop.svc.cluster.local:80")),
+            (
+                "web.shop.svc.cluster.local:81",
+                svc("web.shop.svc.cluster.local:81"),
+            ),
+            (
+                "WEB.Shop.svc.cluster.local.:81",
+                svc("web.shop.svc.cluster.local:81"),
+            ),
+            ("web.shop.svc.other.domain", HostTarget::Other),
+            ("web", HostTarget::Other),
+            ("web.shop:notaport", HostTarget::Other),
+            ("web.shop:70000", HostTarget::Other),
+            ("we_b.shop", HostTarget::Other),
+            ("-web.shop", HostTarget::Other),
+            ("", HostTarget::Other),
+            ("10.0.0.1:8080", addr("10.0.0.1:8080")),
+            ("10.0.0.1", addr("10.0.0.1:80")),
+            ("[::1]:8080", addr("[::1]:8080")),
+            ("[::1]", addr("[::1]:80")),
+            ("[::1", HostTarget::Other),
+        ];
+        for (host, want) in cases {
+            assert_eq!(parse_host(host, "cluster.local"), want, "{host}");
+        }
+    }
+}

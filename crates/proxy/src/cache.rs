@@ -1,0 +1,96 @@
+//! A bounded map of shared values that are dropped once unused for a while.
+//! A value some connection still holds (its `Arc` is shared) is never
+//! dropped, however old.
+
+use std::{
+    collections::HashMap,
+    hash::Hash,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+#[derive(Debug, thiserror::Error)]
+#[error("too many targets in use (at most {0})")]
+pub struct CacheFull(pub usize);
+
+#[derive(Debug)]
+pub struct IdleCache<K, V> {
+    entries: Mutex<HashMap<K, (Arc<V>, Instant)>>,
+    max: usize,
+    idle: Duration,
+}
+
+impl<K: Hash + Eq + Clone, V> IdleCache<K, V> {
+    pub fn new(max: usize, idle: Duration) -> Self {
+        Self {
+            entries: Mutex::new(HashMap::new()),
+            max,
+            idle,
+        }
+    }
+
+    /// The value for `key`, made by `make` when absent.
+    pub fn get_or_insert_with(
+        &self,
+        key: &K,
+        make: impl FnOnce() -> V,
+    ) -> Result<Arc<V>, CacheFull> {
+        let now = Instant::now();
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((v, used)) = entries.get_mut(key) {
+            *used = now;
+            return Ok(v.clone());
+        }
+        if entries.len() >= self.max {
+            Self::evict(&mut entries, self.idle, now);
+            if entries.len() >= self.max {
+                return Err(CacheFull(self.max));
+            }
+        }
+        let v = Arc::new(make());
+        entries.insert(key.clone(), (v.clone(), now));
+        Ok(v)
+    }
+
+    fn evict(entries: &mut HashMap<K, (Arc<V>, Instant)>, idle: Duration, now: Instant) {
+        entries.retain(|_, (v, used)| Arc::strong_count(v) > 1 || now.duration_since(*used) < idle);
+    }
+
+    /// Drops the values nobody holds that went unused for the idle timeout.
+    pub fn sweep(&self) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        Self::evict(&mut entries, self.idle, Instant::now());
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unused_values_go_after_the_idle_timeout_and_held_ones_stay() {
+        let cache = IdleCache::new(10, Duration::from_millis(20));
+        let held = cache.get_or_insert_with(&"a", || 1).expect("room");
+        let _ = cache.get_or_insert_with(&"b", || 2).expect("room");
+        std::thread::sleep(Duration::from_millis(30));
+        cache.sweep();
+        assert_eq!(cache.len(), 1);
+        assert_eq!(*cache.get_or_insert_with(&"a", || 9).expect("room"), 1);
+        drop(held);
+    }
+
+    #[test]
+    fn the_map_is_bounded() {
+        let cache = IdleCache::new(2, Duration::from_secs(60));
+        let _a = cache.get_or_insert_with(&1, || ()).expect("room");
+        let _b = cache.get_or_insert_with(&2, || ()).expect("room");
+        assert!(cache.get_or_insert_with(&3, || ()).is_err());
+        // A known key is still served.
+        assert!(cache.get_or_insert_with(&1, || ()).is_ok());
+    }
+}

@@ -1,0 +1,136 @@
+//! Every setting of the proxy, with its default. Where Linkerd's proxy has the
+//! same setting, the default is Linkerd's.
+
+use ballast_backoff::BackoffConfig;
+use std::{net::SocketAddr, time::Duration};
+
+/// Linkerd's outbound listener.
+pub const DEFAULT_OUTBOUND_ADDR: &str = "127.0.0.1:4140";
+/// Linkerd's inbound listener.
+pub const DEFAULT_INBOUND_ADDR: &str = "0.0.0.0:4143";
+/// Linkerd's admin listener.
+pub const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:4191";
+/// Linkerd: 10 s to see enough bytes to tell HTTP from opaque TCP.
+pub const DEFAULT_DETECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Linkerd: 1 s to connect to an outbound endpoint.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Linkerd: 100 ms .. 500 ms between connects to a failing endpoint.
+pub const DEFAULT_CONNECT_BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// See [`DEFAULT_CONNECT_BACKOFF_MIN`].
+pub const DEFAULT_CONNECT_BACKOFF_MAX: Duration = Duration::from_millis(500);
+/// Linkerd: 3 s for an endpoint to become ready before a request fails.
+pub const DEFAULT_HTTP_FAILFAST_TIMEOUT: Duration = Duration::from_secs(3);
+/// Linkerd: 3 s for an endpoint to become ready before a connection fails.
+pub const DEFAULT_TCP_FAILFAST_TIMEOUT: Duration = Duration::from_secs(3);
+/// Linkerd: 10,000 requests (or connections) may wait for an endpoint per target.
+pub const DEFAULT_QUEUE_CAPACITY: usize = 10_000;
+/// Linkerd: a target unused for 5 s loses its resolution (Kubernetes' DNS TTL).
+pub const DEFAULT_DISCOVERY_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Linkerd: idle HTTP/1 connections to endpoints close after 3 s.
+pub const DEFAULT_HTTP1_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Idle HTTP/1 connections kept per endpoint (Linkerd keeps any number).
+pub const DEFAULT_HTTP1_POOL_MAX_IDLE: usize = 64;
+/// First delay between attempts to reach the controller.
+pub const DEFAULT_CONTROL_BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// Longest delay between attempts to reach the controller: at 10 s, 10,000
+/// proxies of a cluster whose controller is gone make at most ~1,000
+/// attempts a second between them (seed 002), and a returning controller
+/// is found again within 10 s.
+pub const DEFAULT_CONTROL_BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// Half of each control-plane delay is random, so that proxies that lost the
+/// controller together do not come back together.
+pub const DEFAULT_CONTROL_BACKOFF_JITTER: f64 = 0.5;
+/// Largest message accepted from the controller (tonic's default, 4 MiB).
+pub const DEFAULT_CONTROL_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// Most endpoints kept for one target; further adds are dropped and counted.
+pub const DEFAULT_MAX_ENDPOINTS_PER_TARGET: usize = 10_000;
+/// Most targets resolved at once (services, pods and addresses together).
+pub const DEFAULT_MAX_TARGETS: usize = 10_000;
+/// Linkerd: how long a new connection waits for its first profile before it
+/// is routed without one.
+pub const DEFAULT_PROFILE_TIMEOUT: Duration = Duration::from_millis(500);
+/// Most connections open at once on each listener.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Grace for in-flight work after SIGTERM.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// How the proxy reaches the destination controller.
+#[derive(Clone, Debug)]
+pub struct ControlConfig {
+    /// `host:port` of the controller's gRPC server.
+    pub addr: String,
+    /// Connect timeout for one attempt.
+    pub connect_timeout: Duration,
+    /// Schedule of attempts while the controller is unreachable; reset by the
+    /// first message received.
+    pub backoff: BackoffConfig,
+    /// Largest decoded message from the controller.
+    pub max_message_bytes: usize,
+    /// Wait for a first profile before routing without one.
+    pub profile_timeout: Duration,
+    /// Context token sent with every request (Linkerd's
+    /// `LINKERD2_PROXY_DESTINATION_CONTEXT`): JSON naming this pod's namespace.
+    pub context_token: String,
+}
+
+/// Settings of the outbound side.
+#[derive(Clone, Debug)]
+pub struct OutboundConfig {
+    pub addr: SocketAddr,
+    /// Explicit opaque TCP routes: a listener address and the authority its
+    /// connections go to.
+    pub tcp_routes: Vec<(SocketAddr, String)>,
+    pub cluster_domain: String,
+    pub detect_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub connect_backoff: BackoffConfig,
+    pub http_failfast_timeout: Duration,
+    pub tcp_failfast_timeout: Duration,
+    pub queue_capacity: usize,
+    pub discovery_idle_timeout: Duration,
+    pub http1_pool_idle_timeout: Duration,
+    pub http1_pool_max_idle: usize,
+    pub max_endpoints_per_target: usize,
+    pub max_targets: usize,
+    pub max_connections: usize,
+}
+
+/// Settings of the inbound side.
+#[derive(Clone, Debug)]
+pub struct InboundConfig {
+    pub addr: SocketAddr,
+    pub connect_timeout: Duration,
+    pub max_connections: usize,
+}
+
+/// Everything the proxy needs to run.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub control: ControlConfig,
+    pub outbound: OutboundConfig,
+    pub inbound: InboundConfig,
+    pub admin_addr: SocketAddr,
+    pub shutdown_grace: Duration,
+}
+
+/// The backoff of endpoint connects: Linkerd's 100 ms .. 500 ms, 10% jitter.
+pub fn default_connect_backoff() -> BackoffConfig {
+    BackoffConfig {
+        initial: DEFAULT_CONNECT_BACKOFF_MIN,
+        max: DEFAULT_CONNECT_BACKOFF_MAX,
+        factor: 2.0,
+        jitter: 0.1,
+        reset_after: Duration::from_secs(60),
+    }
+}
+
+/// The backoff of control-plane connects.
+pub fn default_control_backoff() -> BackoffConfig {
+    BackoffConfig {
+        initial: DEFAULT_CONTROL_BACKOFF_MIN,
+        max: DEFAULT_CONTROL_BACKOFF_MAX,
+        factor: 2.0,
+        jitter: DEFAULT_CONTROL_BACKOFF_JITTER,
+        reset_after: Duration::from_secs(120),
+    }
+}

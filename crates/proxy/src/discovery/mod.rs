@@ -1,0 +1,114 @@
+//! Discovery: what the destination controller says about a target, kept
+//! current over long-lived `Get` and `GetProfile` streams.
+//!
+//! Linkerd's semantics hold: a lost stream removes no endpoints (the last
+//! known set stays in use), the stream is opened again after a backoff, and
+//! the first update on a new stream replaces the whole set (a Reset).
+//! `InvalidArgument` and `Unimplemented` are final answers; every other
+//! failure is retried.
+
+mod control;
+mod profile;
+mod resolve;
+mod stream;
+
+pub use control::ControlPlane;
+pub use profile::{Profile, ProfileWatch};
+pub use resolve::{Resolution, ResolveState};
+
+use std::{net::SocketAddr, sync::Arc};
+
+/// One endpoint of a target, as the controller described it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    pub addr: SocketAddr,
+    /// Relative weight (Linkerd's default is 10,000); never 0.
+    pub weight: u32,
+    pub namespace: Arc<str>,
+    pub service: Arc<str>,
+    pub pod: Arc<str>,
+}
+
+impl Endpoint {
+    /// An endpoint known only by its address.
+    pub fn bare(addr: SocketAddr) -> Self {
+        let empty: Arc<str> = Arc::from("");
+        Self {
+            addr,
+            weight: 1,
+            namespace: empty.clone(),
+            service: empty.clone(),
+            pod: empty,
+        }
+    }
+}
+
+/// What is known of a target's endpoints.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SetState {
+    /// Nothing heard yet.
+    Pending,
+    /// The controller's set (possibly empty), or the last one it sent.
+    Known,
+    /// The controller says there is no such target (yet).
+    DoesNotExist,
+    /// The controller refused the name for good.
+    Invalid(Arc<str>),
+}
+
+/// A snapshot of a target's endpoints, sorted by address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointSet {
+    pub state: SetState,
+    pub endpoints: Vec<Endpoint>,
+}
+
+impl EndpointSet {
+    pub fn pending() -> Self {
+        Self {
+            state: SetState::Pending,
+            endpoints: Vec::new(),
+        }
+    }
+}
+
+/// Opens resolutions and profile watches against one controller.
+#[derive(Clone, Debug)]
+pub struct Discovery {
+    control: ControlPlane,
+    max_endpoints: usize,
+}
+
+impl Discovery {
+    pub fn new(control: ControlPlane, max_endpoints: usize) -> Self {
+        Self {
+            control,
+            max_endpoints,
+        }
+    }
+
+    /// Starts resolving `authority` (`name.ns.svc.cluster.local:port`); the
+    /// stream lives as long as the returned handle.
+    pub fn resolve(&self, authority: &str) -> Resolution {
+        Resolution::spawn(self.control.clone(), authority, self.max_endpoints)
+    }
+
+    /// Starts watching the profile of a destination address.
+    pub fn profile(&self, addr: SocketAddr) -> ProfileWatch {
+        ProfileWatch::spawn(self.control.clone(), addr)
+    }
+
+    pub fn profile_timeout(&self) -> std::time::Duration {
+        self.control.config.profile_timeout
+    }
+}
+
+/// Aborts a task when the last handle goes.
+#[derive(Debug)]
+pub(crate) struct AbortOnDrop(pub tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,365 @@
+//! `Get`: the endpoints of one target, as a latest-value watch.
+
+use super::{control::ControlPlane, stream, AbortOnDrop, Endpoint, EndpointSet, SetState};
+use linkerd2_proxy_api::destination::{
+    destination_client::DestinationClient, update, GetDestination, Update, WeightedAddr,
+};
+use std::{collections::BTreeMap, collections::HashMap, net::SocketAddr, sync::Arc};
+use tokio::sync::watch;
+
+/// The endpoint set being built from a stream of updates. Pure: no IO.
+#[derive(Debug)]
+pub struct ResolveState {
+    endpoints: BTreeMap<SocketAddr, Endpoint>,
+    state: SetState,
+    max_endpoints: usize,
+    /// Adds dropped because the set was at its bound.
+    pub dropped: u64,
+}
+
+impl ResolveState {
+    pub fn new(max_endpoints: usize) -> Self {
+        Self {
+            endpoints: BTreeMap::new(),
+            state: SetState::Pending,
+            max_endpoints,
+            dropped: 0,
+        }
+    }
+
+    /// Applies one update; `reset` marks the first update of a stream, which
+    /// replaces the whole set. Returns whether the set changed.
+    pub fn apply(&mut self, update: Update, reset: bool) -> bool {
+        let before = (self.state.clone(), self.endpoints.len());
+        let mut changed = false;
+        match update.update {
+            Some(update::Update::Add(set)) => {
+                if reset && !self.endpoints.is_empty() {
+                    self.endpoints.clear();
+                    changed = true;
+                }
+                let namespace = set.metric_labels.get("namespace");
+                let service = set.metric_labels.get("service");
+                for addr in set.addrs {
+                    let Some(endpoint) = endpoint(addr, namespace, service) else {
+                        continue;
+                    };
+                    if !self.endpoints.contains_key(&endpoint.addr)
+                        && self.endpoints.len() >= self.max_endpoints
+                    {
+                        self.dropped += 1;
+                        continue;
+                    }
+                    if self.endpoints.get(&endpoint.addr) != Some(&endpoint) {
+                        self.endpoints.insert(endpoint.addr, endpoint);
+                        changed = true;
+                    }
+                }
+                self.state = SetState::Known;
+            }
+            Some(update::Update::Remove(set)) => {
+                // A Remove cannot tell the whole set, even as a first
+                // update: take out what it names and keep the rest.
+                for addr in set.addrs {
+                    if let Ok(addr) = SocketAddr::try_from(addr) {
+                        changed |= self.endpoints.remove(&addr).is_some();
+                    }
+                }
+                self.state = SetState::Known;
+            }
+            Some(update::Update::NoEndpoints(none)) => {
+                changed |= !self.endpoints.is_empty();
+                self.endpoints.clear();
+                self.state = if none.exists {
+                    SetState::Known
+                } else {
+                    SetState::DoesNotExist
+                };
+            }
+            None => {}
+        }
+        changed || before != (self.state.clone(), self.endpoints.len())
+    }
+
+    pub fn fail(&mut self, reason: &str) {
+        self.endpoints.clear();
+        self.state = SetState::Invalid(Arc::from(reason));
+    }
+
+    pub fn snapshot(&self) -> EndpointSet {
+        EndpointSet {
+            state: self.state.clone(),
+            endpoints: self.endpoints.values().cloned().collect(),
+        }
+    }
+}
+
+fn label(labels: &HashMap<String, String>, key: &str, default: Option<&String>) -> Arc<str> {
+    Arc::from(
+        labels
+            .get(key)
+            .or(default)
+            .map(String::as_str)
+            .unwrap_or(""),
+    )
+}
+
+/// An endpoint from the wire, or `None` when it has no usable address.
+fn endpoint(
+    addr: WeightedAddr,
+    namespace: Option<&String>,
+    service: Option<&String>,
+) -> Option<Endpoint> {
+    let socket = SocketAddr::try_from(addr.addr?).ok()?;
+    if socket.port() == 0 {
+        return None;
+    }
+    Some(Endpoint {
+        addr: socket,
+        weight: addr.weight.max(1),
+        namespace: label(&addr.metric_labels, "namespace", namespace),
+        service: label(&addr.metric_labels, "service", service),
+        pod: label(&addr.metric_labels, "pod", None),
+    })
+}
+
+/// A target's endpoints, kept current by a background stream that lives as
+/// long as this handle (and its clones).
+#[derive(Clone, Debug)]
+pub struct Resolution {
+    rx: watch::Receiver<Arc<EndpointSet>>,
+    _task: Arc<AbortOnDrop>,
+}
+
+impl Resolution {
+    pub(crate) fn spawn(control: ControlPlane, authority: &str, max_endpoints: usize) -> Self {
+        let (tx, rx) = watch::channel(Arc::new(EndpointSet::pending()));
+        let path = authority.to_string();
+        let task = tokio::spawn(async move {
+            let metrics = control.metrics.clone();
+            metrics.resolutions.inc();
+            let _gauge = ResolutionGauge(metrics.clone());
+            let mut state = ResolveState::new(max_endpoints);
+            let request = GetDestination {
+                scheme: "k8s".into(),
+                path: path.clone(),
+                context_token: control.config.context_token.clone(),
+            };
+            let max_message = control.config.max_message_bytes;
+            let status = stream::follow(
+                &control,
+                "get",
+                |channel| {
+                    let request = request.clone();
+                    async move {
+                        DestinationClient::new(channel)
+                            .max_decoding_message_size(max_message)
+                            .get(request)
+                            .await
+                    }
+                },
+                |update: Update, reset| {
+                    let dropped = state.dropped;
+                    if state.apply(update, reset) {
+                        tx.send_replace(Arc::new(state.snapshot()));
+                    }
+                    if state.dropped > dropped {
+                        metrics.endpoints_dropped_total.inc_by(state.dropped - dropped);
+                        tracing::warn!(
+                            authority = %path,
+                            dropped = state.dropped - dropped,
+                            max = max_endpoints,
+                            "target has more endpoints than --max-endpoints-per-target; extra endpoints dropped"
+                        );
+                    }
+                },
+            )
+            .await;
+            tracing::warn!(authority = %path, code = ?status.code(), "the controller refused this target");
+            let reason: String = status.message().chars().take(128).collect();
+            state.fail(&reason);
+            tx.send_replace(Arc::new(state.snapshot()));
+        });
+        Self {
+            rx,
+            _task: Arc::new(AbortOnDrop(task.abort_handle())),
+        }
+    }
+
+    /// A resolution that never changes: for targets known without asking.
+    pub fn fixed(set: EndpointSet) -> Self {
+        let (tx, rx) = watch::channel(Arc::new(set));
+        // Nothing will ever be sent; keep the sender alive with the task.
+        let task = tokio::spawn(async move {
+            tx.closed().await;
+        });
+        Self {
+            rx,
+            _task: Arc::new(AbortOnDrop(task.abort_handle())),
+        }
+    }
+
+    pub fn watch(&self) -> watch::Receiver<Arc<EndpointSet>> {
+        self.rx.clone()
+    }
+
+    pub fn current(&self) -> Arc<EndpointSet> {
+        self.rx.borrow().clone()
+    }
+}
+
+struct ResolutionGauge(Arc<crate::metrics::Metrics>);
+
+impl Drop for ResolutionGauge {
+    fn drop(&mut self) {
+        self.0.resolutions.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use linkerd2_proxy_api::{
+        destination::{AddrSet, NoEndpoints, WeightedAddrSet},
+        net::TcpAddress,
+    };
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().expect("socket address")
+    }
+
+    fn add(addrs: &[&str]) -> Update {
+        Update {
+            update: Some(update::Update::Add(WeightedAddrSet {
+                addrs: addrs
+                    .iter()
+                    .map(|a| WeightedAddr {
+                        addr: Some(TcpAddress::from(addr(a))),
+                        weight: 10_000,
+                        metric_labels: [("pod".to_string(), format!("pod-{a}"))].into(),
+                        ..Default::default()
+                    })
+                    .collect(),
+                metric_labels: [
+                    ("namespace".to_string(), "shop".to_string()),
+                    ("service".to_string(), "web".to_string()),
+                ]
+                .into(),
+            })),
+        }
+    }
+
+    fn remove(addrs: &[&str]) -> Update {
+        Update {
+            update: Some(update::Update::Remove(AddrSet {
+                addrs: addrs.iter().map(|a| TcpAddress::from(addr(a))).collect(),
+            })),
+        }
+    }
+
+    fn none(exists: bool) -> Update {
+        Update {
+            update: Some(update::Update::NoEndpoints(NoEndpoints { exists })),
+        }
+    }
+
+    fn addrs(s: &ResolveState) -> Vec<String> {
+        s.snapshot()
+            .endpoints
+            .iter()
+            .map(|e| e.addr.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn updates_follow_linkerd_semantics() {
+        // (updates with their reset flag, expected addresses, expected state)
+        type Case = (Vec<(Update, bool)>, Vec<&'static str>, SetState);
+        let cases: Vec<Case> = vec![
+            (vec![], vec![], SetState::Pending),
+            (
+                vec![(add(&["10.0.0.1:80", "10.0.0.2:80"]), true)],
+                vec!["10.0.0.1:80", "10.0.0.2:80"],
+                SetState::Known,
+            ),
+            (
+                vec![
+                    (add(&["10.0.0.1:80", "10.0.0.2:80"]), true),
+                    (remove(&["10.0.0.1:80"]), false),
+                    (add(&["10.0.0.3:80"]), false),
+                ],
+                vec!["10.0.0.2:80", "10.0.0.3:80"],
+                SetState::Known,
+            ),
+            // A new stream's first Add replaces the set (Reset).
+            (
+                vec![
+                    (add(&["10.0.0.1:80", "10.0.0.2:80"]), true),
+                    (add(&["10.0.0.3:80"]), true),
+                ],
+                vec!["10.0.0.3:80"],
+                SetState::Known,
+            ),
+            // A Remove first only removes.
+            (
+                vec![
+                    (add(&["10.0.0.1:80", "10.0.0.2:80"]), true),
+                    (remove(&["10.0.0.2:80"]), true),
+                ],
+                vec!["10.0.0.1:80"],
+                SetState::Known,
+            ),
+            (
+                vec![(add(&["10.0.0.1:80"]), true), (none(true), true)],
+                vec![],
+                SetState::Known,
+            ),
+            (vec![(none(false), true)], vec![], SetState::DoesNotExist),
+            (
+                vec![(none(false), true), (add(&["10.0.0.1:80"]), false)],
+                vec!["10.0.0.1:80"],
+                SetState::Known,
+            ),
+            // Port 0 is no endpoint.
+            (vec![(add(&["10.0.0.1:0"]), true)], vec![], SetState::Known),
+        ];
+        for (i, (updates, want, want_state)) in cases.into_iter().enumerate() {
+            let mut s = ResolveState::new(100);
+            for (u, reset) in updates {
+                s.apply(u, reset);
+            }
+            assert_eq!(addrs(&s), want, "case {i}");
+            assert_eq!(s.snapshot().state, want_state, "case {i}");
+        }
+    }
+
+    #[test]
+    fn labels_come_from_the_address_then_the_set() {
+        let mut s = ResolveState::new(10);
+        s.apply(add(&["10.0.0.1:80"]), true);
+        let e = &s.snapshot().endpoints[0];
+        assert_eq!(&*e.pod, "pod-10.0.0.1:80");
+        assert_eq!(&*e.namespace, "shop");
+        assert_eq!(&*e.service, "web");
+        assert_eq!(e.weight, 10_000);
+    }
+
+    #[test]
+    fn the_set_is_bounded_and_drops_are_counted() {
+        let mut s = ResolveState::new(2);
+        assert!(s.apply(add(&["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"]), true));
+        assert_eq!(addrs(&s), vec!["10.0.0.1:80", "10.0.0.2:80"]);
+        assert_eq!(s.dropped, 1);
+        // Updating a known endpoint at the bound is not a drop.
+        s.apply(add(&["10.0.0.1:80"]), false);
+        assert_eq!(s.dropped, 1);
+    }
+
+    #[test]
+    fn an_unchanged_update_reports_no_change() {
+        let mut s = ResolveState::new(10);
+        assert!(s.apply(add(&["10.0.0.1:80"]), true));
+        assert!(!s.apply(add(&["10.0.0.1:80"]), false));
+        assert!(!s.apply(remove(&["10.0.0.9:80"]), false));
+    }
+}

@@ -1,0 +1,86 @@
+//! Following one server stream from the controller: open it, hand every
+//! message on, and open it again after a backoff when it fails, until the
+//! controller gives a final answer.
+
+use super::control::ControlPlane;
+use crate::metrics::StreamLabels;
+use ballast_backoff::Backoff;
+use std::future::Future;
+use tonic::{codec::Streaming, transport::Channel, Code, Response, Status};
+
+/// Statuses that no retry will change.
+pub(crate) fn is_final(status: &Status) -> bool {
+    matches!(status.code(), Code::InvalidArgument | Code::Unimplemented)
+}
+
+/// Decrements the open-streams gauge however the stream ends (the task may
+/// be aborted mid-stream).
+struct OpenStream<'a>(&'a ControlPlane, &'static str);
+
+impl Drop for OpenStream<'_> {
+    fn drop(&mut self) {
+        self.0
+            .metrics
+            .control_streams
+            .get_or_create(&StreamLabels { rpc: self.1 })
+            .dec();
+    }
+}
+
+/// Follows the stream that `open` starts. `on_message` gets each message and
+/// whether it is the first of its stream (a Reset). Returns only on a final
+/// status.
+pub(crate) async fn follow<M, Open, Fut, OnMessage>(
+    control: &ControlPlane,
+    rpc: &'static str,
+    mut open: Open,
+    mut on_message: OnMessage,
+) -> Status
+where
+    Open: FnMut(Channel) -> Fut,
+    Fut: Future<Output = Result<Response<Streaming<M>>, Status>>,
+    OnMessage: FnMut(M, bool),
+{
+    let labels = StreamLabels { rpc };
+    let metrics = control.metrics.clone();
+    let mut backoff = Backoff::new(&control.config.backoff);
+    loop {
+        let failure = match open(control.channel()).await {
+            Ok(response) => {
+                metrics.control_streams.get_or_create(&labels).inc();
+                let _open = OpenStream(control, rpc);
+                let mut stream = response.into_inner();
+                let mut first = true;
+                loop {
+                    match stream.message().await {
+                        Ok(Some(message)) => {
+                            control.healthy();
+                            backoff.reset();
+                            metrics.control_messages_total.get_or_create(&labels).inc();
+                            on_message(message, first);
+                            first = false;
+                        }
+                        // The controller ended the stream (it is shutting
+                        // down): open it again, elsewhere or later.
+                        Ok(None) => break None,
+                        Err(status) => break Some(status),
+                    }
+                }
+            }
+            Err(status) => Some(status),
+        };
+        match failure {
+            Some(status) if is_final(&status) => return status,
+            Some(status) => {
+                metrics
+                    .control_stream_errors_total
+                    .get_or_create(&labels)
+                    .inc();
+                control.unhealthy();
+                tracing::debug!(rpc, code = ?status.code(), message = status.message(), "controller stream failed");
+            }
+            None => control.unhealthy(),
+        }
+        tokio::time::sleep(backoff.next_delay()).await;
+    }
+}

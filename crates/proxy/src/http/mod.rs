@@ -1,0 +1,220 @@
+//! HTTP proxying, per request: choose an endpoint through the target's
+//! balancer, send the request on a pooled connection of the same protocol
+//! version, stream the response back. Bodies are streamed, never collected;
+//! trailers (gRPC's status) pass through.
+
+mod body;
+mod conns;
+
+pub use body::ResponseBody;
+pub use conns::{connect, ConnectError, EndpointConns, PoolConfig};
+
+use crate::{
+    balance::{BalanceError, Balancer, EndpointState},
+    metrics::{Direction, Metrics},
+};
+use body::Done;
+use bytes::Bytes;
+use http::{
+    header, HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, Version,
+};
+use hyper::body::Incoming;
+use std::sync::Arc;
+use tokio::time::Instant;
+
+/// The header naming why the proxy itself answered (Linkerd's name).
+pub const PROXY_ERROR_HEADER: &str = "l5d-proxy-error";
+
+/// A response made by the proxy, naming the reason.
+pub fn error_response(status: StatusCode, reason: &str) -> Response<ResponseBody> {
+    let mut rsp = Response::new(ResponseBody::full(Bytes::from(format!("{reason}\n"))));
+    *rsp.status_mut() = status;
+    let headers = rsp.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(reason) {
+        headers.insert(HeaderName::from_static(PROXY_ERROR_HEADER), v);
+    }
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    rsp
+}
+
+fn balance_error_response(e: &BalanceError) -> Response<ResponseBody> {
+    let status = match e {
+        BalanceError::Failfast | BalanceError::QueueFull => StatusCode::SERVICE_UNAVAILABLE,
+        BalanceError::Loop | BalanceError::Invalid(_) => StatusCode::BAD_GATEWAY,
+    };
+    error_response(status, e.reason())
+}
+
+/// Headers that belong to one HTTP/1 hop and must not be forwarded.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        header::CONNECTION,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::PROXY_AUTHORIZATION,
+        header::TE,
+    ] {
+        headers.remove(name);
+    }
+    headers.remove("keep-alive");
+    headers.remove("proxy-connection");
+}
+
+/// One try on one endpoint.
+enum Attempt {
+    Sent(Response<ResponseBody>),
+    /// Not sent: the request, and the connect error if there was one.
+    Unsent(Request<Incoming>, Option<ConnectError>),
+}
+
+/// Shared by every request of every connection on one side of the proxy.
+#[derive(Debug)]
+pub struct Forwarder {
+    pub pool: PoolConfig,
+    pub metrics: Arc<Metrics>,
+    pub direction: Direction,
+}
+
+impl Forwarder {
+    /// Proxies one request to an endpoint of `balancer`. A request is only
+    /// ever sent once; a failed connect or a pooled connection found closed
+    /// before sending is retried on another choice until the failfast
+    /// deadline.
+    pub async fn forward(
+        &self,
+        balancer: &Balancer,
+        mut req: Request<Incoming>,
+    ) -> Response<ResponseBody> {
+        let deadline = Instant::now() + balancer.failfast_timeout();
+        let h2 = req.version() == Version::HTTP_2;
+        if !h2 {
+            strip_hop_by_hop(req.headers_mut());
+            // Endpoints get origin-form targets; the Host header stays.
+            if req.uri().authority().is_some() {
+                if let Some(pq) = req.uri().path_and_query().cloned() {
+                    if let Ok(uri) = Uri::builder().path_and_query(pq).build() {
+                        *req.uri_mut() = uri;
+                    }
+                }
+            }
+        }
+        loop {
+            let endpoint = match balancer.select(deadline).await {
+                Ok(e) => e,
+                Err(e) => return balance_error_response(&e),
+            };
+            match self.send(&endpoint, req, h2).await {
+                Attempt::Sent(rsp) => return rsp,
+                Attempt::Unsent(returned, connect_error) => {
+                    if let Some(e) = connect_error {
+                        tracing::debug!(error = %e, "endpoint connect failed");
+                        endpoint.connect_failed();
+                        self.metrics.error(self.direction, "connect");
+                    }
+                    req = returned;
+                    if Instant::now() >= deadline {
+                        return error_response(StatusCode::BAD_GATEWAY, "connect");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends on one endpoint. Gives the request back when it was not sent.
+    async fn send(
+        &self,
+        endpoint: &Arc<EndpointState>,
+        req: Request<Incoming>,
+        h2: bool,
+    ) -> Attempt {
+        let addr = endpoint.endpoint.addr;
+        let metrics = endpoint.http_metrics();
+        if h2 {
+            let mut sender = match endpoint.conns.h2(addr, &self.pool).await {
+                Ok(s) => s,
+                Err(e) => return Attempt::Unsent(req, Some(e)),
+            };
+            endpoint.connect_succeeded();
+            metrics.request();
+            let in_flight = endpoint.start();
+            return Attempt::Sent(match sender.try_send_request(req).await {
+                Ok(rsp) => self.respond(rsp, endpoint, in_flight, None),
+                Err(mut e) => match e.take_message() {
+                    Some(req) => return Attempt::Unsent(req, None),
+                    None => self.upstream_failed(endpoint, e.into_error()),
+                },
+            });
+        }
+        let (mut sender, fresh) = match endpoint.conns.take_h1(&self.pool) {
+            Some(s) => (s, false),
+            None => match endpoint.conns.connect_h1(addr, &self.pool).await {
+                Ok(s) => {
+                    endpoint.connect_succeeded();
+                    (s, true)
+                }
+                Err(e) => return Attempt::Unsent(req, Some(e)),
+            },
+        };
+        // A pooled connection may have closed while idle; a new one that
+        // closes at once counts against the endpoint. Either way nothing
+        // was sent, so the request may go elsewhere.
+        let unsent = |req| Attempt::Unsent(req, fresh.then_some(ConnectError::Closed(addr)));
+        if sender.ready().await.is_err() {
+            return unsent(req);
+        }
+        metrics.request();
+        let in_flight = endpoint.start();
+        match sender.try_send_request(req).await {
+            Ok(rsp) => Attempt::Sent(self.respond(rsp, endpoint, in_flight, Some(sender))),
+            Err(mut e) => match e.take_message() {
+                Some(req) => unsent(req),
+                None => Attempt::Sent(self.upstream_failed(endpoint, e.into_error())),
+            },
+        }
+    }
+
+    fn respond(
+        &self,
+        rsp: Response<Incoming>,
+        endpoint: &Arc<EndpointState>,
+        in_flight: crate::balance::InFlight,
+        h1: Option<hyper::client::conn::http1::SendRequest<Incoming>>,
+    ) -> Response<ResponseBody> {
+        let rtt = in_flight.observe();
+        endpoint.http_metrics().latency(rtt);
+        let (mut parts, incoming) = rsp.into_parts();
+        if h1.is_some() {
+            strip_hop_by_hop(&mut parts.headers);
+        }
+        let grpc_status = body::grpc_status(&parts.headers);
+        let done = Done::new(
+            endpoint.clone(),
+            parts.status.as_u16(),
+            grpc_status,
+            h1.map(|s| (s, self.pool)),
+            in_flight,
+        );
+        Response::from_parts(parts, ResponseBody::upstream(incoming, done))
+    }
+
+    fn upstream_failed(
+        &self,
+        endpoint: &Arc<EndpointState>,
+        e: hyper::Error,
+    ) -> Response<ResponseBody> {
+        tracing::debug!(addr = %endpoint.endpoint.addr, error = %e, "endpoint request failed");
+        endpoint.http_metrics().response(502, "failure");
+        self.metrics.error(self.direction, "upstream");
+        error_response(StatusCode::BAD_GATEWAY, "upstream")
+    }
+}

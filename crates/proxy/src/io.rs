@@ -1,0 +1,160 @@
+//! IO adapters: a stream that replays the bytes read for detection, and
+//! byte counting for the `tcp_*_bytes_total` metrics.
+
+use bytes::{Buf, Bytes};
+use prometheus_client::metrics::counter::Counter;
+use std::{
+    io,
+    pin::Pin,
+    task::{Context, Poll},
+};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// A stream whose first bytes were already read; they are read again first.
+#[derive(Debug)]
+pub struct Prefixed<T> {
+    prefix: Bytes,
+    inner: T,
+}
+
+impl<T> Prefixed<T> {
+    pub fn new(prefix: Bytes, inner: T) -> Self {
+        Self { prefix, inner }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.prefix.has_remaining() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            self.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        b: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, b)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// Counts bytes read from and written to a stream.
+#[derive(Debug)]
+pub struct Counted<T> {
+    inner: T,
+    read: Counter,
+    written: Counter,
+}
+
+impl<T> Counted<T> {
+    pub fn new(inner: T, read: Counter, written: Counter) -> Self {
+        Self {
+            inner,
+            read,
+            written,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Counted<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let n = buf.filled().len().saturating_sub(before);
+        if n > 0 {
+            self.read.inc_by(n as u64);
+        }
+        r
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        b: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, b);
+        if let Poll::Ready(Ok(n)) = r {
+            self.written.inc_by(n as u64);
+        }
+        r
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = r {
+            self.written.inc_by(n as u64);
+        }
+        r
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// Reads the first bytes of a connection until `detect` decides, the
+/// client stops sending, or `timeout` passes (then it is opaque).
+pub async fn read_prefix<T: AsyncRead + Unpin>(
+    io: &mut T,
+    timeout: std::time::Duration,
+) -> io::Result<(crate::detect::Protocol, Bytes)> {
+    use crate::detect::{detect, Protocol, MAX_DETECT_BYTES};
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::with_capacity(512);
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(p) = detect(&buf) {
+            return Ok((p, Bytes::from(buf)));
+        }
+        if buf.len() == buf.capacity() {
+            buf.reserve((buf.capacity() * 2).min(MAX_DETECT_BYTES) - buf.len());
+        }
+        match tokio::time::timeout_at(deadline, io.read_buf(&mut buf)).await {
+            Ok(Ok(0)) => return Ok((Protocol::Opaque, Bytes::from(buf))),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Ok((Protocol::Opaque, Bytes::from(buf))),
+        }
+    }
+}

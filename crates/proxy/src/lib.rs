@@ -1,0 +1,140 @@
+//! Ballast's sidecar proxy.
+//!
+//! ```text
+//! accept ─> route (original destination / Host / TCP route) ─> detect protocol
+//!        ─> balancer (P2C over peak-EWMA, bounded wait with failfast)
+//!        ─> endpoint connections (pooled HTTP/1, shared HTTP/2, or TCP)
+//! discovery: one Get stream per target in use, over one connection to the
+//! controller; last-known endpoints survive the controller's absence.
+//! ```
+//!
+//! The proxy talks to the controller only over Linkerd's Destination API.
+
+#![forbid(unsafe_code)]
+
+pub mod authority;
+pub mod balance;
+mod cache;
+pub mod config;
+pub mod detect;
+pub mod discovery;
+pub mod http;
+mod inbound;
+mod io;
+mod listen;
+pub mod metrics;
+mod orig_dst;
+mod outbound;
+mod own;
+mod tcp;
+
+pub use config::Config;
+pub use metrics::Metrics;
+
+use discovery::{ControlPlane, Discovery};
+use listen::{accept_loop, Connections};
+use own::OwnListeners;
+use std::{future::Future, net::SocketAddr, sync::Arc};
+use tokio::{net::TcpListener, sync::watch};
+
+/// The proxy's bound listeners.
+pub struct Listeners {
+    pub outbound: TcpListener,
+    pub inbound: TcpListener,
+    /// `--outbound-tcp` listeners and their authorities.
+    pub tcp_routes: Vec<(TcpListener, String)>,
+    /// The admin listener's address (served by the caller); traffic to it is
+    /// refused like traffic to the others.
+    pub admin: SocketAddr,
+}
+
+/// Runs the proxy until `shutdown` completes, then stops accepting and
+/// waits for open connections, at most `config.shutdown_grace`.
+pub async fn serve(
+    config: Config,
+    listeners: Listeners,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), String> {
+    let mut own = vec![listeners.admin];
+    for l in std::iter::once(&listeners.outbound)
+        .chain(std::iter::once(&listeners.inbound))
+        .chain(listeners.tcp_routes.iter().map(|(l, _)| l))
+    {
+        own.push(
+            l.local_addr()
+                .map_err(|e| format!("listener address: {e}"))?,
+        );
+    }
+    let own = Arc::new(OwnListeners::new(own));
+    let control = ControlPlane::new(config.control.clone(), metrics.clone())?;
+    let discovery = Discovery::new(control, config.outbound.max_endpoints_per_target);
+    let outbound = outbound::Outbound::new(
+        config.outbound.clone(),
+        discovery,
+        metrics.clone(),
+        own.clone(),
+    );
+    let inbound = inbound::Inbound::new(config.inbound.clone(), metrics.clone(), own);
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut tasks = Vec::new();
+    let mut all = Vec::new();
+
+    let conns = Connections::new(config.outbound.max_connections);
+    all.push(conns.clone());
+    let o = outbound.clone();
+    tasks.push(tokio::spawn(accept_loop(
+        listeners.outbound,
+        "outbound",
+        conns,
+        metrics.clone(),
+        stop_rx.clone(),
+        move |s| o.clone().serve(s),
+    )));
+
+    for (listener, authority) in listeners.tcp_routes {
+        let conns = Connections::new(config.outbound.max_connections);
+        all.push(conns.clone());
+        let o = outbound.clone();
+        let authority: Arc<str> = Arc::from(authority);
+        tasks.push(tokio::spawn(accept_loop(
+            listener,
+            "outbound_tcp",
+            conns,
+            metrics.clone(),
+            stop_rx.clone(),
+            move |s| o.clone().serve_tcp_route(s, authority.clone()),
+        )));
+    }
+
+    let conns = Connections::new(config.inbound.max_connections);
+    all.push(conns.clone());
+    let i = inbound.clone();
+    tasks.push(tokio::spawn(accept_loop(
+        listeners.inbound,
+        "inbound",
+        conns,
+        metrics.clone(),
+        stop_rx,
+        move |s| i.clone().serve(s),
+    )));
+
+    shutdown.await;
+    let _ = stop_tx.send(true);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let drained = async {
+        for c in &all {
+            c.drained().await;
+        }
+    };
+    if tokio::time::timeout(config.shutdown_grace, drained)
+        .await
+        .is_err()
+    {
+        tracing::info!("shutdown grace passed with connections still open; closing them");
+    }
+    Ok(())
+}

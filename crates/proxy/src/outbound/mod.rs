@@ -1,0 +1,345 @@
+//! The outbound side: connections from the workload to the mesh.
+//!
+//! Each connection is routed once, by where it was going:
+//! - redirected by iptables (transparent mode): its original destination,
+//!   looked up with `GetProfile` — a service's cluster IP goes to the
+//!   service's endpoints, a pod's IP to that pod, anything else to itself;
+//! - sent to the listener directly (explicit mode): HTTP requests are
+//!   routed one by one by their `Host` / `:authority`;
+//! - on a `--outbound-tcp` listener: to that listener's authority, as TCP.
+//!
+//! Then the protocol is detected (unless the port is opaque) and the
+//! connection is proxied per request (HTTP) or byte for byte (TCP).
+
+use crate::{
+    authority::{parse_host, HostTarget},
+    balance::{BalanceConfig, Balancer},
+    cache::{CacheFull, IdleCache},
+    config::OutboundConfig,
+    detect::Protocol,
+    discovery::{Discovery, Endpoint, EndpointSet, ProfileWatch, Resolution, SetState},
+    http::{error_response, Forwarder, PoolConfig, ResponseBody},
+    io::{read_prefix, Counted, Prefixed},
+    metrics::{Direction, DstLabels, Metrics, Peer, TcpMetrics},
+    orig_dst::original_dst,
+    own::OwnListeners,
+    tcp,
+};
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    sync::{Arc, Weak},
+    time::Duration,
+};
+use tokio::net::TcpStream;
+
+const DIRECTION: Direction = Direction::outbound;
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum Proto {
+    Http,
+    Tcp,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+enum TargetKey {
+    Authority(Arc<str>),
+    Endpoint(SocketAddr),
+}
+
+/// Where a connection (or request) goes.
+#[derive(Clone, Debug)]
+enum Target {
+    /// A service, by its canonical authority.
+    Logical(Arc<str>),
+    /// One address (a pod, or anything outside the mesh).
+    Endpoint(Endpoint),
+}
+
+impl Target {
+    fn labels(&self) -> DstLabels {
+        let mut labels = DstLabels::unknown(DIRECTION);
+        match self {
+            Target::Logical(a) => labels.authority = a.clone(),
+            Target::Endpoint(e) => {
+                labels.authority = Arc::from(e.addr.to_string());
+                labels.dst_namespace = e.namespace.clone();
+                labels.dst_service = e.service.clone();
+                labels.dst_pod = e.pod.clone();
+            }
+        }
+        labels
+    }
+}
+
+/// A connection's route: one target, or per-request by authority.
+#[derive(Clone, Debug)]
+enum Route {
+    Target(Target),
+    ByAuthority,
+}
+
+pub struct Outbound {
+    config: OutboundConfig,
+    discovery: Discovery,
+    balancers: IdleCache<(Proto, TargetKey), Balancer>,
+    profiles: IdleCache<SocketAddr, ProfileWatch>,
+    metrics: Arc<Metrics>,
+    own: Arc<OwnListeners>,
+    forwarder: Forwarder,
+}
+
+impl Outbound {
+    pub fn new(
+        config: OutboundConfig,
+        discovery: Discovery,
+        metrics: Arc<Metrics>,
+        own: Arc<OwnListeners>,
+    ) -> Arc<Self> {
+        let idle = config.discovery_idle_timeout;
+        let forwarder = Forwarder {
+            pool: PoolConfig {
+                connect_timeout: config.connect_timeout,
+                idle_timeout: config.http1_pool_idle_timeout,
+                max_idle: config.http1_pool_max_idle,
+            },
+            metrics: metrics.clone(),
+            direction: DIRECTION,
+        };
+        let this = Arc::new(Self {
+            balancers: IdleCache::new(config.max_targets, idle),
+            profiles: IdleCache::new(config.max_targets, idle),
+            config,
+            discovery,
+            metrics,
+            own,
+            forwarder,
+        });
+        spawn_sweeper(Arc::downgrade(&this), idle);
+        this
+    }
+
+    fn balancer(&self, proto: Proto, target: &Target) -> Result<Arc<Balancer>, CacheFull> {
+        let key = match target {
+            Target::Logical(a) => TargetKey::Authority(a.clone()),
+            Target::Endpoint(e) => TargetKey::Endpoint(e.addr),
+        };
+        self.balancers.get_or_insert_with(&(proto, key), || {
+            let (authority, resolution) = match target {
+                Target::Logical(a) => (a.clone(), self.discovery.resolve(a)),
+                Target::Endpoint(e) => (
+                    Arc::from(e.addr.to_string()),
+                    Resolution::fixed(EndpointSet {
+                        state: SetState::Known,
+                        endpoints: vec![e.clone()],
+                    }),
+                ),
+            };
+            let failfast_timeout = match proto {
+                Proto::Http => self.config.http_failfast_timeout,
+                Proto::Tcp => self.config.tcp_failfast_timeout,
+            };
+            Balancer::new(
+                authority,
+                DIRECTION,
+                resolution,
+                BalanceConfig {
+                    failfast_timeout,
+                    queue_capacity: self.config.queue_capacity,
+                    connect_backoff: self.config.connect_backoff.clone(),
+                },
+                self.metrics.clone(),
+                self.own.clone(),
+            )
+        })
+    }
+
+    /// What the controller says `dst` is. The returned watch keeps the
+    /// profile in use while the caller holds it.
+    async fn route_for(&self, dst: SocketAddr) -> (Target, bool, Option<Arc<ProfileWatch>>) {
+        let bare = Target::Endpoint(Endpoint::bare(dst));
+        let Ok(watch) = self
+            .profiles
+            .get_or_insert_with(&dst, || self.discovery.profile(dst))
+        else {
+            return (bare, false, None);
+        };
+        let Some(profile) = watch.get(self.discovery.profile_timeout()).await else {
+            return (bare, false, Some(watch));
+        };
+        let target = if let Some(service) = &profile.service {
+            Target::Logical(Arc::from(format!("{service}:{}", dst.port())))
+        } else if let Some(endpoint) = &profile.endpoint {
+            Target::Endpoint(Endpoint {
+                addr: dst,
+                ..endpoint.clone()
+            })
+        } else {
+            bare
+        };
+        (target, profile.opaque, Some(watch))
+    }
+
+    /// Serves one connection accepted on the outbound listener.
+    pub async fn serve(self: Arc<Self>, stream: TcpStream) {
+        let (route, opaque, _profile) = match original_dst(&stream) {
+            None => (Route::ByAuthority, false, None),
+            Some(dst) if self.own.is_own(dst) => {
+                self.metrics.error(DIRECTION, "loop");
+                tracing::debug!(%dst, "refused a connection to the proxy's own listener");
+                return;
+            }
+            Some(dst) => {
+                let (target, opaque, watch) = self.route_for(dst).await;
+                (Route::Target(target), opaque, watch)
+            }
+        };
+        self.serve_route(stream, route, opaque).await;
+    }
+
+    /// Serves one connection accepted on a `--outbound-tcp` listener.
+    pub async fn serve_tcp_route(self: Arc<Self>, stream: TcpStream, authority: Arc<str>) {
+        self.serve_route(stream, Route::Target(Target::Logical(authority)), true)
+            .await;
+    }
+
+    async fn serve_route(self: Arc<Self>, stream: TcpStream, route: Route, opaque: bool) {
+        let labels = match &route {
+            Route::Target(t) => t.labels(),
+            Route::ByAuthority => DstLabels::unknown(DIRECTION),
+        };
+        let src = TcpMetrics::open(&self.metrics, Peer::src, labels);
+        let mut client = Counted::new(stream, src.read.clone(), src.write.clone());
+        let ok = if opaque {
+            self.forward_tcp(client, &route).await
+        } else {
+            match read_prefix(&mut client, self.config.detect_timeout).await {
+                Err(_) => false,
+                Ok((protocol, prefix)) => {
+                    let io = Prefixed::new(prefix, client);
+                    match protocol {
+                        Protocol::Http1 | Protocol::H2 => {
+                            self.clone().serve_http(io, route, protocol).await
+                        }
+                        Protocol::Opaque => self.forward_tcp(io, &route).await,
+                    }
+                }
+            }
+        };
+        src.close(ok);
+    }
+
+    async fn forward_tcp<C>(&self, client: C, route: &Route) -> bool
+    where
+        C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        let Route::Target(target) = route else {
+            // Not HTTP, and no destination to send it to.
+            self.metrics.error(DIRECTION, "no_route");
+            return false;
+        };
+        match self.balancer(Proto::Tcp, target) {
+            Ok(b) => tcp::forward(client, &b, self.config.connect_timeout, &self.metrics).await,
+            Err(e) => {
+                self.metrics.error(DIRECTION, "too_many_targets");
+                tracing::warn!(error = %e, "connection refused");
+                false
+            }
+        }
+    }
+
+    async fn serve_http<I>(self: Arc<Self>, io: I, route: Route, protocol: Protocol) -> bool
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let router = Arc::new(Router {
+            outbound: self,
+            route,
+        });
+        let service = hyper::service::service_fn(move |req| {
+            let router = router.clone();
+            async move { Ok::<_, Infallible>(router.route(req).await) }
+        });
+        let io = TokioIo::new(io);
+        let result = if protocol == Protocol::H2 {
+            hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .serve_connection(io, service)
+                .await
+        } else {
+            hyper::server::conn::http1::Builder::new()
+                .keep_alive(true)
+                .serve_connection(io, service)
+                .await
+        };
+        if let Err(e) = &result {
+            tracing::debug!(error = %e, "client HTTP connection ended with an error");
+        }
+        result.is_ok()
+    }
+}
+
+/// Drops idle balancers and profiles (and so their streams to the
+/// controller) until the outbound side is gone.
+fn spawn_sweeper(outbound: Weak<Outbound>, idle: Duration) {
+    let period = (idle / 2).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(o) = outbound.upgrade() else { return };
+            o.balancers.sweep();
+            o.profiles.sweep();
+        }
+    });
+}
+
+struct Router {
+    outbound: Arc<Outbound>,
+    route: Route,
+}
+
+impl Router {
+    async fn route(&self, req: Request<Incoming>) -> Response<ResponseBody> {
+        let o = &self.outbound;
+        let (target, _profile) = match &self.route {
+            Route::Target(t) => (t.clone(), None),
+            Route::ByAuthority => {
+                let authority = req.uri().authority().map(|a| a.as_str()).or_else(|| {
+                    req.headers()
+                        .get(http::header::HOST)
+                        .and_then(|h| h.to_str().ok())
+                });
+                let Some(authority) = authority else {
+                    o.metrics.error(DIRECTION, "no_authority");
+                    return error_response(StatusCode::BAD_REQUEST, "no_authority");
+                };
+                match parse_host(authority, &o.config.cluster_domain) {
+                    HostTarget::Service(a) => (Target::Logical(Arc::from(a)), None),
+                    HostTarget::Addr(addr) if o.own.is_own(addr) => {
+                        o.metrics.error(DIRECTION, "loop");
+                        return error_response(StatusCode::BAD_GATEWAY, "loop");
+                    }
+                    HostTarget::Addr(addr) => {
+                        let (target, _, watch) = o.route_for(addr).await;
+                        (target, watch)
+                    }
+                    HostTarget::Other => {
+                        o.metrics.error(DIRECTION, "not_a_mesh_authority");
+                        return error_response(StatusCode::BAD_REQUEST, "not_a_mesh_authority");
+                    }
+                }
+            }
+        };
+        match o.balancer(Proto::Http, &target) {
+            Ok(b) => o.forwarder.forward(&b, req).await,
+            Err(_) => {
+                o.metrics.error(DIRECTION, "too_many_targets");
+                error_response(StatusCode::SERVICE_UNAVAILABLE, "too_many_targets")
+            }
+        }
+    }
+}
