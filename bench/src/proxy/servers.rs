@@ -1,0 +1,213 @@
+//! The processes of the proxy benchmark: nginx as the backend, haproxy and
+//! `ballast proxy` as the proxies under test, each pinned with `taskset`.
+
+use super::load::Conn;
+use std::{
+    path::Path,
+    process::Stdio,
+    time::{Duration, Instant},
+};
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::{Child, Command},
+};
+
+/// The service the Ballast proxy is asked for (explicit mode, by Host).
+pub const SERVICE_HOST: &str = "backend.bench.svc.cluster.local";
+
+/// Body size of the backend's one response.
+pub const BODY_BYTES: usize = 1024;
+
+/// A port the OS picked on 127.0.0.1, released for a child to bind. Another
+/// process could take it in between; the children's start-up checks say so.
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// A child process serving HTTP on `addr`.
+pub struct Server {
+    pub child: Child,
+    pub addr: String,
+}
+
+impl Server {
+    pub fn pid(&self) -> u32 {
+        self.child.id().unwrap_or(0)
+    }
+}
+
+fn taskset(core: u32, program: &str) -> Command {
+    let mut c = Command::new("taskset");
+    c.args(["-c", &core.to_string(), program])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .kill_on_drop(true);
+    c
+}
+
+/// Waits until one GET through `addr` with `Host: host` answers 200.
+pub async fn wait_ok(
+    addr: &str,
+    host: &str,
+    child: &mut Child,
+    within: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    let mut last = String::from("no attempt");
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait()? {
+            anyhow::bail!("exited early ({status})");
+        }
+        let attempt = async {
+            let mut c = Conn::open(addr).await?;
+            c.get(host).await
+        };
+        match tokio::time::timeout(Duration::from_secs(2), attempt).await {
+            Ok(Ok(200)) => return Ok(()),
+            Ok(Ok(status)) => last = format!("status {status}"),
+            Ok(Err(e)) => last = e.to_string(),
+            Err(_) => last = "timed out".into(),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    anyhow::bail!("{addr} not answering 200 within {within:?}: {last}")
+}
+
+/// nginx (Debian), one worker, no master, a fixed body, keep-alive.
+pub async fn nginx(dir: &Path, core: u32) -> anyhow::Result<Server> {
+    let port = free_port()?;
+    let d = dir.display();
+    let body = "x".repeat(BODY_BYTES);
+    let conf = format!(
+        "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\n\
+         error_log stderr warn;\nworker_rlimit_nofile 16384;\n\
+         events {{ worker_connections 8192; }}\n\
+         http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+         \x20 fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
+         \x20 keepalive_requests 100000000;\n  keepalive_timeout 3600s;\n\
+         \x20 default_type text/plain;\n\
+         \x20 server {{\n    listen 127.0.0.1:{port};\n    location / {{ return 200 \"{body}\"; }}\n  }}\n}}\n"
+    );
+    let path = dir.join("nginx.conf");
+    std::fs::write(&path, conf)?;
+    let mut child = taskset(core, "nginx")
+        .arg("-p")
+        .arg(dir)
+        .arg("-c")
+        .arg(&path)
+        .args(["-e", "stderr"])
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("nginx: {e} (apt-get install nginx)"))?;
+    let addr = format!("127.0.0.1:{port}");
+    wait_ok(&addr, "b", &mut child, Duration::from_secs(10))
+        .await
+        .map_err(|e| anyhow::anyhow!("nginx: {e}"))?;
+    Ok(Server { child, addr })
+}
+
+/// haproxy (Debian) as the equivalent reverse proxy: HTTP mode, keep-alive
+/// on both sides, one server, idle server connections shared.
+pub async fn haproxy(dir: &Path, backend: &str, core: u32) -> anyhow::Result<Server> {
+    let port = free_port()?;
+    // maxconn bounds the descriptors haproxy asks for (2 per connection).
+    let conf = format!(
+        "global\n  nbthread 1\n  maxconn 4000\n\
+         defaults\n  mode http\n  timeout connect 1s\n  timeout client 3600s\n\
+         \x20 timeout server 3600s\n  timeout http-keep-alive 3600s\n\
+         frontend fe\n  bind 127.0.0.1:{port}\n  default_backend be\n\
+         backend be\n  http-reuse always\n  server s1 {backend}\n"
+    );
+    let path = dir.join("haproxy.cfg");
+    std::fs::write(&path, conf)?;
+    let mut child = taskset(core, "haproxy")
+        .arg("-db")
+        .arg("-f")
+        .arg(&path)
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("haproxy: {e} (apt-get install haproxy)"))?;
+    let addr = format!("127.0.0.1:{port}");
+    wait_ok(&addr, SERVICE_HOST, &mut child, Duration::from_secs(10))
+        .await
+        .map_err(|e| anyhow::anyhow!("haproxy: {e}"))?;
+    Ok(Server { child, addr })
+}
+
+/// Whether `ballast proxy` exists in this build.
+pub async fn ballast_has_proxy(ballast: &Path) -> bool {
+    Command::new(ballast)
+        .args(["proxy", "--help"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// The manifests the controller serves: one Service whose one endpoint is
+/// the backend.
+pub fn write_manifests(dir: &Path, backend_port: u16) -> anyhow::Result<()> {
+    let yaml = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: backend, namespace: bench}}\n\
+         spec:\n  clusterIP: 10.96.0.10\n  selector: {{app: backend}}\n\
+         \x20 ports: [{{name: http, port: 80, targetPort: {backend_port}}}]\n\
+         ---\n\
+         apiVersion: v1\nkind: Pod\nmetadata:\n  name: backend-0\n  namespace: bench\n\
+         \x20 labels: {{app: backend}}\n\
+         spec:\n  containers: [{{name: nginx, ports: [{{name: http, containerPort: {backend_port}}}]}}]\n\
+         status:\n  phase: Running\n  podIP: 127.0.0.1\n  hostIP: 127.0.0.1\n\
+         \x20 conditions: [{{type: Ready, status: \"True\"}}]\n"
+    );
+    std::fs::write(dir.join("backend.yaml"), yaml)?;
+    Ok(())
+}
+
+/// `ballast proxy` on OS-picked ports, resolving through `destination`;
+/// returns the outbound listener as the address under test.
+pub async fn ballast(ballast: &Path, destination: &str, core: u32) -> anyhow::Result<Server> {
+    let mut child = taskset(core, &ballast.display().to_string())
+        .args([
+            "proxy",
+            "--destination-addr",
+            destination,
+            "--outbound-addr",
+            "127.0.0.1:0",
+            "--inbound-addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+        ])
+        .env("BALLAST_LOG", "warn,ballast=info")
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stderr = child
+        .stderr
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("no stderr"))?;
+    let mut lines = BufReader::new(stderr).lines();
+    let find_outbound = async {
+        while let Some(line) = lines.next_line().await? {
+            if let Some(addr) = line.split("outbound listening on ").nth(1) {
+                return anyhow::Ok(addr.trim().to_string());
+            }
+        }
+        anyhow::bail!("ballast proxy exited before listening")
+    };
+    let addr = tokio::time::timeout(Duration::from_secs(30), find_outbound)
+        .await
+        .map_err(|_| anyhow::anyhow!("ballast proxy: no outbound listener within 30 s"))??;
+    // Keep draining its log so that it never blocks on a full pipe; show
+    // warnings (the log level is warn) as they come.
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            eprintln!("  [ballast proxy] {line}");
+        }
+    });
+    wait_ok(&addr, SERVICE_HOST, &mut child, Duration::from_secs(30))
+        .await
+        .map_err(|e| anyhow::anyhow!("ballast proxy: {e}"))?;
+    Ok(Server { child, addr })
+}
