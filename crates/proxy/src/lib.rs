@@ -69,15 +69,16 @@ pub async fn serve(
     let own = Arc::new(OwnListeners::new(own));
     let control = ControlPlane::new(config.control.clone(), metrics.clone())?;
     let discovery = Discovery::new(control, config.outbound.max_endpoints_per_target);
+    let (stop_tx, stop_rx) = watch::channel(false);
     let outbound = outbound::Outbound::new(
         config.outbound.clone(),
         discovery,
         metrics.clone(),
         own.clone(),
+        stop_rx.clone(),
     );
     let inbound = inbound::Inbound::new(config.inbound.clone(), metrics.clone(), own);
 
-    let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
     let mut all = Vec::new();
 

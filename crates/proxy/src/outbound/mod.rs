@@ -34,7 +34,7 @@ use std::{
     sync::{Arc, Weak},
     time::Duration,
 };
-use tokio::net::TcpStream;
+use tokio::{net::TcpStream, sync::watch};
 
 const DIRECTION: Direction = Direction::outbound;
 
@@ -90,6 +90,8 @@ pub struct Outbound {
     metrics: Arc<Metrics>,
     own: Arc<OwnListeners>,
     forwarder: Forwarder,
+    /// Turns true at shutdown: HTTP connections finish their requests and close.
+    shutdown: watch::Receiver<bool>,
 }
 
 impl Outbound {
@@ -98,6 +100,7 @@ impl Outbound {
         discovery: Discovery,
         metrics: Arc<Metrics>,
         own: Arc<OwnListeners>,
+        shutdown: watch::Receiver<bool>,
     ) -> Arc<Self> {
         let idle = config.discovery_idle_timeout;
         let forwarder = Forwarder {
@@ -117,6 +120,7 @@ impl Outbound {
             metrics,
             own,
             forwarder,
+            shutdown,
         });
         spawn_sweeper(Arc::downgrade(&this), idle);
         this
@@ -255,24 +259,40 @@ impl Outbound {
     where
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
+        let mut shutdown = self.shutdown.clone();
         let router = Arc::new(Router {
             outbound: self,
             route,
+            last: std::sync::Mutex::new(None),
         });
         let service = hyper::service::service_fn(move |req| {
             let router = router.clone();
             async move { Ok::<_, Infallible>(router.route(req).await) }
         });
         let io = TokioIo::new(io);
+        // At shutdown, a connection finishes the requests it has and closes.
+        macro_rules! serve_until_shutdown {
+            ($conn:expr) => {{
+                let conn = $conn;
+                tokio::pin!(conn);
+                tokio::select! {
+                    r = conn.as_mut() => r,
+                    _ = async { let _ = shutdown.wait_for(|stop| *stop).await; } => {
+                        conn.as_mut().graceful_shutdown();
+                        conn.await
+                    }
+                }
+            }};
+        }
         let result = if protocol == Protocol::H2 {
-            hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .serve_connection(io, service)
-                .await
+            serve_until_shutdown!(
+                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(io, service)
+            )
         } else {
-            hyper::server::conn::http1::Builder::new()
+            serve_until_shutdown!(hyper::server::conn::http1::Builder::new()
                 .keep_alive(true)
-                .serve_connection(io, service)
-                .await
+                .serve_connection(io, service))
         };
         if let Err(e) = &result {
             tracing::debug!(error = %e, "client HTTP connection ended with an error");
@@ -300,11 +320,33 @@ fn spawn_sweeper(outbound: Weak<Outbound>, idle: Duration) {
 struct Router {
     outbound: Arc<Outbound>,
     route: Route,
+    /// The authority this connection's last request named, and its
+    /// balancer: clients send the same one again and again.
+    last: std::sync::Mutex<Option<(Box<str>, Arc<Balancer>)>>,
 }
 
 impl Router {
+    fn remembered(&self, authority: &str) -> Option<Arc<Balancer>> {
+        let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        last.as_ref()
+            .filter(|(a, _)| &**a == authority)
+            .map(|(_, b)| b.clone())
+    }
+
     async fn route(&self, req: Request<Incoming>) -> Response<ResponseBody> {
         let o = &self.outbound;
+        let authority = match &self.route {
+            Route::ByAuthority => req.uri().authority().map(|a| a.as_str()).or_else(|| {
+                req.headers()
+                    .get(http::header::HOST)
+                    .and_then(|h| h.to_str().ok())
+            }),
+            Route::Target(_) => None,
+        };
+        if let Some(b) = authority.and_then(|a| self.remembered(a)) {
+            return o.forwarder.forward(&b, req).await;
+        }
+        let remember: Option<Box<str>> = authority.map(Box::from);
         let (target, _profile) = match &self.route {
             Route::Target(t) => (t.clone(), None),
             Route::ByAuthority => {
@@ -335,7 +377,12 @@ impl Router {
             }
         };
         match o.balancer(Proto::Http, &target) {
-            Ok(b) => o.forwarder.forward(&b, req).await,
+            Ok(b) => {
+                if let Some(a) = remember {
+                    *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((a, b.clone()));
+                }
+                o.forwarder.forward(&b, req).await
+            }
             Err(_) => {
                 o.metrics.error(DIRECTION, "too_many_targets");
                 error_response(StatusCode::SERVICE_UNAVAILABLE, "too_many_targets")
