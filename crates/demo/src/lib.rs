@@ -5,7 +5,13 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
+pub mod display;
 pub mod load;
+mod manifests;
+mod process;
+pub mod scenario;
 
 pub use backend::Backend;
+pub use display::ViewMode;
 pub use load::{LoadClient, LoadConfig};
+pub use scenario::{run, Check, DemoConfig, DemoOutcome, StepReport};

@@ -1,0 +1,68 @@
+//! `ballast demo`: the controller and the proxy as processes, three
+//! backends, steady traffic, and the controller killed while a backend is
+//! removed. Flags only; the scenario lives in `ballast-demo`.
+
+use crate::diagnostics::humantime_secs;
+use anyhow::Context;
+use ballast_demo::{DemoConfig, ViewMode};
+use clap::Args as ClapArgs;
+use std::time::Duration;
+
+#[derive(ClapArgs)]
+#[command(
+    after_help = "Steps: (a) steady traffic through the proxy to web-a, web-b and web-c; (b) the \
+controller is killed with SIGKILL and stays down; (c) web-c is removed from the manifests and the \
+controller restarts on its old address; (d) the proxy stops sending to web-c and the rest carry \
+the traffic. Every request must succeed throughout. Exits non-zero if any step did not hold.\n\
+Every flag can also be set by the environment variable shown."
+)]
+pub struct Args {
+    /// Requests per second sent through the proxy.
+    #[arg(long, env = "BALLAST_DEMO_RPS", default_value_t = 200)]
+    rps: u32,
+
+    /// Keep-alive connections the requests are spread over.
+    #[arg(long, env = "BALLAST_DEMO_CONNECTIONS", default_value_t = 4)]
+    connections: usize,
+
+    /// How long the controller stays down.
+    #[arg(long, env = "BALLAST_DEMO_DOWN_FOR", default_value = "10s", value_parser = humantime_secs)]
+    down_for: Duration,
+
+    /// Length of the steady steps (before the outage, and once converged).
+    #[arg(long, env = "BALLAST_DEMO_STEADY_FOR", default_value = "5s", value_parser = humantime_secs)]
+    steady_for: Duration,
+
+    /// Deadline for the proxy to stop sending to the removed backend once
+    /// the controller is back.
+    #[arg(long, env = "BALLAST_DEMO_CONVERGE_WITHIN", default_value = "20s", value_parser = humantime_secs)]
+    converge_within: Duration,
+
+    /// Plain progress lines even on a terminal.
+    #[arg(long, env = "BALLAST_DEMO_PLAIN")]
+    plain: bool,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let ballast = std::env::current_exe()
+        .context("cannot find the ballast executable to run the controller and the proxy")?;
+    let config = DemoConfig {
+        rps: args.rps,
+        connections: args.connections,
+        steady_for: args.steady_for,
+        down_for: args.down_for,
+        converge_within: args.converge_within,
+        view: if args.plain {
+            ViewMode::Plain
+        } else {
+            ViewMode::Auto
+        },
+        ..DemoConfig::new(ballast)
+    };
+    let outcome = ballast_demo::run(config).await?;
+    anyhow::ensure!(
+        outcome.passed,
+        "the demo failed: a step did not hold (see the summary above)"
+    );
+    Ok(())
+}

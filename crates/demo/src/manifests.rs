@@ -1,0 +1,143 @@
+//! The demo's cluster as Kubernetes manifests: Service `web` in namespace
+//! `demo`, port 80 with a named targetPort, and one Pod per backend whose
+//! container port of that name is the backend's OS-picked port.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+pub const NAMESPACE: &str = "demo";
+pub const SERVICE: &str = "web";
+pub const SERVICE_PORT: u16 = 80;
+/// The Service's clusterIP: only a name in this demo, nothing listens there.
+const CLUSTER_IP: &str = "10.96.0.80";
+/// The named targetPort every pod resolves to its own port.
+const PORT_NAME: &str = "http";
+
+const SERVICE_FILE: &str = "web-service.yaml";
+const PODS_FILE: &str = "web-pods.yaml";
+
+/// The authority clients use for the demo service.
+pub fn authority() -> String {
+    format!("{SERVICE}.{NAMESPACE}.svc.cluster.local")
+}
+
+/// A pod of the demo service: its name and where its backend listens.
+#[derive(Clone, Debug)]
+pub struct PodBackend {
+    pub name: String,
+    pub addr: SocketAddr,
+}
+
+/// The manifests directory the controller reads.
+pub struct Manifests {
+    dir: PathBuf,
+}
+
+impl Manifests {
+    /// Writes the Service and `pods` into `dir`.
+    pub fn write(dir: &Path, pods: &[PodBackend]) -> anyhow::Result<Manifests> {
+        let manifests = Manifests {
+            dir: dir.to_path_buf(),
+        };
+        manifests.replace(SERVICE_FILE, &service_yaml())?;
+        manifests.set_pods(pods)?;
+        Ok(manifests)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Rewrites the pods file to hold exactly `pods`.
+    pub fn set_pods(&self, pods: &[PodBackend]) -> anyhow::Result<()> {
+        let text = pods.iter().map(pod_yaml).collect::<Vec<_>>().join("---\n");
+        self.replace(PODS_FILE, &text)
+    }
+
+    /// Replaces `name` in one step: written beside it under a hidden name
+    /// (which the controller skips), then renamed over it, so the controller
+    /// never reads half a file.
+    fn replace(&self, name: &str, text: &str) -> anyhow::Result<()> {
+        let target = self.dir.join(name);
+        let staging = self.dir.join(format!(".{name}.tmp"));
+        let mut file = std::fs::File::create(&staging)
+            .with_context(|| format!("cannot create {}", staging.display()))?;
+        file.write_all(text.as_bytes())
+            .and_then(|()| file.sync_all())
+            .with_context(|| format!("cannot write {}", staging.display()))?;
+        std::fs::rename(&staging, &target).with_context(|| {
+            format!(
+                "cannot move {} over {}",
+                staging.display(),
+                target.display()
+            )
+        })
+    }
+}
+
+fn service_yaml() -> String {
+    format!(
+        "apiVersion: v1\n\
+         kind: Service\n\
+         metadata:\n  name: {SERVICE}\n  namespace: {NAMESPACE}\n\
+         spec:\n  clusterIP: {CLUSTER_IP}\n  selector:\n    app: {SERVICE}\n\
+         \x20 ports:\n  - name: http\n    port: {SERVICE_PORT}\n    targetPort: {PORT_NAME}\n"
+    )
+}
+
+fn pod_yaml(pod: &PodBackend) -> String {
+    format!(
+        "apiVersion: v1\n\
+         kind: Pod\n\
+         metadata:\n  name: {name}\n  namespace: {NAMESPACE}\n  labels:\n    app: {SERVICE}\n\
+         spec:\n  containers:\n  - name: web\n    ports:\n    - name: {PORT_NAME}\n      containerPort: {port}\n\
+         status:\n  phase: Running\n  podIP: {ip}\n  conditions:\n  - type: Ready\n    status: \"True\"\n",
+        name = pod.name,
+        port = pod.addr.port(),
+        ip = pod.addr.ip(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pods() -> Vec<PodBackend> {
+        ["web-a", "web-b"]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| PodBackend {
+                name: name.to_string(),
+                addr: SocketAddr::from(([127, 0, 0, 2 + i as u8], 40_000 + i as u16)),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn writes_the_service_and_pods() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let manifests = Manifests::write(dir.path(), &pods()).expect("write");
+        let service = std::fs::read_to_string(dir.path().join(SERVICE_FILE)).expect("service file");
+        assert!(service.contains("targetPort: http"), "{service}");
+        let text = std::fs::read_to_string(dir.path().join(PODS_FILE)).expect("pods file");
+        assert_eq!(text.matches("kind: Pod").count(), 2);
+        assert!(text.contains("podIP: 127.0.0.3"), "{text}");
+        assert!(text.contains("containerPort: 40001"), "{text}");
+
+        manifests.set_pods(&pods()[..1]).expect("rewrite");
+        let text = std::fs::read_to_string(dir.path().join(PODS_FILE)).expect("pods file");
+        assert_eq!(text.matches("kind: Pod").count(), 1);
+        assert!(!text.contains("web-b"));
+        // Only the two manifests remain: no staging file left behind.
+        let mut names: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("read dir")
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, [PODS_FILE, SERVICE_FILE]);
+    }
+}
