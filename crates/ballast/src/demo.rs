@@ -59,7 +59,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         },
         ..DemoConfig::new(ballast)
     };
-    let outcome = ballast_demo::run(config).await?;
+    // On SIGTERM or Ctrl-C the demo is dropped, which kills the controller
+    // and the proxy it started rather than leaving them running.
+    let outcome = tokio::select! {
+        outcome = ballast_demo::run(config) => outcome?,
+        () = crate::signal::shutdown() => anyhow::bail!("the demo was interrupted"),
+    };
     anyhow::ensure!(
         outcome.passed,
         "the demo failed: a step did not hold (see the summary above)"
