@@ -54,7 +54,7 @@ use std::{
     path::PathBuf,
     time::{Duration, Instant},
 };
-use system::{cpu_ticks, Foreign, ForeignMonitor};
+use system::{cpu_ticks, rss_anon, Foreign, ForeignMonitor};
 
 pub struct Opts {
     ballast: PathBuf,
@@ -184,7 +184,9 @@ pub struct Measured {
     /// Share of its core the proxy used during the wrk run.
     pub max_core_busy: Option<f64>,
     pub rss_idle_kib: Option<u64>,
+    pub anon_idle_kib: Option<u64>,
     pub rss_load_kib: Option<u64>,
+    pub anon_load_kib: Option<u64>,
     pub rss_after_kib: Option<u64>,
     pub hwm_kib: Option<u64>,
     pub idle_conn_bytes: Option<f64>,
@@ -240,6 +242,7 @@ async fn measure(o: &Opts, env: &Env, t: Target) -> anyhow::Result<Measured> {
     drop(warm);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_idle_kib = pid.map(|p| rss(p).0);
+    let anon_idle_kib = pid.map(rss_anon);
 
     let mut fixed = Vec::new();
     for &rate in &o.rates {
@@ -264,7 +267,7 @@ async fn measure(o: &Opts, env: &Env, t: Target) -> anyhow::Result<Measured> {
     let half = o.duration / 2;
     let sample = tokio::spawn(async move {
         tokio::time::sleep(half).await;
-        pid.map(|p| rss(p).0)
+        pid.map(|p| (rss(p).0, rss_anon(p)))
     });
     let max = load::wrk(
         o.load_core,
@@ -276,7 +279,10 @@ async fn measure(o: &Opts, env: &Env, t: Target) -> anyhow::Result<Measured> {
     .await?;
     let wall = started.elapsed().as_secs_f64();
     let cpu = cpu_seconds_between(env, pid, before);
-    let rss_load_kib = sample.await.ok().flatten();
+    let (rss_load_kib, anon_load_kib) = match sample.await.ok().flatten() {
+        Some((all, anon)) => (Some(all), Some(anon)),
+        None => (None, None),
+    };
     let max_cpu_per_1k = cpu.map(|c| c / (max.requests.max(1) as f64 / 1000.0));
     let max_core_busy = cpu.map(|c| c / wall);
 
@@ -303,7 +309,9 @@ async fn measure(o: &Opts, env: &Env, t: Target) -> anyhow::Result<Measured> {
         max_cpu_per_1k,
         max_core_busy,
         rss_idle_kib,
+        anon_idle_kib,
         rss_load_kib,
+        anon_load_kib,
         rss_after_kib,
         hwm_kib,
         idle_conn_bytes,

@@ -218,7 +218,7 @@ pub fn print(o: &Opts, targets: &[Target], rounds: &[Round], discarded: usize) {
         fn(&Measured) -> Option<f64>,
         fn(f64) -> String,
     );
-    let rows: [Row; 8] = [
+    let rows: [Row; 10] = [
         (
             "max req/s (wrk -t1 -c64)",
             |m| Some(m.max.rps),
@@ -240,8 +240,18 @@ pub fn print(o: &Opts, targets: &[Target], rounds: &[Round], discarded: usize) {
             mb,
         ),
         (
+            "of which anonymous (RssAnon)",
+            |m| m.anon_idle_kib.map(|k| k as f64),
+            mb,
+        ),
+        (
             "RSS under load (mid max-rate run)",
             |m| m.rss_load_kib.map(|k| k as f64),
+            mb,
+        ),
+        (
+            "of which anonymous (RssAnon)",
+            |m| m.anon_load_kib.map(|k| k as f64),
             mb,
         ),
         ("RSS after load", |m| m.rss_after_kib.map(|k| k as f64), mb),
@@ -296,9 +306,18 @@ pub fn print(o: &Opts, targets: &[Target], rounds: &[Round], discarded: usize) {
         let idle = over(rounds, Target::Ballast, |m| {
             m.rss_idle_kib.map(|k| k as f64)
         });
+        let anon = over(rounds, Target::Ballast, |m| {
+            m.anon_idle_kib.map(|k| k as f64)
+        });
         verdict(
             "idle RSS < 5 MB",
-            idle.map(|s| (s.0 * 1024.0 < 5e6, mb(s.0))),
+            idle.map(|s| {
+                let anon = anon.map(|a| format!(", of which anonymous {}", mb(a.0)));
+                (
+                    s.0 * 1024.0 < 5e6,
+                    format!("{}{}", mb(s.0), anon.unwrap_or_default()),
+                )
+            }),
         );
     }
 }

@@ -249,3 +249,14 @@ pub fn pin(pid: u32, core: u32) -> anyhow::Result<()> {
     anyhow::ensure!(status.success(), "taskset failed on pid {pid}");
     Ok(())
 }
+
+/// RssAnon of a process, in KiB: its private memory, without the clean file
+/// pages (program text, libraries) that VmRSS also counts.
+pub fn rss_anon(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("RssAnon:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
