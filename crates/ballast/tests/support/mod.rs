@@ -3,7 +3,9 @@
 
 #![allow(dead_code)]
 
+pub mod backends;
 pub mod manifests;
+pub mod proxy;
 pub mod updates;
 
 use linkerd2_proxy_api::destination::{

@@ -1,0 +1,77 @@
+//! How `ballast proxy` spreads HTTP requests over a service's endpoints:
+//! evenly among equals, away from a slow one.
+
+mod support;
+
+use http::StatusCode;
+use std::time::Duration;
+use support::proxy::{Http1, Mesh};
+
+/// Sends `total` GETs for `authority` through `outbound` from `workers`
+/// concurrent keep-alive connections; panics on any answer but 200.
+async fn load(outbound: std::net::SocketAddr, authority: &str, total: usize, workers: usize) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..workers {
+        let authority = authority.to_string();
+        let share = total / workers + usize::from(w < total % workers);
+        tasks.spawn(async move {
+            let mut conn = Http1::connect(outbound).await.unwrap();
+            for _ in 0..share {
+                let a = conn.get(&authority, "/").await.unwrap();
+                assert_eq!(a.status, StatusCode::OK, "{a:?}");
+            }
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined.unwrap();
+    }
+}
+
+fn deltas(before: &[u64], after: &[u64]) -> Vec<u64> {
+    after.iter().zip(before).map(|(a, b)| a - b).collect()
+}
+
+#[tokio::test]
+async fn three_equal_endpoints_each_get_about_a_third() {
+    // Bound: over 600 requests each endpoint gets 200 ± 40% (120..=280).
+    const TOTAL: u64 = 600;
+    const LOW: u64 = 120;
+    const HIGH: u64 = 280;
+    let mesh = Mesh::start(3, &[]).await;
+    let before = mesh.counts();
+    load(mesh.proxy.outbound, &mesh.web(), TOTAL as usize, 4).await;
+    let got = deltas(&before, &mesh.counts());
+    assert_eq!(
+        got.iter().sum::<u64>(),
+        TOTAL,
+        "every request reached a backend once"
+    );
+    for (backend, n) in mesh.backends.iter().zip(&got) {
+        assert!(
+            (LOW..=HIGH).contains(n),
+            "{} got {n} of {TOTAL} requests, outside {LOW}..={HIGH}; all: {got:?}",
+            backend.name()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_slow_endpoint_gets_clearly_less_traffic_under_load() {
+    // Bound: with one endpoint 50 ms slower, over 600 requests from 16
+    // concurrent connections it gets less than half of what either fast one gets.
+    const TOTAL: usize = 600;
+    let mesh = Mesh::start(3, &[]).await;
+    // Every endpoint has answered once at full speed, so the balancer knows all three.
+    load(mesh.proxy.outbound, &mesh.web(), 30, 3).await;
+    let slow = &mesh.backends[2];
+    slow.set_delay(Duration::from_millis(50));
+    let before = mesh.counts();
+    load(mesh.proxy.outbound, &mesh.web(), TOTAL, 16).await;
+    let got = deltas(&before, &mesh.counts());
+    let (fast_a, fast_b, slow_n) = (got[0], got[1], got[2]);
+    assert!(
+        slow_n * 2 < fast_a && slow_n * 2 < fast_b,
+        "slow {} got {slow_n}, fast ones {fast_a} and {fast_b}: not less than half",
+        slow.name()
+    );
+}

@@ -1,0 +1,285 @@
+//! `ballast proxy` in explicit mode, as a process on loopback: HTTP/1.1,
+//! HTTP/2 with prior knowledge, gRPC (unary and server streaming, trailers
+//! and error statuses intact) and opaque TCP, each to a mesh service resolved
+//! through a real `ballast destination`.
+
+mod support;
+
+use http::{Request, StatusCode};
+use http_body_util::Full;
+use hyper::body::Bytes;
+use std::{collections::BTreeSet, net::SocketAddr, time::Duration};
+use support::{
+    backends::{Echo, GrpcHealth},
+    proxy::{authority, random_bytes, Cluster, Http1, Mesh, Proxy, H2, NS},
+    Controller, DEADLINE,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic_health::pb::{
+    health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest,
+    HealthCheckResponse,
+};
+
+fn backend_names(mesh: &Mesh) -> BTreeSet<String> {
+    mesh.backends.iter().map(|b| b.name().to_string()).collect()
+}
+
+#[tokio::test]
+async fn http1_requests_are_balanced_to_the_service_endpoints() {
+    let mesh = Mesh::start(3, &[]).await;
+    let names = backend_names(&mesh);
+    let mut conn = Http1::connect(mesh.proxy.outbound).await.unwrap();
+    let mut seen = BTreeSet::new();
+    // One keep-alive connection, every Host spelling the contract names.
+    let hosts = [
+        mesh.web(),
+        format!("web.{NS}.svc.cluster.local"),
+        format!("web.{NS}"),
+        format!("web.{NS}.svc"),
+        format!("web.{NS}:80"),
+    ];
+    for i in 0..60 {
+        let host = &hosts[i % hosts.len()];
+        let a = conn.get(host, "/some/path?q=1").await.unwrap();
+        assert_eq!(a.status, StatusCode::OK, "Host {host}: {a:?}");
+        let body = a.text();
+        let name = body.trim_end();
+        assert!(names.contains(name), "answered by {name:?}, not a web pod");
+        assert_eq!(a.backend(), Some(name), "x-backend header matches the body");
+        seen.insert(name.to_string());
+    }
+    assert_eq!(seen, names, "60 requests reach all 3 endpoints");
+    let served: u64 = mesh.counts().iter().sum();
+    assert!(served >= 60, "backends counted {served} requests");
+
+    // The proxy counts what it carried, labelled by destination.
+    let metrics = mesh.proxy.metrics().await;
+    let total = metrics.sum("request_total", &[("dst_service", "web")]);
+    assert!(
+        total >= 60.0,
+        "request_total{{dst_service=\"web\"}} = {total}; metric names: {:?}",
+        metrics.names()
+    );
+    let ok = metrics.sum(
+        "response_total",
+        &[("dst_service", "web"), ("status_code", "200")],
+    );
+    assert!(ok >= 60.0, "response_total for 200s = {ok}");
+}
+
+#[tokio::test]
+async fn http2_prior_knowledge_multiplexes_requests_on_one_connection() {
+    let mesh = Mesh::start(3, &[]).await;
+    let names = backend_names(&mesh);
+    let conn = H2::connect(mesh.proxy.outbound).await.unwrap();
+    let web = mesh.web();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..64 {
+        let conn = conn.clone();
+        let web = web.clone();
+        tasks.spawn(async move { conn.get(&web, &format!("/stream/{i}")).await });
+    }
+    let mut seen = BTreeSet::new();
+    while let Some(joined) = tasks.join_next().await {
+        let a = joined.unwrap().unwrap();
+        assert_eq!(a.status, StatusCode::OK, "{a:?}");
+        let name = a.text().trim_end().to_string();
+        assert!(names.contains(&name), "answered by {name:?}");
+        assert_eq!(a.backend(), Some(name.as_str()));
+        seen.insert(name);
+    }
+    assert!(
+        seen.len() >= 2,
+        "64 concurrent streams reach several endpoints: {seen:?}"
+    );
+}
+
+/// gRPC health servers on 127.0.0.2 and 127.0.0.3 behind service `grpc`.
+async fn grpc_mesh() -> (Cluster, GrpcHealth, Controller, Proxy) {
+    let cluster = Cluster::new();
+    let health = GrpcHealth::start(&[
+        "127.0.0.2:0".parse().unwrap(),
+        "127.0.0.3:0".parse().unwrap(),
+    ])
+    .await
+    .unwrap();
+    cluster.pods(
+        "grpc",
+        &[("grpc-a", health.addrs[0]), ("grpc-b", health.addrs[1])],
+    );
+    cluster.service("grpc", "grpc", "127.0.0.101", 8080);
+    let controller = Controller::start(cluster.path(), &[]).await;
+    let proxy = Proxy::start(controller.grpc, &[]).await;
+    (cluster, health, controller, proxy)
+}
+
+fn grpc_client(proxy: &Proxy, authority: &str) -> HealthClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", proxy.outbound))
+        .unwrap()
+        .origin(format!("http://{authority}").parse().unwrap())
+        .connect_lazy();
+    HealthClient::new(channel)
+}
+
+#[tokio::test]
+async fn grpc_unary_streaming_and_error_statuses_pass_through() {
+    let (_cluster, health, _controller, proxy) = grpc_mesh().await;
+    let grpc = authority("grpc", 8080);
+    let mut client = grpc_client(&proxy, &grpc);
+
+    // Unary: the first calls may race discovery; wait for a first answer.
+    let check = |service: &str| HealthCheckRequest {
+        service: service.to_string(),
+    };
+    let started = std::time::Instant::now();
+    let first = loop {
+        match client.check(check("")).await {
+            Ok(r) => break r.into_inner(),
+            Err(status) => {
+                assert!(
+                    started.elapsed() < DEADLINE,
+                    "no gRPC answer through the proxy: {status:?}\nproxy log:\n{}",
+                    proxy.process.log()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert_eq!(first.status, ServingStatus::Serving as i32);
+    for _ in 0..20 {
+        let r = client.check(check("")).await.unwrap().into_inner();
+        assert_eq!(r.status, ServingStatus::Serving as i32);
+    }
+
+    // A non-OK status (a trailers-only answer) passes through with its code
+    // and message.
+    let err = client.check(check("nope")).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
+    assert!(!err.message().is_empty(), "grpc-message kept: {err:?}");
+
+    // Server streaming: each status change arrives as it happens.
+    let mut watch = client.watch(check("")).await.unwrap().into_inner();
+    let m = next(&mut watch).await;
+    assert_eq!(m.status, ServingStatus::Serving as i32);
+    health
+        .reporter
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
+    let m = next(&mut watch).await;
+    assert_eq!(m.status, ServingStatus::NotServing as i32);
+    health
+        .reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    let m = next(&mut watch).await;
+    assert_eq!(m.status, ServingStatus::Serving as i32);
+    drop(watch);
+
+    // The same unary call by hand: the answer's DATA is followed by real
+    // trailers carrying grpc-status 0.
+    let h2 = H2::connect(proxy.outbound).await.unwrap();
+    let call = |service: &'static [u8]| {
+        // Length-prefixed message: no compression, 4-byte length, protobuf.
+        let mut body = vec![0u8];
+        body.extend_from_slice(&(service.len() as u32).to_be_bytes());
+        body.extend_from_slice(service);
+        Request::post(format!("http://{grpc}/grpc.health.v1.Health/Check"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap()
+    };
+    let a = h2.send(call(b"")).await.unwrap();
+    assert_eq!(a.status, StatusCode::OK);
+    // HealthCheckResponse { status: SERVING }: field 1, varint 1.
+    assert_eq!(&a.body[..], &[0, 0, 0, 0, 2, 0x08, 0x01], "{a:?}");
+    let trailers = a.trailers.as_ref().expect("trailers arrive after the body");
+    assert_eq!(
+        trailers.get("grpc-status").map(|v| v.as_bytes()),
+        Some(&b"0"[..]),
+        "{trailers:?}"
+    );
+    // HealthCheckRequest { service: "nope" }: field 1, length 4.
+    let a = h2.send(call(b"\x0a\x04nope")).await.unwrap();
+    let status = a
+        .trailers
+        .as_ref()
+        .and_then(|t| t.get("grpc-status"))
+        .or_else(|| a.headers.get("grpc-status"))
+        .map(|v| v.as_bytes().to_vec());
+    assert_eq!(status.as_deref(), Some(&b"5"[..]), "NOT_FOUND kept: {a:?}");
+}
+
+async fn next(watch: &mut tonic::Streaming<HealthCheckResponse>) -> HealthCheckResponse {
+    tokio::time::timeout(DEADLINE, watch.message())
+        .await
+        .expect("a Watch message in time")
+        .expect("Watch stream failed")
+        .expect("Watch stream ended")
+}
+
+#[tokio::test]
+async fn opaque_tcp_route_echoes_large_payloads_byte_for_byte() {
+    let cluster = Cluster::new();
+    let mut echoes = Vec::new();
+    for ip in ["127.0.0.2", "127.0.0.3", "127.0.0.4"] {
+        echoes.push(
+            Echo::start(format!("{ip}:0").parse().unwrap())
+                .await
+                .unwrap(),
+        );
+    }
+    let pods: Vec<(String, SocketAddr)> = echoes
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (format!("echo-{i}"), e.addr()))
+        .collect();
+    cluster.pods("echo", &pods);
+    cluster.service("echo", "echo", "127.0.0.102", 7000);
+    let controller = Controller::start(cluster.path(), &[]).await;
+    let route = format!("127.0.0.1:0={}", authority("echo", 7000));
+    let proxy = Proxy::start(controller.grpc, &["--outbound-tcp", &route]).await;
+    let listen = proxy.tcp_routes[0];
+
+    // Six connections at once, 4 MiB each, written while the echo is read.
+    const PAYLOAD: usize = 4 << 20;
+    let mut tasks = tokio::task::JoinSet::new();
+    for seed in 1..=6u64 {
+        tasks.spawn(async move {
+            let payload = random_bytes(seed, PAYLOAD);
+            let mut stream = tokio::net::TcpStream::connect(listen).await.unwrap();
+            let (mut read, mut write) = stream.split();
+            let writer = async {
+                write.write_all(&payload).await.unwrap();
+                write.shutdown().await.unwrap();
+            };
+            let reader = async {
+                let mut back = Vec::with_capacity(PAYLOAD);
+                read.read_to_end(&mut back).await.map(|_| back)
+            };
+            let ((), back) = tokio::time::timeout(DEADLINE, async { tokio::join!(writer, reader) })
+                .await
+                .expect("echo within the deadline");
+            let back = back.expect("read the echo");
+            assert_eq!(back.len(), payload.len(), "seed {seed}: echoed length");
+            if let Some(at) = back.iter().zip(&payload).position(|(a, b)| a != b) {
+                panic!("seed {seed}: echo differs at byte {at}");
+            }
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined.unwrap_or_else(|e| panic!("{e}\nproxy log:\n{}", proxy.process.log()));
+    }
+    let accepted: u64 = echoes.iter().map(|e| e.accepted()).sum();
+    assert_eq!(accepted, 6, "one upstream connection per client connection");
+
+    // Byte counters cover at least what was sent each way.
+    let metrics = proxy.metrics().await;
+    let read = metrics.sum("tcp_read_bytes_total", &[]);
+    let written = metrics.sum("tcp_write_bytes_total", &[]);
+    assert!(
+        read >= (6 * PAYLOAD) as f64 && written >= (6 * PAYLOAD) as f64,
+        "tcp bytes read {read}, written {written}; names: {:?}",
+        metrics.names()
+    );
+}
