@@ -10,7 +10,10 @@ use crate::{config::ControlConfig, metrics::Metrics};
 use ballast_backoff::Backoff;
 use hyper_util::rt::TokioIo;
 use std::{
-    sync::{Arc, Mutex},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
     time::Duration,
 };
 use tokio::{net::TcpStream, time::Instant};
@@ -87,6 +90,7 @@ impl Gate {
 pub struct ControlPlane {
     channel: Channel,
     gate: Arc<Gate>,
+    connected: Arc<AtomicBool>,
     pub(crate) config: Arc<ControlConfig>,
     pub(crate) metrics: Arc<Metrics>,
 }
@@ -122,6 +126,7 @@ impl ControlPlane {
         Ok(Self {
             channel,
             gate,
+            connected: Arc::new(AtomicBool::new(false)),
             config: Arc::new(config),
             metrics,
         })
@@ -133,12 +138,23 @@ impl ControlPlane {
 
     /// A message arrived: the controller is there; restart the schedule.
     pub(crate) fn healthy(&self) {
-        self.metrics.control_connected.set(1);
-        self.gate.healthy();
+        if !self.connected.swap(true, Ordering::Relaxed) {
+            self.metrics.control_connected.set(1);
+            tracing::info!(addr = %self.config.addr, "receiving from the destination controller");
+            self.gate.healthy();
+        }
     }
 
     /// A stream failed: the controller may be gone.
-    pub(crate) fn unhealthy(&self) {
-        self.metrics.control_connected.set(0);
+    pub(crate) fn unhealthy(&self, reason: &str) {
+        if self.connected.swap(false, Ordering::Relaxed) {
+            self.metrics.control_connected.set(0);
+            let reason: String = reason.chars().take(128).collect();
+            tracing::warn!(
+                addr = %self.config.addr,
+                %reason,
+                "lost the destination controller; routing on the last known endpoints while reconnecting"
+            );
+        }
     }
 }

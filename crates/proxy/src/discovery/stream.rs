@@ -79,7 +79,7 @@ where
                 control.unhealthy();
                 tracing::debug!(rpc, code = ?status.code(), message = status.message(), "controller stream failed");
             }
-            None => control.unhealthy(),
+            None => control.unhealthy("the controller ended the stream"),
         }
         tokio::time::sleep(backoff.next_delay()).await;
     }
