@@ -76,7 +76,7 @@ where
                     .control_stream_errors_total
                     .get_or_create(&labels)
                     .inc();
-                control.unhealthy();
+                control.unhealthy(status.message());
                 tracing::debug!(rpc, code = ?status.code(), message = status.message(), "controller stream failed");
             }
             None => control.unhealthy("the controller ended the stream"),
