@@ -176,11 +176,12 @@ async fn unknown_targets_fail_fast_and_connections_stay_bounded_while_the_contro
 
     let failures = Arc::new(Failures::default());
     let answered = Arc::new(AtomicU64::new(0));
+    let slowest = Arc::new(AtomicU64::new(0));
     let end = Instant::now() + RUN;
     let outbound = mesh.proxy.outbound;
     let mut clients = tokio::task::JoinSet::new();
     for client in 0..CLIENTS {
-        let (failures, answered) = (failures.clone(), answered.clone());
+        let (failures, answered, slowest) = (failures.clone(), answered.clone(), slowest.clone());
         clients.spawn(async move {
             let mut n = 0;
             while Instant::now() < end {
@@ -191,6 +192,7 @@ async fn unknown_targets_fail_fast_and_connections_stay_bounded_while_the_contro
                     Ok(a) => {
                         let took = started.elapsed();
                         answered.fetch_add(1, Ordering::Relaxed);
+                        slowest.fetch_max(took.as_micros() as u64, Ordering::Relaxed);
                         if a.status != StatusCode::SERVICE_UNAVAILABLE
                             || a.header("l5d-proxy-error").is_none()
                             || took >= FAILFAST + MARGIN
@@ -225,6 +227,10 @@ async fn unknown_targets_fail_fast_and_connections_stay_bounded_while_the_contro
         "only {answered} answers in {RUN:?} from {CLIENTS} clients"
     );
     let limit = baseline + CLIENTS + FD_SLACK;
+    eprintln!(
+        "{answered} fast 503s; descriptors: baseline {baseline}, most {most}, limit {limit}; slowest 503 {:?}",
+        Duration::from_micros(slowest.load(Ordering::Relaxed))
+    );
     assert!(
         most <= limit,
         "the proxy held {most} descriptors (baseline {baseline}, limit {limit})"

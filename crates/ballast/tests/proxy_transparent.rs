@@ -145,12 +145,29 @@ async fn redirected_connections_are_routed_by_their_original_destination() {
     assert_eq!(a.status, StatusCode::OK, "{a:?}");
     assert_eq!(a.text(), "outside\n");
 
-    // Connections were redirected, not made directly: the proxy counted them.
+    // Those went through the proxy too (redirected, not made directly): it
+    // counted them by original destination.
     let a = ns.curl(&metrics_url).await.unwrap();
     let m = Metrics::parse(&a.text());
-    let opened = m.sum("tcp_open_total", &[("direction", "outbound")]);
+    let b = addr_b.to_string();
+    let to_pod = m.sum(
+        "request_total",
+        &[
+            ("direction", "outbound"),
+            ("authority", &b),
+            ("dst_pod", "web-b"),
+        ],
+    );
+    let outside = addr_outside.to_string();
+    let to_outside = m.sum("request_total", &[("authority", &outside)]);
+    let opened = m.sum(
+        "tcp_open_total",
+        &[("direction", "outbound"), ("peer", "src")],
+    );
     assert!(
-        opened >= 14.0,
-        "tcp_open_total{{direction=\"outbound\"}} = {opened} after 14 redirected connections"
+        to_pod >= 3.0 && to_outside >= 1.0 && opened >= 14.0,
+        "requests to the pod {to_pod}, to the outside address {to_outside}, \
+         connections {opened}; metrics:\n{}",
+        m.text
     );
 }

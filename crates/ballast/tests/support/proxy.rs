@@ -130,7 +130,10 @@ impl Logged {
 
     pub fn logs_containing(&self, needle: &str) -> Vec<String> {
         let logs = self.logs.lock().unwrap();
-        logs.iter().filter(|l| l.contains(needle)).cloned().collect()
+        logs.iter()
+            .filter(|l| l.contains(needle))
+            .cloned()
+            .collect()
     }
 }
 
@@ -429,7 +432,10 @@ impl Mesh {
         })
         .await;
         if result.is_err() {
-            panic!("timed out waiting for {what}; proxy log:\n{}", self.proxy.process.log());
+            panic!(
+                "timed out waiting for {what}; proxy log:\n{}",
+                self.proxy.process.log()
+            );
         }
     }
 
@@ -669,7 +675,11 @@ pub mod netns {
         pub fn create(addresses: &[&str]) -> Result<NetNs, String> {
             match effective_uid() {
                 Some(0) => {}
-                Some(uid) => return Err(format!("needs root to make a network namespace (uid {uid})")),
+                Some(uid) => {
+                    return Err(format!(
+                        "needs root to make a network namespace (uid {uid})"
+                    ))
+                }
                 None => return Err("cannot tell the uid from /proc/self/status".into()),
             }
             for tool in ["ip", "iptables", "setpriv", "curl"] {
@@ -790,8 +800,12 @@ pub mod netns {
                     String::from_utf8_lossy(&out.stderr).trim()
                 ));
             }
-            parse_curl(&out.stdout, started.elapsed())
-                .ok_or_else(|| format!("curl {url}: unreadable answer {:?}", String::from_utf8_lossy(&out.stdout)))
+            parse_curl(&out.stdout, started.elapsed()).ok_or_else(|| {
+                format!(
+                    "curl {url}: unreadable answer {:?}",
+                    String::from_utf8_lossy(&out.stdout)
+                )
+            })
         }
 
         /// Waits until `url` is answered `200` from inside the namespace.
