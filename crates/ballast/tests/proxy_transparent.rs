@@ -9,7 +9,7 @@
 mod support;
 
 use http::StatusCode;
-use std::net::SocketAddr;
+use std::{io::Write, net::SocketAddr};
 use support::{
     eventually,
     proxy::{
@@ -49,7 +49,12 @@ async fn redirected_connections_are_routed_by_their_original_destination() {
             if std::env::var_os("CI").is_some() {
                 panic!("CI must run the transparent-mode test, but: {why}");
             }
-            eprintln!("SKIPPED: transparent-mode proxy test: {why}");
+            // Straight to stderr, past the test harness's capture, so the
+            // skip shows in every run's output.
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED: transparent-mode proxy test: {why}"
+            );
             return;
         }
     };
