@@ -258,6 +258,7 @@ impl Metrics {
     /// The names of all metric samples, for failure messages.
     pub fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.samples.iter().map(|s| s.name.clone()).collect();
+        names.sort();
         names.dedup();
         names
     }
