@@ -146,13 +146,16 @@ async fn a_known_target_keeps_working_for_30s_after_the_controller_is_killed() {
 async fn unknown_targets_fail_fast_and_connections_stay_bounded_while_the_controller_is_down() {
     // Bounds: each request for a never-seen target is answered 503 with
     // `l5d-proxy-error` within the 1 s failfast timeout plus 1 s margin, and
-    // the proxy's open descriptors never exceed its baseline plus one per
-    // client plus 30.
+    // the proxy's open descriptors never exceed its baseline plus two per
+    // client (the open connection and the one just closed by the client,
+    // which a busy proxy may not have reaped yet) plus 20. Each client opens
+    // a connection per request, about 300 in all, so a proxy that kept them
+    // (or one per target) would exceed it many times over.
     const FAILFAST: Duration = Duration::from_secs(1);
     const MARGIN: Duration = Duration::from_secs(1);
     const CLIENTS: usize = 50;
     const RUN: Duration = Duration::from_secs(6);
-    const FD_SLACK: usize = 30;
+    const FD_SLACK: usize = 20;
     let mut mesh = Mesh::start(1, &["--http-failfast-timeout", "1s"]).await;
     kill(&mut mesh.controller).await;
     let baseline = mesh.proxy.open_fds();
@@ -226,7 +229,7 @@ async fn unknown_targets_fail_fast_and_connections_stay_bounded_while_the_contro
         answered >= (CLIENTS * 3) as u64,
         "only {answered} answers in {RUN:?} from {CLIENTS} clients"
     );
-    let limit = baseline + CLIENTS + FD_SLACK;
+    let limit = baseline + 2 * CLIENTS + FD_SLACK;
     eprintln!(
         "{answered} fast 503s; descriptors: baseline {baseline}, most {most}, limit {limit}; slowest 503 {:?}",
         Duration::from_micros(slowest.load(Ordering::Relaxed))
@@ -309,21 +312,38 @@ async fn when_the_controller_returns_the_proxy_converges_to_the_current_endpoint
     );
 
     mesh.controller = restart(&mesh.cluster, addr).await;
-    // Converged: a batch of 60 requests in which web-c gets none and web-d some.
+    let restarted = mesh.counts();
+    // Converged: the proxy balances over three ready endpoints, web-d has
+    // answered since the restart, and a batch of 60 requests gave web-c none.
+    // (Which of the three serves a given batch is the balancer's business:
+    // peak-EWMA steers away from an endpoint for seconds after one slow
+    // answer, so no per-endpoint share is asserted here.)
+    let web = mesh.web();
+    let balancer = [("authority", web.as_str())];
     let started = Instant::now();
     loop {
         let before = mesh.counts();
         for _ in 0..60 {
-            let a = conn.get(&mesh.web(), "/").await.unwrap();
+            let a = conn.get(&web, "/").await.unwrap();
             assert_eq!(a.status, StatusCode::OK, "{a:?}");
         }
         let after = mesh.counts();
-        if after[2] == before[2] && after[3] > before[3] {
+        let m = mesh.proxy.metrics().await;
+        let ready = m.sum(
+            "balancer_endpoints",
+            &[balancer[0], ("endpoint_state", "ready")],
+        );
+        let pending = m.sum(
+            "balancer_endpoints",
+            &[balancer[0], ("endpoint_state", "pending")],
+        );
+        if after[2] == before[2] && after[3] > restarted[3] && ready == 3.0 && pending == 0.0 {
             break;
         }
         assert!(
             started.elapsed() < DEADLINE,
-            "not converged {DEADLINE:?} after the controller returned: counts {after:?}\nproxy log:\n{}",
+            "not converged {DEADLINE:?} after the controller returned: counts {after:?}, \
+             balancer endpoints ready {ready}, pending {pending}\nproxy log:\n{}",
             mesh.proxy.process.log()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -332,9 +352,9 @@ async fn when_the_controller_returns_the_proxy_converges_to_the_current_endpoint
     let before = mesh.counts();
     for i in 0..300 {
         let a = if i % 3 == 0 {
-            get(mesh.proxy.outbound, &mesh.web(), "/").await
+            get(mesh.proxy.outbound, &web, "/").await
         } else {
-            conn.get(&mesh.web(), "/").await
+            conn.get(&web, "/").await
         };
         let a = a.unwrap();
         assert_eq!(a.status, StatusCode::OK, "{a:?}");
@@ -346,13 +366,11 @@ async fn when_the_controller_returns_the_proxy_converges_to_the_current_endpoint
     }
     let after = mesh.counts();
     assert_eq!(after[2], before[2], "web-c got traffic after convergence");
-    for i in [0, 1, 3] {
-        assert!(
-            after[i] > before[i],
-            "{} got none of 300",
-            mesh.backends[i].name()
-        );
-    }
+    assert_eq!(
+        after.iter().sum::<u64>() - before.iter().sum::<u64>(),
+        300,
+        "each request answered once"
+    );
 }
 
 /// The most connection attempts the schedule allows in `window`: retry `n`
