@@ -143,3 +143,37 @@ fn the_deployment_is_probed_bounded_and_unprivileged() {
         );
     }
 }
+
+#[test]
+fn the_sidecar_example_passes_flags_the_proxy_has_and_is_probed() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/examples/sidecar.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let containers = docs[0]["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap();
+    let proxy = containers
+        .iter()
+        .find(|c| c["args"][0] == "proxy")
+        .expect("a proxy sidecar");
+    assert_eq!(proxy["livenessProbe"]["httpGet"]["path"], "/live");
+    assert_eq!(proxy["readinessProbe"]["httpGet"]["path"], "/ready");
+    assert!(proxy["resources"]["limits"]["memory"].is_string());
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_ballast"))
+        .args(["proxy", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for arg in proxy["args"].as_array().unwrap().iter().skip(1) {
+        let flag = arg.as_str().unwrap().split('=').next().unwrap();
+        assert!(help.contains(flag), "`ballast proxy` has no flag {flag}");
+    }
+    for env in proxy["env"].as_array().unwrap() {
+        let name = env["name"].as_str().unwrap();
+        assert!(
+            name == "BALLAST_LOG" || help.contains(name),
+            "`ballast proxy` reads no {name}"
+        );
+    }
+}
