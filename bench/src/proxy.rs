@@ -27,6 +27,11 @@
 //! before each round the benchmark waits (up to `--quiet-wait` seconds) for
 //! the machine to go quiet.
 //!
+//! `--keep-awake` runs a SCHED_IDLE busy loop on both cores so that the
+//! virtual CPUs never halt: any woken task preempts it at once, and a
+//! wake-up then costs no exit to the hypervisor. It separates the proxies'
+//! own latency from the VM's wake-up latency (which dominates the tails).
+//!
 //! Needs installed: `apt-get install -y nginx haproxy wrk` (Debian 12:
 //! nginx 1.22, haproxy 2.6, wrk 4.1), `cargo install --locked oha`, `taskset`
 //! (util-linux), and `cargo build --release -p ballast` for the Ballast
@@ -37,6 +42,7 @@
 //!        [--wrk-connections N] [--idle-connections N]
 //!        [--targets direct,ballast,haproxy] [--max-foreign CORES]
 //!        [--retries N] [--quiet-wait SECS] [--proxy-core N] [--load-core N]
+//!        [--keep-awake]
 
 #[path = "proxy/load.rs"]
 mod load;
@@ -71,6 +77,7 @@ pub struct Opts {
     quiet_wait: Duration,
     proxy_core: u32,
     load_core: u32,
+    keep_awake: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,7 +100,7 @@ impl Target {
 const USAGE: &str = "Usage: proxy-bench [--ballast PATH] [--oha PATH] [--rounds N] \
 [--duration SECS] [--rates 1000,5000,20000] [--connections N] [--wrk-connections N] \
 [--idle-connections N] [--targets direct,ballast,haproxy] [--max-foreign CORES] \
-[--retries N] [--quiet-wait SECS] [--proxy-core N] [--load-core N]\n\n\
+[--retries N] [--quiet-wait SECS] [--proxy-core N] [--load-core N] [--keep-awake]\n\n\
 Needs: apt-get install -y nginx haproxy wrk; cargo install --locked oha; taskset;\n\
 cargo build --release -p ballast (for the ballast target). Run from the workspace root.";
 
@@ -125,12 +132,17 @@ fn opts() -> anyhow::Result<Opts> {
         quiet_wait: Duration::from_secs(1800),
         proxy_core: 1,
         load_core: 0,
+        keep_awake: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         if flag == "--help" || flag == "-h" {
             println!("{USAGE}");
             std::process::exit(0);
+        }
+        if flag == "--keep-awake" {
+            o.keep_awake = true;
+            continue;
         }
         let value = args
             .next()
@@ -319,6 +331,23 @@ async fn measure(o: &Opts, env: &Env, t: Target) -> anyhow::Result<Measured> {
     })
 }
 
+/// A busy loop at SCHED_IDLE priority on each core: any woken task preempts
+/// it at once, but the virtual CPU never halts, so a wake-up costs no exit
+/// to the hypervisor. Tells the proxy's latency from the VM's wake-up latency.
+fn keep_awake(cores: &[u32]) -> anyhow::Result<Vec<tokio::process::Child>> {
+    cores
+        .iter()
+        .map(|core| {
+            tokio::process::Command::new("chrt")
+                .args(["--idle", "0", "taskset", "-c", &core.to_string()])
+                .args(["sh", "-c", "while :; do :; done"])
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| anyhow::anyhow!("chrt: {e}"))
+        })
+        .collect()
+}
+
 async fn run(o: Opts) -> anyhow::Result<()> {
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let machine = system::machine();
@@ -337,6 +366,11 @@ async fn run(o: Opts) -> anyhow::Result<()> {
         targets.retain(|t| *t != Target::Ballast);
     }
 
+    let _spinners = if o.keep_awake {
+        keep_awake(&[o.load_core, o.proxy_core])?
+    } else {
+        Vec::new()
+    };
     let tmp = tempfile::tempdir()?;
     let nginx = servers::nginx(tmp.path(), o.load_core).await?;
     let manifests = tmp.path().join("manifests");
@@ -382,6 +416,9 @@ async fn run(o: Opts) -> anyhow::Result<()> {
         o.proxy_core,
         o.load_core
     );
+    if o.keep_awake {
+        println!("keep-awake: SCHED_IDLE busy loops on both cores");
+    }
 
     let mut rounds: Vec<Round> = Vec::new();
     let mut retries_left = o.retries;

@@ -207,6 +207,19 @@ pub fn print(o: &Opts, targets: &[Target], rounds: &[Round], discarded: usize) {
         if failed > 0 {
             println!("\n{failed} requests failed at {rate} rps (non-200 or errors)");
         }
+        // The backend and the client share one core: past some rate they,
+        // not the proxy, set the latency of every path.
+        if let Some((p50, _, _)) = over(rounds, Target::Direct, |m| {
+            fixed_at(m, rate).map(|f| f.p50_us)
+        }) {
+            if p50 > 1_000.0 {
+                println!(
+                    "\nAt {rate} rps the load core is saturated (direct p50 {:.1} ms): \
+                     these latencies measure the client and backend, not the proxies.",
+                    p50 / 1000.0
+                );
+            }
+        }
     }
     if has_direct {
         println!("\n(proxy columns: added to the direct path of the same round)");
