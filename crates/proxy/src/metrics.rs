@@ -48,10 +48,16 @@ pub struct DstLabels {
     pub dst_pod: Arc<str>,
 }
 
+/// The empty label value, shared: made once, not per connection.
+pub fn empty_label() -> Arc<str> {
+    static EMPTY: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+    EMPTY.get_or_init(|| Arc::from("")).clone()
+}
+
 impl DstLabels {
     /// Labels for a connection whose destination is not known yet.
     pub fn unknown(direction: Direction) -> Self {
-        let empty: Arc<str> = Arc::from("");
+        let empty = empty_label();
         Self {
             direction,
             authority: empty.clone(),

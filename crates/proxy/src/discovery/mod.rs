@@ -32,7 +32,7 @@ pub struct Endpoint {
 impl Endpoint {
     /// An endpoint known only by its address.
     pub fn bare(addr: SocketAddr) -> Self {
-        let empty: Arc<str> = Arc::from("");
+        let empty = crate::metrics::empty_label();
         Self {
             addr,
             weight: 1,
