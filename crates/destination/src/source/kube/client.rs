@@ -7,8 +7,8 @@
 //! turned off by [`super::client_from_config`]: every retry the source makes
 //! goes through its own schedule and is counted here.
 
-use ballast_backoff::{Backoff, BackoffConfig};
 use crate::metrics::{KubeFreshness, KubeRequestLabel, KubeResponseLabel, Metrics};
+use ballast_backoff::{Backoff, BackoffConfig};
 use bytes::Bytes;
 use http::{header::RETRY_AFTER, HeaderMap, Method, Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame, SizeHint};
