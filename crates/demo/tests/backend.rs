@@ -1,6 +1,5 @@
 //! The demo backend over real HTTP/1.1 and HTTP/2 connections on loopback.
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -12,23 +11,8 @@ use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 
-const DEADLINE: Duration = Duration::from_secs(10);
-
-fn any_port() -> SocketAddr {
-    "127.0.0.1:0".parse().expect("address")
-}
-
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+mod support;
+use support::{any_port, eventually};
 
 struct Answer {
     status: StatusCode,

@@ -1,9 +1,8 @@
 //! The load client against real backends on loopback.
 
 use std::convert::Infallible;
-use std::future::Future;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ballast_demo::load::{LoadClient, LoadConfig, NO_BACKEND};
 use ballast_demo::Backend;
@@ -14,23 +13,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
-const DEADLINE: Duration = Duration::from_secs(10);
-
-fn any_port() -> SocketAddr {
-    "127.0.0.1:0".parse().expect("address")
-}
-
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+mod support;
+use support::{any_port, eventually};
 
 #[tokio::test]
 async fn steady_rate_attributed_to_the_backend() {
