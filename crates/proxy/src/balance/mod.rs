@@ -206,6 +206,11 @@ impl InFlight {
         rtt
     }
 
+    /// Time since the request started, without feeding the estimate.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
     pub fn endpoint(&self) -> &Arc<EndpointState> {
         &self.endpoint
     }

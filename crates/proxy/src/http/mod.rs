@@ -148,7 +148,7 @@ impl Forwarder {
             metrics.request();
             let in_flight = endpoint.start();
             return Attempt::Sent(match sender.try_send_request(req).await {
-                Ok(rsp) => self.respond(rsp, endpoint, in_flight, None),
+                Ok(rsp) => self.respond(rsp, endpoint, in_flight, None, true),
                 Err(mut e) => match e.take_message() {
                     Some(req) => return Attempt::Unsent(req, None),
                     None => self.upstream_failed(endpoint, e.into_error()),
@@ -175,7 +175,7 @@ impl Forwarder {
         metrics.request();
         let in_flight = endpoint.start();
         match sender.try_send_request(req).await {
-            Ok(rsp) => Attempt::Sent(self.respond(rsp, endpoint, in_flight, Some(sender))),
+            Ok(rsp) => Attempt::Sent(self.respond(rsp, endpoint, in_flight, Some(sender), !fresh)),
             Err(mut e) => match e.take_message() {
                 Some(req) => unsent(req),
                 None => Attempt::Sent(self.upstream_failed(endpoint, e.into_error())),
@@ -189,8 +189,16 @@ impl Forwarder {
         endpoint: &Arc<EndpointState>,
         in_flight: crate::balance::InFlight,
         h1: Option<hyper::client::conn::http1::SendRequest<Incoming>>,
+        // The first exchange on a new connection pays for its setup at the
+        // endpoint too; one such sample would mark the endpoint slow for
+        // seconds (peak-EWMA), so only settled connections are measured.
+        measure: bool,
     ) -> Response<ResponseBody> {
-        let rtt = in_flight.observe();
+        let rtt = if measure {
+            in_flight.observe()
+        } else {
+            in_flight.elapsed()
+        };
         endpoint.http_metrics().latency(rtt);
         let (mut parts, incoming) = rsp.into_parts();
         if h1.is_some() {
