@@ -4,8 +4,10 @@ use crate::diagnostics::humantime_secs;
 use anyhow::Context;
 use ballast_admin::{AdminServer, AdminState, Readiness};
 use ballast_backoff::BackoffConfig;
-use ballast_proxy::config::{self as defaults, ControlConfig, InboundConfig, OutboundConfig};
-use clap::Args as ClapArgs;
+use ballast_proxy::config::{
+    self as defaults, ControlConfig, HttpLimits, InboundConfig, OutboundConfig,
+};
+use clap::{builder::TypedValueParser, Args as ClapArgs};
 use std::{net::SocketAddr, sync::atomic::AtomicBool, sync::Arc, time::Duration};
 use tokio::{net::TcpListener, sync::watch};
 
@@ -139,6 +141,106 @@ pub struct Args {
     /// On SIGTERM, how long open connections get to finish before exit.
     #[arg(long, env = "BALLAST_PROXY_SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime_secs)]
     shutdown_grace: Duration,
+
+    /// Workload port for inbound connections that were not redirected by
+    /// iptables (runs without iptables: local runs, tests). Unset: such
+    /// connections are refused.
+    #[arg(long, env = "BALLAST_PROXY_INBOUND_FORWARD_PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    inbound_forward_port: Option<u16>,
+
+    /// Inbound ports forwarded as TCP without protocol detection
+    /// (server-speaks-first protocols), comma-separated; empty for none.
+    #[arg(long, env = "BALLAST_PROXY_INBOUND_OPAQUE_PORTS", default_value = defaults::DEFAULT_INBOUND_OPAQUE_PORTS,
+          value_parser = defaults::parse_ports)]
+    inbound_opaque_ports: std::vec::Vec<u16>,
+
+    /// Largest HTTP/1 head (request line or status line and headers), in
+    /// bytes; a larger request gets 431 and the connection closes. Also
+    /// bounds each connection's read buffer.
+    #[arg(long, env = "BALLAST_PROXY_HTTP1_MAX_HEADER_BYTES", default_value_t = defaults::DEFAULT_HTTP1_MAX_HEADER_BYTES,
+          value_parser = clap::value_parser!(u64).range(1024..=16 * 1024 * 1024).map(|v| v as usize))]
+    http1_max_header_bytes: usize,
+
+    /// Most headers in one HTTP/1 head; more gets 431.
+    #[arg(long, env = "BALLAST_PROXY_HTTP1_MAX_HEADERS", default_value_t = defaults::DEFAULT_HTTP1_MAX_HEADERS,
+          value_parser = clap::value_parser!(u64).range(1..=10_000).map(|v| v as usize))]
+    http1_max_headers: usize,
+
+    /// Time for a whole HTTP/1 request head to arrive once the connection is
+    /// ready for one (new, or idle between requests); then it is closed.
+    /// Cuts slowloris heads, and bounds keep-alive idle time.
+    #[arg(long, env = "BALLAST_PROXY_HTTP1_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = humantime_secs)]
+    http1_header_read_timeout: Duration,
+
+    /// Concurrent streams a client may open on one HTTP/2 connection.
+    #[arg(long, env = "BALLAST_PROXY_HTTP2_MAX_CONCURRENT_STREAMS", default_value_t = defaults::DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    http2_max_concurrent_streams: u32,
+
+    /// Largest HTTP/2 header list (decoded), in bytes.
+    #[arg(long, env = "BALLAST_PROXY_HTTP2_MAX_HEADER_LIST_BYTES", default_value_t = defaults::DEFAULT_HTTP2_MAX_HEADER_LIST_BYTES,
+          value_parser = clap::value_parser!(u32).range(1024..))]
+    http2_max_header_list_bytes: u32,
+
+    /// Largest HTTP/2 frame accepted, in bytes (16384 to 16777215).
+    #[arg(long, env = "BALLAST_PROXY_HTTP2_MAX_FRAME_BYTES", default_value_t = defaults::DEFAULT_HTTP2_MAX_FRAME_BYTES,
+          value_parser = clap::value_parser!(u32).range(16_384..=16_777_215))]
+    http2_max_frame_bytes: u32,
+
+    /// HTTP/2 flow-control window per stream: bytes a peer may send on one
+    /// stream before the proxy has passed them on.
+    #[arg(long, env = "BALLAST_PROXY_HTTP2_INITIAL_STREAM_WINDOW_BYTES", default_value_t = defaults::DEFAULT_HTTP2_INITIAL_STREAM_WINDOW_BYTES,
+          value_parser = clap::value_parser!(u32).range(1..=2_147_483_647))]
+    http2_initial_stream_window_bytes: u32,
+
+    /// HTTP/2 flow-control window per connection (all streams together).
+    #[arg(long, env = "BALLAST_PROXY_HTTP2_INITIAL_CONNECTION_WINDOW_BYTES", default_value_t = defaults::DEFAULT_HTTP2_INITIAL_CONNECTION_WINDOW_BYTES,
+          value_parser = clap::value_parser!(u32).range(1..=2_147_483_647))]
+    http2_initial_connection_window_bytes: u32,
+
+    /// Bytes buffered for sending per HTTP/2 stream; a peer that does not
+    /// read makes the proxy wait, not buffer.
+    #[arg(long, env = "BALLAST_PROXY_HTTP2_MAX_SEND_BUFFER_BYTES", default_value_t = defaults::DEFAULT_HTTP2_MAX_SEND_BUFFER_BYTES,
+          value_parser = clap::value_parser!(u64).range(1024..=64 * 1024 * 1024).map(|v| v as usize))]
+    http2_max_send_buffer_bytes: usize,
+
+    /// A client HTTP/2 connection with no request for this long gets GOAWAY
+    /// and closes (HTTP/1 is bounded by --http1-header-read-timeout).
+    #[arg(long, env = "BALLAST_PROXY_HTTP_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime_secs)]
+    http_idle_timeout: Duration,
+
+    /// HTTP/1 connections open at once to one endpoint; a request that finds
+    /// none free waits until its failfast deadline, then gets 503.
+    #[arg(long, env = "BALLAST_PROXY_MAX_CONNECTIONS_PER_ENDPOINT", default_value_t = defaults::DEFAULT_MAX_CONNECTIONS_PER_ENDPOINT,
+          value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+    max_connections_per_endpoint: usize,
+
+    /// Allocated memory (bytes; K, M, G suffixes as powers of 1024) at which
+    /// new connections are closed at accept and new requests get 503, until
+    /// it falls back. 0: no limit.
+    #[arg(long, env = "BALLAST_PROXY_MEMORY_LIMIT", default_value = "0", value_parser = parse_bytes)]
+    memory_limit: u64,
+}
+
+/// `1048576`, `512K`, `64M`, `1G`.
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => t.split_at(i),
+        None => (t, ""),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a byte count (e.g. 268435456, 256M, 1G)"))?;
+    let scale: u64 = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "K" | "KI" | "KIB" => 1 << 10,
+        "M" | "MI" | "MIB" => 1 << 20,
+        "G" | "GI" | "GIB" => 1 << 30,
+        other => return Err(format!("unknown unit {other:?} in {s:?} (use K, M or G)")),
+    };
+    n.checked_mul(scale)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 fn parse_tcp_route(s: &str) -> Result<(SocketAddr, String), String> {
@@ -235,9 +337,24 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         },
         inbound: InboundConfig {
             addr: args.inbound_addr,
-            connect_timeout: args.connect_timeout,
+            forward_port: args.inbound_forward_port,
+            opaque_ports: args.inbound_opaque_ports,
             max_connections: args.max_connections,
         },
+        http: HttpLimits {
+            h1_max_header_bytes: args.http1_max_header_bytes,
+            h1_max_headers: args.http1_max_headers,
+            h1_header_read_timeout: args.http1_header_read_timeout,
+            h2_max_concurrent_streams: args.http2_max_concurrent_streams,
+            h2_max_header_list_bytes: args.http2_max_header_list_bytes,
+            h2_max_frame_bytes: args.http2_max_frame_bytes,
+            h2_initial_stream_window_bytes: args.http2_initial_stream_window_bytes,
+            h2_initial_connection_window_bytes: args.http2_initial_connection_window_bytes,
+            h2_max_send_buffer_bytes: args.http2_max_send_buffer_bytes,
+            idle_timeout: args.http_idle_timeout,
+            max_connections_per_endpoint: args.max_connections_per_endpoint,
+        },
+        memory_limit: (args.memory_limit > 0).then_some(args.memory_limit),
         admin_addr,
         shutdown_grace: args.shutdown_grace,
     };

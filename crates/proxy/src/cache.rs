@@ -5,9 +5,24 @@
 use std::{
     collections::HashMap,
     hash::Hash,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, Weak},
     time::{Duration, Instant},
 };
+
+/// Calls `sweep` on `owner` a few times per `idle` period until the owner
+/// is gone.
+pub fn spawn_sweeper<T: Send + Sync + 'static>(owner: Weak<T>, idle: Duration, sweep: fn(&T)) {
+    let period = (idle / 2).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(o) = owner.upgrade() else { return };
+            sweep(&o);
+        }
+    });
+}
 
 #[derive(Debug, thiserror::Error)]
 #[error("too many targets in use (at most {0})")]

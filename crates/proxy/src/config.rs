@@ -53,6 +53,34 @@ pub const DEFAULT_PROFILE_TIMEOUT: Duration = Duration::from_millis(500);
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// Grace for in-flight work after SIGTERM.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// Largest HTTP/1 request or response head (request line and headers); a
+/// larger one gets 431 (Envoy's default is 60 KiB).
+pub const DEFAULT_HTTP1_MAX_HEADER_BYTES: usize = 64 * 1024;
+/// Most headers in one HTTP/1 head (hyper's default).
+pub const DEFAULT_HTTP1_MAX_HEADERS: usize = 100;
+/// A request head must arrive whole within this time of the connection
+/// being ready for it (slowloris); idle keep-alive connections close then
+/// too (hyper's default).
+pub const DEFAULT_HTTP1_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Concurrent streams a client may open on one HTTP/2 connection.
+pub const DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS: u32 = 100;
+/// Largest decoded HTTP/2 header list.
+pub const DEFAULT_HTTP2_MAX_HEADER_LIST_BYTES: u32 = 64 * 1024;
+/// Largest HTTP/2 frame accepted (the protocol's minimum and default).
+pub const DEFAULT_HTTP2_MAX_FRAME_BYTES: u32 = 16 * 1024;
+/// Linkerd: the protocol's default per-stream window.
+pub const DEFAULT_HTTP2_INITIAL_STREAM_WINDOW_BYTES: u32 = 65_535;
+/// Linkerd: 1 MiB per connection, about 16 streams at full window.
+pub const DEFAULT_HTTP2_INITIAL_CONNECTION_WINDOW_BYTES: u32 = 1024 * 1024;
+/// Bytes buffered for sending per HTTP/2 stream before the sender waits.
+pub const DEFAULT_HTTP2_MAX_SEND_BUFFER_BYTES: usize = 64 * 1024;
+/// A client HTTP connection with no request for this long is closed.
+pub const DEFAULT_HTTP_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// HTTP/1 connections open at once to one endpoint.
+pub const DEFAULT_MAX_CONNECTIONS_PER_ENDPOINT: usize = 1_000;
+/// Linkerd's default opaque ports: server-speaks-first protocols (SMTP,
+/// MySQL, Galera, PostgreSQL, Redis, Elasticsearch, Memcached).
+pub const DEFAULT_INBOUND_OPAQUE_PORTS: &str = "25,587,3306,4444,5432,6379,9300,11211";
 
 /// How the proxy reaches the destination controller.
 #[derive(Clone, Debug)]
@@ -95,12 +123,53 @@ pub struct OutboundConfig {
     pub max_connections: usize,
 }
 
-/// Settings of the inbound side.
+/// Settings of the inbound side. Detection, connect, failfast, queue and
+/// pool settings are the outbound side's.
 #[derive(Clone, Debug)]
 pub struct InboundConfig {
     pub addr: SocketAddr,
-    pub connect_timeout: Duration,
+    /// Workload port for connections that were not redirected (no original
+    /// destination); `None` refuses them.
+    pub forward_port: Option<u16>,
+    /// Ports forwarded as TCP without protocol detection.
+    pub opaque_ports: Vec<u16>,
     pub max_connections: usize,
+}
+
+/// Limits on every HTTP connection the proxy serves or opens.
+#[derive(Clone, Copy, Debug)]
+pub struct HttpLimits {
+    pub h1_max_header_bytes: usize,
+    pub h1_max_headers: usize,
+    pub h1_header_read_timeout: Duration,
+    pub h2_max_concurrent_streams: u32,
+    pub h2_max_header_list_bytes: u32,
+    pub h2_max_frame_bytes: u32,
+    pub h2_initial_stream_window_bytes: u32,
+    pub h2_initial_connection_window_bytes: u32,
+    pub h2_max_send_buffer_bytes: usize,
+    /// Client connections with no request for this long are closed.
+    pub idle_timeout: Duration,
+    /// HTTP/1 connections open at once to one endpoint.
+    pub max_connections_per_endpoint: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        Self {
+            h1_max_header_bytes: DEFAULT_HTTP1_MAX_HEADER_BYTES,
+            h1_max_headers: DEFAULT_HTTP1_MAX_HEADERS,
+            h1_header_read_timeout: DEFAULT_HTTP1_HEADER_READ_TIMEOUT,
+            h2_max_concurrent_streams: DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
+            h2_max_header_list_bytes: DEFAULT_HTTP2_MAX_HEADER_LIST_BYTES,
+            h2_max_frame_bytes: DEFAULT_HTTP2_MAX_FRAME_BYTES,
+            h2_initial_stream_window_bytes: DEFAULT_HTTP2_INITIAL_STREAM_WINDOW_BYTES,
+            h2_initial_connection_window_bytes: DEFAULT_HTTP2_INITIAL_CONNECTION_WINDOW_BYTES,
+            h2_max_send_buffer_bytes: DEFAULT_HTTP2_MAX_SEND_BUFFER_BYTES,
+            idle_timeout: DEFAULT_HTTP_IDLE_TIMEOUT,
+            max_connections_per_endpoint: DEFAULT_MAX_CONNECTIONS_PER_ENDPOINT,
+        }
+    }
 }
 
 /// Everything the proxy needs to run.
@@ -109,8 +178,25 @@ pub struct Config {
     pub control: ControlConfig,
     pub outbound: OutboundConfig,
     pub inbound: InboundConfig,
+    pub http: HttpLimits,
+    /// Allocated bytes at which new connections and requests are shed.
+    pub memory_limit: Option<u64>,
     pub admin_addr: SocketAddr,
     pub shutdown_grace: Duration,
+}
+
+/// Parses a comma-separated port list (`25,587,6379`); empty is none.
+pub fn parse_ports(s: &str) -> Result<Vec<u16>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            p.parse::<u16>()
+                .ok()
+                .filter(|&n| n != 0)
+                .ok_or_else(|| format!("{p:?} is not a port (1-65535)"))
+        })
+        .collect()
 }
 
 /// The backoff of endpoint connects: Linkerd's 100 ms .. 500 ms, 10% jitter.

@@ -22,6 +22,7 @@ pub mod http;
 mod inbound;
 mod io;
 mod listen;
+pub mod memory;
 pub mod metrics;
 mod orig_dst;
 mod outbound;
@@ -32,7 +33,8 @@ pub use config::Config;
 pub use metrics::Metrics;
 
 use discovery::{ControlPlane, Discovery};
-use listen::{accept_loop, Connections};
+use listen::{accept_loop, Connections, Listener};
+use memory::MemoryLimit;
 use own::OwnListeners;
 use std::{future::Future, net::SocketAddr, sync::Arc};
 use tokio::{net::TcpListener, sync::watch};
@@ -70,53 +72,71 @@ pub async fn serve(
     let control = ControlPlane::new(config.control.clone(), metrics.clone())?;
     let discovery = Discovery::new(control, config.outbound.max_endpoints_per_target);
     let (stop_tx, stop_rx) = watch::channel(false);
+    let memory = MemoryLimit::start(config.memory_limit, metrics.clone());
     let outbound = outbound::Outbound::new(
         config.outbound.clone(),
         discovery,
         metrics.clone(),
         own.clone(),
+        config.http,
+        memory.clone(),
         stop_rx.clone(),
     );
-    let inbound = inbound::Inbound::new(config.inbound.clone(), metrics.clone(), own);
+    let inbound = inbound::Inbound::new(inbound::InboundParts {
+        config: config.inbound.clone(),
+        shared: config.outbound.clone(),
+        limits: config.http,
+        memory: memory.clone(),
+        metrics: metrics.clone(),
+        own,
+        shutdown: stop_rx.clone(),
+    });
 
     let mut tasks = Vec::new();
     let mut all = Vec::new();
+    let mut listen = |listener, name, max| {
+        let connections = Connections::new(max);
+        all.push(connections.clone());
+        Listener {
+            listener,
+            name,
+            connections,
+        }
+    };
 
-    let conns = Connections::new(config.outbound.max_connections);
-    all.push(conns.clone());
-    let o = outbound.clone();
-    tasks.push(tokio::spawn(accept_loop(
+    let l = listen(
         listeners.outbound,
         "outbound",
-        conns,
+        config.outbound.max_connections,
+    );
+    let o = outbound.clone();
+    tasks.push(tokio::spawn(accept_loop(
+        l,
         metrics.clone(),
+        memory.clone(),
         stop_rx.clone(),
         move |s| o.clone().serve(s),
     )));
 
     for (listener, authority) in listeners.tcp_routes {
-        let conns = Connections::new(config.outbound.max_connections);
-        all.push(conns.clone());
+        let l = listen(listener, "outbound_tcp", config.outbound.max_connections);
         let o = outbound.clone();
         let authority: Arc<str> = Arc::from(authority);
         tasks.push(tokio::spawn(accept_loop(
-            listener,
-            "outbound_tcp",
-            conns,
+            l,
             metrics.clone(),
+            memory.clone(),
             stop_rx.clone(),
             move |s| o.clone().serve_tcp_route(s, authority.clone()),
         )));
     }
 
-    let conns = Connections::new(config.inbound.max_connections);
-    all.push(conns.clone());
+    let l = listen(listeners.inbound, "inbound", config.inbound.max_connections);
     let i = inbound.clone();
     tasks.push(tokio::spawn(accept_loop(
-        listeners.inbound,
-        "inbound",
-        conns,
+        l,
         metrics.clone(),
+        memory,
         stop_rx,
         move |s| i.clone().serve(s),
     )));

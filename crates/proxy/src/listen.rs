@@ -2,8 +2,15 @@
 //! on its own task; accept errors (EMFILE) pause accepting instead of
 //! spinning or failing.
 
-use crate::metrics::{ListenerLabels, Metrics};
-use std::{future::Future, sync::Arc, time::Duration};
+use crate::{
+    memory::MemoryLimit,
+    metrics::{ListenerLabels, Metrics, RefusedLabels},
+};
+use std::{
+    future::Future,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 use tokio::{
     net::{TcpListener, TcpStream},
     sync::{watch, Semaphore},
@@ -12,6 +19,9 @@ use tokio::{
 /// Pause after an accept error, so that a process out of file descriptors
 /// does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+/// Refusals are logged at most this often per listener (they are counted
+/// always): a flood must not become a flood of log lines.
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Open connections of one listener; drained at shutdown.
 #[derive(Clone, Debug)]
@@ -35,47 +45,93 @@ impl Connections {
     }
 }
 
+/// Where an accept loop's connections go and what bounds them.
+pub struct Listener {
+    pub listener: TcpListener,
+    pub name: &'static str,
+    pub connections: Connections,
+}
+
 /// Accepts until `shutdown` turns true; each connection is handed to
-/// `serve` on a new task.
+/// `serve` on a new task. Over `--max-connections`, or while memory is at
+/// its limit, an accepted connection is closed at once and counted.
 pub async fn accept_loop<F, Fut>(
-    listener: TcpListener,
-    name: &'static str,
-    connections: Connections,
+    l: Listener,
     metrics: Arc<Metrics>,
+    memory: MemoryLimit,
     mut shutdown: watch::Receiver<bool>,
     serve: F,
 ) where
     F: Fn(TcpStream) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    let name = l.name;
     let labels = ListenerLabels { listener: name };
     let open = metrics.listener_connections.get_or_create_owned(&labels);
-    let refused = metrics.listener_refused_total.get_or_create_owned(&labels);
+    let accept_errors = metrics
+        .listener_accept_errors_total
+        .get_or_create_owned(&labels);
+    let refused = |reason| {
+        metrics
+            .listener_refused_total
+            .get_or_create_owned(&RefusedLabels {
+                listener: name,
+                reason,
+            })
+    };
+    let (over_max, over_memory) = (refused("max_connections"), refused("memory_limit"));
+    let mut last_refusal_log: Option<Instant> = None;
+    let mut unlogged = 0u64;
     loop {
         let accepted = tokio::select! {
             _ = shutdown.wait_for(|stop| *stop) => return,
-            a = listener.accept() => a,
+            a = l.listener.accept() => a,
         };
         let stream = match accepted {
             Ok((s, _)) => s,
             Err(e) => {
+                accept_errors.inc();
                 tracing::warn!(listener = name, error = %e, "accept failed; pausing");
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                 continue;
             }
         };
-        let Ok(permit) = connections.permits.clone().try_acquire_owned() else {
-            refused.inc();
-            continue;
+        let reason = if memory.shed("connection") {
+            over_memory.inc();
+            Some("memory is at --memory-limit")
+        } else {
+            match l.connections.permits.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    let _ = stream.set_nodelay(true);
+                    open.inc();
+                    let open = open.clone();
+                    let fut = serve(stream);
+                    tokio::spawn(async move {
+                        fut.await;
+                        open.dec();
+                        drop(permit);
+                    });
+                    None
+                }
+                Err(_) => {
+                    over_max.inc();
+                    Some("the listener is at --max-connections")
+                }
+            }
         };
-        let _ = stream.set_nodelay(true);
-        open.inc();
-        let open = open.clone();
-        let fut = serve(stream);
-        tokio::spawn(async move {
-            fut.await;
-            open.dec();
-            drop(permit);
-        });
+        if let Some(reason) = reason {
+            // Dropping the stream closes it: the peer sees the refusal at once.
+            unlogged += 1;
+            if last_refusal_log.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_INTERVAL) {
+                tracing::warn!(
+                    listener = name,
+                    refused = unlogged,
+                    max_connections = l.connections.max,
+                    "refusing connections: {reason}"
+                );
+                last_refusal_log = Some(Instant::now());
+                unlogged = 0;
+            }
+        }
     }
 }

@@ -109,6 +109,19 @@ pub struct ListenerLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    pub listener: &'static str,
+    /// `max_connections` or `memory_limit`.
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShedLabels {
+    /// `connection` or `request`.
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StreamLabels {
     pub rpc: &'static str,
 }
@@ -152,8 +165,18 @@ pub struct Metrics {
     pub control_messages_total: Family<StreamLabels, Counter>,
     /// Connections open on each listener.
     pub listener_connections: Family<ListenerLabels, Gauge>,
-    /// Connections refused because a listener was at its bound.
-    pub listener_refused_total: Family<ListenerLabels, Counter>,
+    /// Connections closed at accept, by listener and reason.
+    pub listener_refused_total: Family<RefusedLabels, Counter>,
+    /// Accept errors (EMFILE and the like); each pauses accepting.
+    pub listener_accept_errors_total: Family<ListenerLabels, Counter>,
+    /// Connections and requests refused because memory was at the limit.
+    pub memory_shed_total: Family<ShedLabels, Counter>,
+    /// The memory limit (0 when there is none).
+    pub memory_limit_bytes: Gauge,
+    /// 1 while allocated memory is at or over the limit.
+    pub memory_shedding: Gauge,
+    /// Client HTTP connections closed for being idle.
+    pub http_idle_closed_total: Counter,
 }
 
 impl Metrics {
@@ -180,6 +203,11 @@ impl Metrics {
             control_messages_total: Family::default(),
             listener_connections: Family::default(),
             listener_refused_total: Family::default(),
+            listener_accept_errors_total: Family::default(),
+            memory_shed_total: Family::default(),
+            memory_limit_bytes: Gauge::default(),
+            memory_shedding: Gauge::default(),
+            http_idle_closed_total: Counter::default(),
         };
         let r = registry;
         r.register("request", "Requests proxied", m.request_total.clone());
@@ -275,8 +303,33 @@ impl Metrics {
         );
         r.register(
             "listener_refused",
-            "Connections refused because a listener was at --max-connections",
+            "Connections closed at accept: the listener was at --max-connections, or memory at --memory-limit",
             m.listener_refused_total.clone(),
+        );
+        r.register(
+            "listener_accept_errors",
+            "Accept errors (such as running out of file descriptors); each pauses accepting briefly",
+            m.listener_accept_errors_total.clone(),
+        );
+        r.register(
+            "memory_shed",
+            "Connections and requests refused because allocated memory was at --memory-limit",
+            m.memory_shed_total.clone(),
+        );
+        r.register(
+            "memory_limit_bytes",
+            "The --memory-limit (0: none)",
+            m.memory_limit_bytes.clone(),
+        );
+        r.register(
+            "memory_shedding",
+            "1 while allocated memory is at or over --memory-limit",
+            m.memory_shedding.clone(),
+        );
+        r.register(
+            "http_idle_closed",
+            "Client HTTP connections closed after --http-idle-timeout without a request",
+            m.http_idle_closed_total.clone(),
         );
         Arc::new(m)
     }

@@ -30,7 +30,7 @@ pub struct Done {
     endpoint: Arc<EndpointState>,
     status: u16,
     grpc_status: Option<u32>,
-    h1: Option<(http1::SendRequest<Incoming>, PoolConfig)>,
+    h1: Option<(http1::SendRequest<Incoming>, Arc<PoolConfig>)>,
     _in_flight: InFlight,
 }
 
@@ -39,7 +39,7 @@ impl Done {
         endpoint: Arc<EndpointState>,
         status: u16,
         grpc_status: Option<u32>,
-        h1: Option<(http1::SendRequest<Incoming>, PoolConfig)>,
+        h1: Option<(http1::SendRequest<Incoming>, Arc<PoolConfig>)>,
         in_flight: InFlight,
     ) -> Self {
         Self {

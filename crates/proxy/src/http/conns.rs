@@ -1,17 +1,21 @@
 //! Connections to one endpoint: a pool of idle HTTP/1 connections (bounded,
 //! expiring) and one shared, multiplexed HTTP/2 connection.
 
+use crate::config::{HttpLimits, OutboundConfig};
 use hyper::{
     body::Incoming,
     client::conn::{http1, http2},
 };
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::{
     net::SocketAddr,
-    sync::Mutex,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
     time::{Duration, Instant},
 };
-use tokio::net::TcpStream;
+use tokio::{net::TcpStream, sync::Notify};
 
 /// Why no connection was had.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +28,8 @@ pub enum ConnectError {
     Closed(SocketAddr),
     #[error("HTTP handshake with {0} failed: {1}")]
     Handshake(SocketAddr, hyper::Error),
+    #[error("{0} has --max-connections-per-endpoint connections open, none free in time")]
+    Exhausted(SocketAddr),
 }
 
 /// Pool limits and timeouts.
@@ -32,12 +38,45 @@ pub struct PoolConfig {
     pub connect_timeout: Duration,
     pub idle_timeout: Duration,
     pub max_idle: usize,
+    /// Head, frame and window limits, the same towards endpoints as towards
+    /// clients; and the HTTP/1 connection count per endpoint.
+    pub limits: HttpLimits,
+}
+
+impl PoolConfig {
+    pub fn new(config: &OutboundConfig, limits: &HttpLimits) -> Self {
+        Self {
+            connect_timeout: config.connect_timeout,
+            idle_timeout: config.http1_pool_idle_timeout,
+            max_idle: config.http1_pool_max_idle,
+            limits: *limits,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
 pub struct EndpointConns {
     h1_idle: Mutex<Vec<(http1::SendRequest<Incoming>, Instant)>>,
     h2: Mutex<Option<http2::SendRequest<Incoming>>>,
+    /// HTTP/1 connections open (idle or busy), bounded by
+    /// `max_connections_per_endpoint`.
+    h1_open: Arc<AtomicUsize>,
+    /// Woken when an HTTP/1 connection is returned or closes.
+    h1_freed: Arc<Notify>,
+}
+
+/// Holds one of an endpoint's HTTP/1 connection slots while the connection
+/// lives.
+struct Slot {
+    open: Arc<AtomicUsize>,
+    freed: Arc<Notify>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::AcqRel);
+        self.freed.notify_one();
+    }
 }
 
 /// Opens a TCP connection with the connect timeout.
@@ -76,17 +115,61 @@ impl EndpointConns {
         });
         if idle.len() < config.max_idle {
             idle.push((sender, now));
+            drop(idle);
+            self.h1_freed.notify_one();
         }
     }
 
-    /// Opens a new HTTP/1 connection.
+    /// A free slot for a new HTTP/1 connection, or, at the bound, the first
+    /// pooled connection returned before `deadline`.
+    async fn h1_slot(
+        &self,
+        addr: SocketAddr,
+        config: &PoolConfig,
+        deadline: tokio::time::Instant,
+    ) -> Result<Result<Slot, http1::SendRequest<Incoming>>, ConnectError> {
+        let max = config.limits.max_connections_per_endpoint.max(1);
+        loop {
+            let freed = self.h1_freed.notified();
+            if self.h1_open.fetch_add(1, Ordering::AcqRel) < max {
+                return Ok(Ok(Slot {
+                    open: self.h1_open.clone(),
+                    freed: self.h1_freed.clone(),
+                }));
+            }
+            self.h1_open.fetch_sub(1, Ordering::AcqRel);
+            if let Some(sender) = self.take_h1(config) {
+                return Ok(Err(sender));
+            }
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                return Err(ConnectError::Exhausted(addr));
+            }
+        }
+    }
+
+    /// Opens a new HTTP/1 connection, or waits until `deadline` for one to
+    /// be returned when the endpoint is at its connection bound. The flag
+    /// is true for a new connection.
     pub async fn connect_h1(
         &self,
         addr: SocketAddr,
         config: &PoolConfig,
-    ) -> Result<http1::SendRequest<Incoming>, ConnectError> {
+        deadline: tokio::time::Instant,
+    ) -> Result<(http1::SendRequest<Incoming>, bool), ConnectError> {
+        let slot = match self.h1_slot(addr, config, deadline).await? {
+            Ok(slot) => slot,
+            Err(pooled) => return Ok((pooled, false)),
+        };
         let stream = connect(addr, config.connect_timeout).await?;
-        let (sender, conn) = http1::Builder::new()
+        let limits = &config.limits;
+        let mut builder = http1::Builder::new();
+        builder
+            .max_header_size(limits.h1_max_header_bytes)
+            .max_buf_size(limits.h1_max_header_bytes.max(8 * 1024));
+        if limits.h1_max_headers != crate::config::DEFAULT_HTTP1_MAX_HEADERS {
+            builder.max_headers(limits.h1_max_headers);
+        }
+        let (sender, conn) = builder
             .handshake(TokioIo::new(stream))
             .await
             .map_err(|e| ConnectError::Handshake(addr, e))?;
@@ -94,8 +177,9 @@ impl EndpointConns {
             if let Err(e) = conn.await {
                 tracing::debug!(%addr, error = %e, "endpoint HTTP/1 connection ended");
             }
+            drop(slot);
         });
-        Ok(sender)
+        Ok((sender, true))
     }
 
     /// The shared HTTP/2 connection, opened if there is none.
@@ -114,7 +198,14 @@ impl EndpointConns {
             return Ok(s.clone());
         }
         let stream = connect(addr, config.connect_timeout).await?;
+        let limits = &config.limits;
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .max_header_list_size(limits.h2_max_header_list_bytes)
+            .max_frame_size(limits.h2_max_frame_bytes)
+            .initial_stream_window_size(limits.h2_initial_stream_window_bytes)
+            .initial_connection_window_size(limits.h2_initial_connection_window_bytes)
+            .max_send_buf_size(limits.h2_max_send_buffer_bytes)
             .handshake(TokioIo::new(stream))
             .await
             .map_err(|e| ConnectError::Handshake(addr, e))?;

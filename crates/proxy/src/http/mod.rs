@@ -5,8 +5,9 @@
 
 mod body;
 mod conns;
+pub mod server;
 
-pub use body::ResponseBody;
+pub use body::{grpc_status, ResponseBody};
 pub use conns::{connect, ConnectError, EndpointConns, PoolConfig};
 
 use crate::{
@@ -46,7 +47,7 @@ fn balance_error_response(e: &BalanceError) -> Response<ResponseBody> {
 }
 
 /// Headers that belong to one HTTP/1 hop and must not be forwarded.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -80,7 +81,7 @@ enum Attempt {
 /// Shared by every request of every connection on one side of the proxy.
 #[derive(Debug)]
 pub struct Forwarder {
-    pub pool: PoolConfig,
+    pub pool: Arc<PoolConfig>,
     pub metrics: Arc<Metrics>,
     pub direction: Direction,
 }
@@ -113,7 +114,7 @@ impl Forwarder {
                 Ok(e) => e,
                 Err(e) => return balance_error_response(&e),
             };
-            match self.send(&endpoint, req, h2).await {
+            match self.send(&endpoint, req, h2, deadline).await {
                 Attempt::Sent(rsp) => return rsp,
                 Attempt::Unsent(returned, connect_error) => {
                     if let Some(e) = connect_error {
@@ -136,6 +137,7 @@ impl Forwarder {
         endpoint: &Arc<EndpointState>,
         req: Request<Incoming>,
         h2: bool,
+        deadline: Instant,
     ) -> Attempt {
         let addr = endpoint.endpoint.addr;
         let metrics = endpoint.http_metrics();
@@ -157,10 +159,20 @@ impl Forwarder {
         }
         let (mut sender, fresh) = match endpoint.conns.take_h1(&self.pool) {
             Some(s) => (s, false),
-            None => match endpoint.conns.connect_h1(addr, &self.pool).await {
-                Ok(s) => {
-                    endpoint.connect_succeeded();
-                    (s, true)
+            None => match endpoint.conns.connect_h1(addr, &self.pool, deadline).await {
+                Ok((s, fresh)) => {
+                    if fresh {
+                        endpoint.connect_succeeded();
+                    }
+                    (s, fresh)
+                }
+                Err(ConnectError::Exhausted(_)) => {
+                    self.metrics
+                        .error(self.direction, "max_connections_per_endpoint");
+                    return Attempt::Sent(error_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "max_connections_per_endpoint",
+                    ));
                 }
                 Err(e) => return Attempt::Unsent(req, Some(e)),
             },
@@ -209,7 +221,7 @@ impl Forwarder {
             endpoint.clone(),
             parts.status.as_u16(),
             grpc_status,
-            h1.map(|s| (s, self.pool)),
+            h1.map(|s| (s, self.pool.clone())),
             in_flight,
         );
         Response::from_parts(parts, ResponseBody::upstream(incoming, done))

@@ -1,67 +1,214 @@
 //! The inbound side: connections redirected to the workload arrive here and
-//! go on to the workload at their original port on 127.0.0.1, byte for byte.
-//! (Protocol detection and per-request HTTP come with the inbound issue.)
+//! go on to the workload at their original port on 127.0.0.1.
+//!
+//! The protocol is detected as on the outbound side (unless the port is
+//! opaque): HTTP is proxied per request, anything else forwarded byte for
+//! byte. A connection that was not redirected goes to `--inbound-forward-port`
+//! when set (runs without iptables), else it is refused.
+//!
+//! Metrics carry `direction="inbound"` and the original destination as
+//! `authority`. Without mTLS the source has no identity, so no identity
+//! labels are set.
 
 use crate::{
-    config::InboundConfig,
-    http::connect,
-    io::Counted,
+    balance::{BalanceConfig, Balancer},
+    cache::{spawn_sweeper, IdleCache},
+    config::{HttpLimits, InboundConfig, OutboundConfig},
+    detect::Protocol,
+    discovery::{Endpoint, EndpointSet, Resolution, SetState},
+    http::{error_response, server, Forwarder, PoolConfig},
+    io::{read_prefix, Counted, Prefixed},
+    memory::MemoryLimit,
     metrics::{Direction, DstLabels, Metrics, Peer, TcpMetrics},
     orig_dst::original_dst,
     own::OwnListeners,
+    tcp,
 };
+use http::StatusCode;
 use std::{
     net::{Ipv4Addr, SocketAddr},
     sync::Arc,
 };
-use tokio::net::TcpStream;
+use tokio::{net::TcpStream, sync::watch};
 
 const DIRECTION: Direction = Direction::inbound;
 
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum Proto {
+    Http,
+    Tcp,
+}
+
 pub struct Inbound {
     config: InboundConfig,
+    /// Detection, connect, failfast and queue settings (shared by both sides).
+    shared: OutboundConfig,
+    /// One balancer per workload port and original destination, over the
+    /// one endpoint 127.0.0.1:PORT: it brings connect backoff, failfast and
+    /// the HTTP connection pool.
+    balancers: IdleCache<(Proto, SocketAddr, SocketAddr), Balancer>,
     metrics: Arc<Metrics>,
     own: Arc<OwnListeners>,
+    forwarder: Forwarder,
+    limits: HttpLimits,
+    memory: MemoryLimit,
+    shutdown: watch::Receiver<bool>,
+}
+
+/// Everything the inbound side is built from.
+pub struct InboundParts {
+    pub config: InboundConfig,
+    pub shared: OutboundConfig,
+    pub limits: HttpLimits,
+    pub memory: MemoryLimit,
+    pub metrics: Arc<Metrics>,
+    pub own: Arc<OwnListeners>,
+    pub shutdown: watch::Receiver<bool>,
 }
 
 impl Inbound {
-    pub fn new(config: InboundConfig, metrics: Arc<Metrics>, own: Arc<OwnListeners>) -> Arc<Self> {
-        Arc::new(Self {
-            config,
-            metrics,
-            own,
-        })
+    pub fn new(p: InboundParts) -> Arc<Self> {
+        let forwarder = Forwarder {
+            pool: Arc::new(PoolConfig::new(&p.shared, &p.limits)),
+            metrics: p.metrics.clone(),
+            direction: DIRECTION,
+        };
+        let idle = p.shared.discovery_idle_timeout;
+        let this = Arc::new(Self {
+            balancers: IdleCache::new(p.shared.max_targets, idle),
+            config: p.config,
+            shared: p.shared,
+            metrics: p.metrics,
+            own: p.own,
+            forwarder,
+            limits: p.limits,
+            memory: p.memory,
+            shutdown: p.shutdown,
+        });
+        // Balancers of workload ports no longer in use are dropped.
+        spawn_sweeper(Arc::downgrade(&this), idle, |i| i.balancers.sweep());
+        this
     }
 
+    fn balancer(
+        &self,
+        proto: Proto,
+        target: SocketAddr,
+        orig: SocketAddr,
+    ) -> Option<Arc<Balancer>> {
+        let made = self
+            .balancers
+            .get_or_insert_with(&(proto, target, orig), || {
+                Balancer::new(
+                    Arc::from(orig.to_string()),
+                    DIRECTION,
+                    Resolution::fixed(EndpointSet {
+                        state: SetState::Known,
+                        endpoints: vec![Endpoint::bare(target)],
+                    }),
+                    BalanceConfig {
+                        failfast_timeout: match proto {
+                            Proto::Http => self.shared.http_failfast_timeout,
+                            Proto::Tcp => self.shared.tcp_failfast_timeout,
+                        },
+                        queue_capacity: self.shared.queue_capacity,
+                        connect_backoff: self.shared.connect_backoff.clone(),
+                    },
+                    self.metrics.clone(),
+                    self.own.clone(),
+                )
+            });
+        match made {
+            Ok(b) => Some(b),
+            Err(e) => {
+                self.metrics.error(DIRECTION, "too_many_targets");
+                tracing::warn!(error = %e, "inbound connection refused");
+                None
+            }
+        }
+    }
+
+    /// Serves one connection accepted on the inbound listener.
     pub async fn serve(self: Arc<Self>, stream: TcpStream) {
-        let Some(orig) = original_dst(&stream) else {
-            // Not redirected: there is no workload port to go to.
-            self.metrics.error(DIRECTION, "no_original_dst");
-            return;
+        let orig = match (original_dst(&stream), self.config.forward_port) {
+            (Some(orig), _) => orig,
+            (None, Some(port)) => {
+                let local = stream
+                    .local_addr()
+                    .unwrap_or_else(|_| SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port));
+                SocketAddr::new(local.ip(), port)
+            }
+            (None, None) => {
+                // Not redirected: there is no workload port to go to.
+                self.metrics.error(DIRECTION, "no_original_dst");
+                return;
+            }
         };
         let target = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), orig.port());
         if self.own.is_own(target) {
             self.metrics.error(DIRECTION, "loop");
+            tracing::debug!(%orig, "refused an inbound connection to the proxy's own listener");
             return;
         }
         let mut labels = DstLabels::unknown(DIRECTION);
         labels.authority = Arc::from(orig.to_string());
-        let src = TcpMetrics::open(&self.metrics, Peer::src, labels.clone());
+        let src = TcpMetrics::open(&self.metrics, Peer::src, labels);
         let mut client = Counted::new(stream, src.read.clone(), src.write.clone());
-        let ok = match connect(target, self.config.connect_timeout).await {
-            Ok(server) => {
-                let dst = TcpMetrics::open(&self.metrics, Peer::dst, labels);
-                let mut server = Counted::new(server, dst.read.clone(), dst.write.clone());
-                let r = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                dst.close(r.is_ok());
-                r.is_ok()
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "workload connect failed");
-                self.metrics.error(DIRECTION, "connect");
-                false
+        let ok = if self.config.opaque_ports.contains(&orig.port()) {
+            self.forward_tcp(client, target, orig).await
+        } else {
+            match read_prefix(&mut client, self.shared.detect_timeout).await {
+                Err(_) => false,
+                Ok((protocol, prefix)) => {
+                    let io = Prefixed::new(prefix, client);
+                    match protocol {
+                        Protocol::Http1 | Protocol::H2 => {
+                            self.clone().serve_http(io, protocol, target, orig).await
+                        }
+                        Protocol::Opaque => self.forward_tcp(io, target, orig).await,
+                    }
+                }
             }
         };
         src.close(ok);
+    }
+
+    async fn forward_tcp<C>(&self, client: C, target: SocketAddr, orig: SocketAddr) -> bool
+    where
+        C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        match self.balancer(Proto::Tcp, target, orig) {
+            Some(b) => tcp::forward(client, &b, self.shared.connect_timeout, &self.metrics).await,
+            None => false,
+        }
+    }
+
+    async fn serve_http<I>(
+        self: Arc<Self>,
+        io: I,
+        protocol: Protocol,
+        target: SocketAddr,
+        orig: SocketAddr,
+    ) -> bool
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let Some(balancer) = self.balancer(Proto::Http, target, orig) else {
+            return false;
+        };
+        let shutdown = self.shutdown.clone();
+        let metrics = self.metrics.clone();
+        let limits = self.limits;
+        server::serve(io, protocol, &limits, &metrics, shutdown, move |req| {
+            let inbound = self.clone();
+            let balancer = balancer.clone();
+            async move {
+                if inbound.memory.shed("request") {
+                    return error_response(StatusCode::SERVICE_UNAVAILABLE, "memory_limit");
+                }
+                inbound.forwarder.forward(&balancer, req).await
+            }
+        })
+        .await
     }
 }

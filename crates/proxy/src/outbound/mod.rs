@@ -14,12 +14,14 @@
 use crate::{
     authority::{parse_host, HostTarget},
     balance::{BalanceConfig, Balancer},
-    cache::{CacheFull, IdleCache},
+    cache::{spawn_sweeper, CacheFull, IdleCache},
+    config::HttpLimits,
     config::OutboundConfig,
     detect::Protocol,
     discovery::{Discovery, Endpoint, EndpointSet, ProfileWatch, Resolution, SetState},
-    http::{error_response, Forwarder, PoolConfig, ResponseBody},
+    http::{error_response, server, Forwarder, PoolConfig, ResponseBody},
     io::{read_prefix, Counted, Prefixed},
+    memory::MemoryLimit,
     metrics::{Direction, DstLabels, Metrics, Peer, TcpMetrics},
     orig_dst::original_dst,
     own::OwnListeners,
@@ -27,13 +29,7 @@ use crate::{
 };
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use std::{
-    convert::Infallible,
-    net::SocketAddr,
-    sync::{Arc, Weak},
-    time::Duration,
-};
+use std::{net::SocketAddr, sync::Arc};
 use tokio::{net::TcpStream, sync::watch};
 
 const DIRECTION: Direction = Direction::outbound;
@@ -90,6 +86,8 @@ pub struct Outbound {
     metrics: Arc<Metrics>,
     own: Arc<OwnListeners>,
     forwarder: Forwarder,
+    limits: HttpLimits,
+    memory: MemoryLimit,
     /// Turns true at shutdown: HTTP connections finish their requests and close.
     shutdown: watch::Receiver<bool>,
 }
@@ -100,15 +98,13 @@ impl Outbound {
         discovery: Discovery,
         metrics: Arc<Metrics>,
         own: Arc<OwnListeners>,
+        limits: HttpLimits,
+        memory: MemoryLimit,
         shutdown: watch::Receiver<bool>,
     ) -> Arc<Self> {
         let idle = config.discovery_idle_timeout;
         let forwarder = Forwarder {
-            pool: PoolConfig {
-                connect_timeout: config.connect_timeout,
-                idle_timeout: config.http1_pool_idle_timeout,
-                max_idle: config.http1_pool_max_idle,
-            },
+            pool: Arc::new(PoolConfig::new(&config, &limits)),
             metrics: metrics.clone(),
             direction: DIRECTION,
         };
@@ -120,9 +116,16 @@ impl Outbound {
             metrics,
             own,
             forwarder,
+            limits,
+            memory,
             shutdown,
         });
-        spawn_sweeper(Arc::downgrade(&this), idle);
+        // Idle balancers and profiles (and so their streams to the
+        // controller) are dropped.
+        spawn_sweeper(Arc::downgrade(&this), idle, |o| {
+            o.balancers.sweep();
+            o.profiles.sweep();
+        });
         this
     }
 
@@ -259,62 +262,20 @@ impl Outbound {
     where
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let mut shutdown = self.shutdown.clone();
+        let shutdown = self.shutdown.clone();
+        let metrics = self.metrics.clone();
+        let limits = self.limits;
         let router = Arc::new(Router {
             outbound: self,
             route,
             last: std::sync::Mutex::new(None),
         });
-        let service = hyper::service::service_fn(move |req| {
+        server::serve(io, protocol, &limits, &metrics, shutdown, move |req| {
             let router = router.clone();
-            async move { Ok::<_, Infallible>(router.route(req).await) }
-        });
-        let io = TokioIo::new(io);
-        // At shutdown, a connection finishes the requests it has and closes.
-        macro_rules! serve_until_shutdown {
-            ($conn:expr) => {{
-                let conn = $conn;
-                tokio::pin!(conn);
-                tokio::select! {
-                    r = conn.as_mut() => r,
-                    _ = async { let _ = shutdown.wait_for(|stop| *stop).await; } => {
-                        conn.as_mut().graceful_shutdown();
-                        conn.await
-                    }
-                }
-            }};
-        }
-        let result = if protocol == Protocol::H2 {
-            serve_until_shutdown!(
-                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                    .serve_connection(io, service)
-            )
-        } else {
-            serve_until_shutdown!(hyper::server::conn::http1::Builder::new()
-                .keep_alive(true)
-                .serve_connection(io, service))
-        };
-        if let Err(e) = &result {
-            tracing::debug!(error = %e, "client HTTP connection ended with an error");
-        }
-        result.is_ok()
+            async move { router.route(req).await }
+        })
+        .await
     }
-}
-
-/// Drops idle balancers and profiles (and so their streams to the
-/// controller) until the outbound side is gone.
-fn spawn_sweeper(outbound: Weak<Outbound>, idle: Duration) {
-    let period = (idle / 2).clamp(Duration::from_millis(100), Duration::from_secs(1));
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let Some(o) = outbound.upgrade() else { return };
-            o.balancers.sweep();
-            o.profiles.sweep();
-        }
-    });
 }
 
 struct Router {
@@ -335,6 +296,9 @@ impl Router {
 
     async fn route(&self, req: Request<Incoming>) -> Response<ResponseBody> {
         let o = &self.outbound;
+        if o.memory.shed("request") {
+            return error_response(StatusCode::SERVICE_UNAVAILABLE, "memory_limit");
+        }
         let authority = match &self.route {
             Route::ByAuthority => req.uri().authority().map(|a| a.as_str()).or_else(|| {
                 req.headers()

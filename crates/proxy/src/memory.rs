@@ -1,0 +1,88 @@
+//! The memory limit: while the allocator reports at least `--memory-limit`
+//! bytes allocated, new connections are closed at accept and new requests
+//! get 503, so that the proxy sheds load instead of growing until the kernel
+//! kills it (seed 004). Work already admitted carries on; it is what frees
+//! the memory.
+
+use crate::metrics::{Metrics, ShedLabels};
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+/// How often allocated bytes are read while a limit is set: often enough
+/// that a burst is seen within a few hundred requests, cheap enough
+/// (one jemalloc epoch refresh) to be invisible.
+pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Whether the proxy is over its memory limit; cheap to check per request.
+#[derive(Clone, Debug)]
+pub struct MemoryLimit {
+    over: Arc<AtomicBool>,
+    metrics: Arc<Metrics>,
+}
+
+impl MemoryLimit {
+    /// Starts sampling when `limit` is set; without one, never sheds.
+    pub fn start(limit: Option<u64>, metrics: Arc<Metrics>) -> Self {
+        let over = Arc::new(AtomicBool::new(false));
+        metrics
+            .memory_limit_bytes
+            .set(limit.map_or(0, |l| i64::try_from(l).unwrap_or(i64::MAX)));
+        if let Some(limit) = limit {
+            tokio::spawn(sample(limit, Arc::downgrade(&over), metrics.clone()));
+        }
+        Self { over, metrics }
+    }
+
+    /// True when new work of `kind` (`connection` or `request`) must be
+    /// refused; counts the refusal.
+    pub fn shed(&self, kind: &'static str) -> bool {
+        if !self.over.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.metrics
+            .memory_shed_total
+            .get_or_create(&ShedLabels { kind })
+            .inc();
+        true
+    }
+}
+
+/// Bytes the allocator has handed out, or `None` where it cannot tell.
+fn allocated() -> Option<u64> {
+    tikv_jemalloc_ctl::epoch::advance().ok()?;
+    let bytes = tikv_jemalloc_ctl::stats::allocated::read().ok()?;
+    u64::try_from(bytes).ok()
+}
+
+async fn sample(limit: u64, over: std::sync::Weak<AtomicBool>, metrics: Arc<Metrics>) {
+    let mut tick = tokio::time::interval(SAMPLE_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(over) = over.upgrade() else { return };
+        let Some(bytes) = allocated() else {
+            tracing::warn!(
+                "the allocator does not report allocated bytes; --memory-limit is not enforced"
+            );
+            return;
+        };
+        let now_over = bytes >= limit;
+        if over.swap(now_over, Ordering::Relaxed) != now_over {
+            metrics.memory_shedding.set(i64::from(now_over));
+            if now_over {
+                tracing::warn!(
+                    allocated = bytes,
+                    limit,
+                    "memory limit reached: refusing new connections and requests until it falls"
+                );
+            } else {
+                tracing::info!(allocated = bytes, limit, "memory back under the limit");
+            }
+        }
+    }
+}
