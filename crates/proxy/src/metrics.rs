@@ -163,6 +163,9 @@ pub struct Metrics {
     pub control_stream_errors_total: Family<StreamLabels, Counter>,
     /// Messages received from the controller, by RPC.
     pub control_messages_total: Family<StreamLabels, Counter>,
+    /// Messages from the controller refused for exceeding
+    /// `--control-max-message-bytes`, by RPC.
+    pub control_messages_too_large_total: Family<StreamLabels, Counter>,
     /// Connections open on each listener.
     pub listener_connections: Family<ListenerLabels, Gauge>,
     /// Connections closed at accept, by listener and reason.
@@ -201,6 +204,7 @@ impl Metrics {
             control_streams: Family::default(),
             control_stream_errors_total: Family::default(),
             control_messages_total: Family::default(),
+            control_messages_too_large_total: Family::default(),
             listener_connections: Family::default(),
             listener_refused_total: Family::default(),
             listener_accept_errors_total: Family::default(),
@@ -295,6 +299,11 @@ impl Metrics {
             "control_messages",
             "Messages received from the destination controller",
             m.control_messages_total.clone(),
+        );
+        r.register(
+            "control_messages_too_large",
+            "Messages from the destination controller refused for exceeding --control-max-message-bytes",
+            m.control_messages_too_large_total.clone(),
         );
         r.register(
             "listener_connections",

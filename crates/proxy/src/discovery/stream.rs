@@ -13,6 +13,13 @@ pub(crate) fn is_final(status: &Status) -> bool {
     matches!(status.code(), Code::InvalidArgument | Code::Unimplemented)
 }
 
+/// The decoder refused a message over the size limit (tonic reports it as
+/// `OUT_OF_RANGE` or `RESOURCE_EXHAUSTED`, naming the size).
+fn is_too_large(status: &Status) -> bool {
+    matches!(status.code(), Code::OutOfRange | Code::ResourceExhausted)
+        && status.message().contains("too large")
+}
+
 /// Decrements the open-streams gauge however the stream ends (the task may
 /// be aborted mid-stream).
 struct OpenStream<'a>(&'a ControlPlane, &'static str);
@@ -76,11 +83,39 @@ where
                     .control_stream_errors_total
                     .get_or_create(&labels)
                     .inc();
+                if is_too_large(&status) {
+                    metrics
+                        .control_messages_too_large_total
+                        .get_or_create(&labels)
+                        .inc();
+                    tracing::warn!(
+                        rpc,
+                        limit = control.config.max_message_bytes,
+                        message = status.message(),
+                        "the controller sent a message over --control-max-message-bytes; \
+                         keeping the last known state and retrying"
+                    );
+                }
                 control.unhealthy(status.message());
                 tracing::debug!(rpc, code = ?status.code(), message = status.message(), "controller stream failed");
             }
             None => control.unhealthy("the controller ended the stream"),
         }
         tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oversized_messages_are_told_from_other_failures() {
+        let too_large = Status::out_of_range(
+            "Error, decoded message length too large: found 9000000 bytes, the limit is: 4194304 bytes",
+        );
+        assert!(is_too_large(&too_large));
+        assert!(!is_too_large(&Status::unavailable("connection refused")));
+        assert!(!is_too_large(&Status::out_of_range("index out of range")));
     }
 }
