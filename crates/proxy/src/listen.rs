@@ -19,8 +19,8 @@ use tokio::{
 /// Pause after an accept error, so that a process out of file descriptors
 /// does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
-/// Refusals are logged at most this often per listener (they are counted
-/// always): a flood must not become a flood of log lines.
+/// Refusals and accept errors are logged at most this often per listener
+/// (they are counted always): a flood must not become a flood of log lines.
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Open connections of one listener; drained at shutdown.
@@ -82,6 +82,8 @@ pub async fn accept_loop<F, Fut>(
     let (over_max, over_memory) = (refused("max_connections"), refused("memory_limit"));
     let mut last_refusal_log: Option<Instant> = None;
     let mut unlogged = 0u64;
+    let mut last_error_log: Option<Instant> = None;
+    let mut errors_unlogged = 0u64;
     loop {
         let accepted = tokio::select! {
             _ = shutdown.wait_for(|stop| *stop) => return,
@@ -91,7 +93,17 @@ pub async fn accept_loop<F, Fut>(
             Ok((s, _)) => s,
             Err(e) => {
                 accept_errors.inc();
-                tracing::warn!(listener = name, error = %e, "accept failed; pausing");
+                errors_unlogged += 1;
+                if last_error_log.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_INTERVAL) {
+                    tracing::warn!(
+                        listener = name,
+                        error = %e,
+                        errors = errors_unlogged,
+                        "accept failed (out of file descriptors?); pausing accepts"
+                    );
+                    last_error_log = Some(Instant::now());
+                    errors_unlogged = 0;
+                }
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                 continue;
             }
