@@ -33,6 +33,10 @@ impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
             let n = self.prefix.len().min(buf.remaining());
             buf.put_slice(&self.prefix[..n]);
             self.prefix.advance(n);
+            if !self.prefix.has_remaining() {
+                // Frees the detection buffer: the connection may live long.
+                self.prefix = Bytes::new();
+            }
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut self.inner).poll_read(cx, buf)

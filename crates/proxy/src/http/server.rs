@@ -106,7 +106,7 @@ pub async fn serve<I, H, Fut>(
     protocol: Protocol,
     limits: &HttpLimits,
     metrics: &Metrics,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     handler: H,
 ) -> bool
 where
@@ -114,58 +114,90 @@ where
     H: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
+    // Each protocol's connection state is boxed at its own size, so that an
+    // HTTP/1 connection does not carry room for HTTP/2's (per-connection
+    // memory is what a flood of idle connections costs).
     let io = TokioIo::new(io);
-    let stop = async move {
-        let _ = shutdown.wait_for(|stop| *stop).await;
-    };
     let result = if protocol == Protocol::H2 {
-        let activity = Arc::new(Activity {
-            base: Instant::now(),
-            last_ms: AtomicU64::new(0),
-            in_flight: AtomicUsize::new(0),
-        });
-        let a = activity.clone();
-        let handler = Arc::new(handler);
-        let service = hyper::service::service_fn(move |req| {
-            let a = a.clone();
-            let handler = handler.clone();
-            async move {
-                a.in_flight.fetch_add(1, Ordering::Relaxed);
-                let _done = InFlight(&a);
-                Ok::<_, Infallible>(handler(req).await)
-            }
-        });
-        let conn = h2_builder(limits).serve_connection(io, service);
-        tokio::pin!(conn);
-        tokio::select! {
-            r = conn.as_mut() => r,
-            _ = stop => {
-                conn.as_mut().graceful_shutdown();
-                conn.await
-            }
-            _ = activity.idle(limits.idle_timeout) => {
-                metrics.http_idle_closed_total.inc();
-                conn.as_mut().graceful_shutdown();
-                conn.await
-            }
-        }
+        Box::pin(serve_h2(io, limits, metrics, shutdown, handler)).await
     } else {
-        let service = hyper::service::service_fn(move |req| {
-            let rsp = handler(req);
-            async move { Ok::<_, Infallible>(rsp.await) }
-        });
-        let conn = h1_builder(limits).serve_connection(io, service);
-        tokio::pin!(conn);
-        tokio::select! {
-            r = conn.as_mut() => r,
-            _ = stop => {
-                conn.as_mut().graceful_shutdown();
-                conn.await
-            }
-        }
+        Box::pin(serve_h1(io, limits, shutdown, handler)).await
     };
     if let Err(e) = &result {
         tracing::debug!(error = %e, "client HTTP connection ended with an error");
     }
     result.is_ok()
+}
+
+async fn serve_h1<I, H, Fut>(
+    io: TokioIo<I>,
+    limits: &HttpLimits,
+    mut shutdown: watch::Receiver<bool>,
+    handler: H,
+) -> hyper::Result<()>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    H: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
+{
+    // hyper keeps room for one request's future for the connection's whole
+    // life; boxed, an idle connection holds a pointer instead of the
+    // forwarding state machine (kilobytes).
+    let service = hyper::service::service_fn(move |req| {
+        let rsp = Box::pin(handler(req));
+        async move { Ok::<_, Infallible>(rsp.await) }
+    });
+    let conn = h1_builder(limits).serve_connection(io, service);
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => r,
+        _ = async { let _ = shutdown.wait_for(|stop| *stop).await; } => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    }
+}
+
+async fn serve_h2<I, H, Fut>(
+    io: TokioIo<I>,
+    limits: &HttpLimits,
+    metrics: &Metrics,
+    mut shutdown: watch::Receiver<bool>,
+    handler: H,
+) -> hyper::Result<()>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    H: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
+{
+    let activity = Arc::new(Activity {
+        base: Instant::now(),
+        last_ms: AtomicU64::new(0),
+        in_flight: AtomicUsize::new(0),
+    });
+    let a = activity.clone();
+    let handler = Arc::new(handler);
+    let service = hyper::service::service_fn(move |req| {
+        let a = a.clone();
+        let handler = handler.clone();
+        async move {
+            a.in_flight.fetch_add(1, Ordering::Relaxed);
+            let _done = InFlight(&a);
+            Ok::<_, Infallible>(handler(req).await)
+        }
+    });
+    let conn = h2_builder(limits).serve_connection(io, service);
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => r,
+        _ = async { let _ = shutdown.wait_for(|stop| *stop).await; } => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+        _ = activity.idle(limits.idle_timeout) => {
+            metrics.http_idle_closed_total.inc();
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    }
 }
