@@ -6,6 +6,7 @@ mod backend;
 mod demo;
 mod destination;
 mod diagnostics;
+mod init;
 mod logging;
 mod proxy;
 mod signal;
@@ -40,6 +41,9 @@ enum Command {
     /// Run the sidecar proxy: carry a workload's traffic, resolved through
     /// the destination controller and balanced across endpoints.
     Proxy(Box<proxy::Args>),
+    /// Set up the iptables nat rules that send a pod's TCP through its proxy
+    /// (run once per pod, as an init container, in the pod's network namespace).
+    Init(Box<init::Args>),
     /// Ask a destination controller what it answers.
     #[command(subcommand)]
     Diagnostics(diagnostics::Command),
@@ -56,9 +60,14 @@ fn main() -> std::process::ExitCode {
         eprintln!("ballast: {e}");
         return std::process::ExitCode::from(2);
     }
+    // Init only runs iptables: no runtime.
+    let command = match cli.command {
+        Command::Init(args) => return exit(init::run(*args)),
+        other => other,
+    };
     // The proxy sizes its own runtime: one thread by default, as a sidecar
     // with one core.
-    let built = match &cli.command {
+    let built = match &command {
         Command::Proxy(args) if args.workers == 1 => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build(),
@@ -78,14 +87,19 @@ fn main() -> std::process::ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        match cli.command {
+        match command {
             Command::Destination(args) => destination::run(*args).await,
             Command::Proxy(args) => proxy::run(*args).await,
             Command::Diagnostics(cmd) => diagnostics::run(cmd).await,
             Command::Backend(args) => backend::run(args).await,
             Command::Demo(args) => demo::run(args).await,
+            Command::Init(args) => init::run(*args),
         }
     });
+    exit(result)
+}
+
+fn exit(result: anyhow::Result<()>) -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
