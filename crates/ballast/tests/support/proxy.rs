@@ -669,27 +669,61 @@ pub mod netns {
         }
     }
 
+    /// Says why a root-only test cannot run here: under CI (which must run
+    /// it) that is a failure; elsewhere a `SKIPPED` line, written past the
+    /// test harness's capture so it shows in every run's output.
+    pub fn cannot_run(test: &str, why: &str) {
+        if std::env::var_os("CI").is_some() {
+            panic!("CI must run the {test} test, but: {why}");
+        }
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {why}");
+    }
+
+    /// Whether this machine can make namespaces and run the tools the tests
+    /// use there; why not otherwise.
+    pub fn preflight() -> Result<(), String> {
+        match effective_uid() {
+            Some(0) => {}
+            Some(uid) => {
+                return Err(format!(
+                    "needs root to make a network namespace (uid {uid})"
+                ))
+            }
+            None => return Err("cannot tell the uid from /proc/self/status".into()),
+        }
+        for tool in ["ip", "iptables", "iptables-save", "setpriv", "curl"] {
+            if !have(tool) {
+                return Err(format!(
+                    "`{tool}` is not installed (Debian: iproute2, iptables, util-linux, curl)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     impl NetNs {
         /// Makes a namespace with `addresses` (IPv4, each a /32) on its
         /// loopback, or says why this machine cannot: not root, a tool
         /// missing, or the kernel refusing.
         pub fn create(addresses: &[&str]) -> Result<NetNs, String> {
-            match effective_uid() {
-                Some(0) => {}
-                Some(uid) => {
-                    return Err(format!(
-                        "needs root to make a network namespace (uid {uid})"
-                    ))
-                }
-                None => return Err("cannot tell the uid from /proc/self/status".into()),
+            let ns = NetNs::empty()?;
+            for addr in addresses {
+                ns.ip(&["addr", "add", &format!("{addr}/32"), "dev", "lo"])?;
             }
-            for tool in ["ip", "iptables", "setpriv", "curl"] {
-                if !have(tool) {
-                    return Err(format!(
-                        "`{tool}` is not installed (Debian: iproute2, iptables, util-linux, curl)"
-                    ));
-                }
+            // Only loopback: nothing sent in here can leave the namespace.
+            let links = ns.ip(&["-o", "link", "show"])?;
+            if links.lines().count() != 1 || !links.contains(": lo:") {
+                return Err(format!("the namespace has other links than lo: {links}"));
             }
+            Ok(ns)
+        }
+
+        /// Makes a namespace with only its loopback, up; links to other
+        /// namespaces come from [`NetNs::link`]. Nothing in it reaches the
+        /// machine's own network.
+        pub fn empty() -> Result<NetNs, String> {
+            preflight()?;
             static NEXT: AtomicU32 = AtomicU32::new(0);
             let name = format!(
                 "ballast-test-{}-{}",
@@ -706,17 +740,51 @@ pub mod netns {
             };
             ns.bin = ns.copy_binary()?;
             ns.ip(&["link", "set", "lo", "up"])?;
-            for addr in addresses {
-                ns.ip(&["addr", "add", &format!("{addr}/32"), "dev", "lo"])?;
-            }
-            // Only loopback: nothing sent in here can leave the namespace.
-            let links = ns.ip(&["-o", "link", "show"])?;
-            if links.lines().count() != 1 || !links.contains(": lo:") {
-                return Err(format!("the namespace has other links than lo: {links}"));
-            }
             ns.exec_sync(&["iptables", "-t", "nat", "-S", "OUTPUT"])
                 .map_err(|e| format!("iptables nat table not usable here: {e}"))?;
             Ok(ns)
+        }
+
+        /// Joins this namespace and `peer` with a veth pair: `dev` here with
+        /// `addr` (CIDR), `peer_dev` there with `peer_addr`; both up.
+        pub fn link(
+            &self,
+            dev: &str,
+            addr: &str,
+            peer: &NetNs,
+            peer_dev: &str,
+            peer_addr: &str,
+        ) -> Result<(), String> {
+            self.ip(&[
+                "link", "add", dev, "type", "veth", "peer", "name", peer_dev, "netns", &peer.name,
+            ])?;
+            self.ip(&["addr", "add", addr, "dev", dev])?;
+            peer.ip(&["addr", "add", peer_addr, "dev", peer_dev])?;
+            self.ip(&["link", "set", dev, "up"])?;
+            peer.ip(&["link", "set", peer_dev, "up"])?;
+            Ok(())
+        }
+
+        /// `ip route add ROUTE...` in the namespace.
+        pub fn route(&self, route: &[&str]) -> Result<(), String> {
+            let mut args = vec!["route", "add"];
+            args.extend_from_slice(route);
+            self.ip(&args).map(|_| ())
+        }
+
+        /// The namespace's nat table as `iptables-save` prints it, without
+        /// its comment lines and packet counters (which change with traffic).
+        pub fn nat_table(&self) -> Result<String, String> {
+            let saved = self.exec_sync(&["iptables-save", "-t", "nat"])?;
+            Ok(saved
+                .lines()
+                .filter(|l| !l.starts_with('#'))
+                .map(|l| match l.rfind(" [") {
+                    Some(i) if l.starts_with(':') => &l[..i],
+                    _ => l,
+                })
+                .collect::<Vec<_>>()
+                .join("\n"))
         }
 
         fn copy_binary(&self) -> Result<PathBuf, String> {
