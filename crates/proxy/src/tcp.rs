@@ -2,7 +2,7 @@
 //! balancer chose.
 
 use crate::{
-    balance::Balancer,
+    balance::{Balancer, MAX_CONNECT_ATTEMPTS},
     http::connect,
     io::Counted,
     metrics::{Metrics, Peer, TcpMetrics},
@@ -26,6 +26,7 @@ where
     C: AsyncRead + AsyncWrite + Unpin,
 {
     let deadline = Instant::now() + balancer.failfast_timeout();
+    let mut failed_connects = 0;
     loop {
         let endpoint = match balancer.select(deadline).await {
             Ok(e) => e,
@@ -49,7 +50,8 @@ where
                 tracing::debug!(error = %e, "endpoint connect failed");
                 endpoint.connect_failed();
                 metrics.error(balancer.direction(), "connect");
-                if Instant::now() >= deadline {
+                failed_connects += 1;
+                if Instant::now() >= deadline || failed_connects >= MAX_CONNECT_ATTEMPTS {
                     return false;
                 }
             }

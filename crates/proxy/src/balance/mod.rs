@@ -61,6 +61,11 @@ pub struct BalanceConfig {
     pub connect_backoff: BackoffConfig,
 }
 
+/// Failed connects one request (or TCP connection) may drive before it is
+/// answered `502 connect` / closed: a target whose endpoints all refuse
+/// must not turn each request into a scan of them.
+pub const MAX_CONNECT_ATTEMPTS: usize = 3;
+
 /// One endpoint of one target, with what the balancer measures of it.
 #[derive(Debug)]
 pub struct EndpointState {
@@ -316,7 +321,7 @@ impl Balancer {
                 }));
             }
             if loops > current.loops {
-                self.shared.metrics.error(self.direction, "loop");
+                // Counted per refused request or connection (try_select).
                 tracing::warn!(authority = %self.authority, "endpoints that are this proxy's own listeners are refused");
             }
             let now = Instant::now();
@@ -453,6 +458,7 @@ impl Balancer {
             return Err(BalanceError::Invalid(reason));
         }
         if endpoints.is_empty() && loops > 0 {
+            self.shared.metrics.error(self.direction, "loop");
             return Err(BalanceError::Loop);
         }
         let picked = Self::pick(&endpoints, Instant::now());

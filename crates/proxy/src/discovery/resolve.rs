@@ -41,15 +41,16 @@ impl ResolveState {
                 let namespace = set.metric_labels.get("namespace");
                 let service = set.metric_labels.get("service");
                 for addr in set.addrs {
-                    let Some(endpoint) = endpoint(addr, namespace, service) else {
-                        continue;
-                    };
-                    if !self.endpoints.contains_key(&endpoint.addr)
-                        && self.endpoints.len() >= self.max_endpoints
-                    {
+                    // The bound is checked before anything is made of the
+                    // address: a flood of adds costs no allocations.
+                    let known = socket_of(&addr).map(|a| self.endpoints.contains_key(&a));
+                    if known == Some(false) && self.endpoints.len() >= self.max_endpoints {
                         self.dropped += 1;
                         continue;
                     }
+                    let Some(endpoint) = endpoint(addr, namespace, service) else {
+                        continue;
+                    };
                     if self.endpoints.get(&endpoint.addr) != Some(&endpoint) {
                         self.endpoints.insert(endpoint.addr, endpoint);
                         changed = true;
@@ -104,16 +105,19 @@ fn label(labels: &HashMap<String, String>, key: &str, default: Option<&String>) 
     )
 }
 
+/// The usable address of an endpoint from the wire.
+fn socket_of(addr: &WeightedAddr) -> Option<SocketAddr> {
+    let socket = SocketAddr::try_from(addr.addr?).ok()?;
+    (socket.port() != 0).then_some(socket)
+}
+
 /// An endpoint from the wire, or `None` when it has no usable address.
 fn endpoint(
     addr: WeightedAddr,
     namespace: Option<&String>,
     service: Option<&String>,
 ) -> Option<Endpoint> {
-    let socket = SocketAddr::try_from(addr.addr?).ok()?;
-    if socket.port() == 0 {
-        return None;
-    }
+    let socket = socket_of(&addr)?;
     Some(Endpoint {
         addr: socket,
         weight: addr.weight.max(1),

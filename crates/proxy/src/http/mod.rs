@@ -11,7 +11,7 @@ pub use body::{grpc_status, ResponseBody};
 pub use conns::{connect, ConnectError, EndpointConns, PoolConfig};
 
 use crate::{
-    balance::{BalanceError, Balancer, EndpointState},
+    balance::{BalanceError, Balancer, EndpointState, MAX_CONNECT_ATTEMPTS},
     metrics::{Direction, Metrics},
 };
 use body::Done;
@@ -109,6 +109,7 @@ impl Forwarder {
                 }
             }
         }
+        let mut failed_connects = 0;
         loop {
             let endpoint = match balancer.select(deadline).await {
                 Ok(e) => e,
@@ -121,9 +122,10 @@ impl Forwarder {
                         tracing::debug!(error = %e, "endpoint connect failed");
                         endpoint.connect_failed();
                         self.metrics.error(self.direction, "connect");
+                        failed_connects += 1;
                     }
                     req = returned;
-                    if Instant::now() >= deadline {
+                    if Instant::now() >= deadline || failed_connects >= MAX_CONNECT_ATTEMPTS {
                         return error_response(StatusCode::BAD_GATEWAY, "connect");
                     }
                 }
