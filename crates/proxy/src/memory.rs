@@ -13,13 +13,11 @@ use std::{
     time::Duration,
 };
 
-/// How often allocated bytes are read while a limit is set and memory is
-/// within half of it: cheap (one jemalloc epoch refresh) and rare enough not
-/// to keep an idle sidecar's CPU awake.
-pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
-/// How often once memory is past half the limit: a burst of admitted work
-/// between two readings is what overshoots the limit.
-pub const SAMPLE_INTERVAL_NEAR_LIMIT: Duration = Duration::from_millis(5);
+/// How often allocated bytes are read while a limit is set. What a burst
+/// admits between two readings is what overshoots the limit; a reading is
+/// one jemalloc epoch refresh (microseconds), so 100 a second cost about
+/// a thousandth of a core.
+pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(10);
 
 /// Whether the proxy is over its memory limit; cheap to check per request.
 #[derive(Clone, Debug)]
@@ -63,9 +61,10 @@ fn allocated() -> Option<u64> {
 }
 
 async fn sample(limit: u64, over: std::sync::Weak<AtomicBool>, metrics: Arc<Metrics>) {
-    let mut next = SAMPLE_INTERVAL;
+    let mut tick = tokio::time::interval(SAMPLE_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::time::sleep(next).await;
+        tick.tick().await;
         let Some(over) = over.upgrade() else { return };
         let Some(bytes) = allocated() else {
             tracing::warn!(
@@ -74,11 +73,6 @@ async fn sample(limit: u64, over: std::sync::Weak<AtomicBool>, metrics: Arc<Metr
             return;
         };
         let now_over = bytes >= limit;
-        next = if bytes >= limit / 2 {
-            SAMPLE_INTERVAL_NEAR_LIMIT
-        } else {
-            SAMPLE_INTERVAL
-        };
         if over.swap(now_over, Ordering::Relaxed) != now_over {
             metrics.memory_shedding.set(i64::from(now_over));
             if now_over {
