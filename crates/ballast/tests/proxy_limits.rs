@@ -198,3 +198,64 @@ async fn idle_client_connections_are_closed() {
         "closed after {idle_for:?}"
     );
 }
+
+/// Established TCP connections to `addr` on this host.
+fn established_to(addr: std::net::SocketAddr) -> usize {
+    let out = std::process::Command::new("ss")
+        .args(["-Htn", "state", "established", "dst", &addr.to_string()])
+        .output()
+        .expect("run ss (iproute2)");
+    assert!(out.status.success(), "ss failed: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_endpoint_connections_are_closed_after_the_pool_idle_timeout() {
+    // The target stays resolved far longer than the test: only the pool's
+    // own timeout can close the connections.
+    let mesh = Mesh::start(
+        1,
+        &[
+            "--http1-pool-idle-timeout",
+            "300ms",
+            "--discovery-idle-timeout",
+            "120s",
+        ],
+    )
+    .await;
+    let backend = mesh.backends[0].addr();
+    let web = mesh.web();
+    // Several at once: several pooled connections to the endpoint.
+    let requests: Vec<_> = (0..4)
+        .map(|_| {
+            let web = web.clone();
+            let outbound = mesh.proxy.outbound;
+            tokio::spawn(async move { support::proxy::get(outbound, &web, "/").await })
+        })
+        .collect();
+    for r in requests {
+        let a = r.await.expect("task").expect("answer");
+        assert_eq!(a.status, StatusCode::OK);
+    }
+    assert!(
+        established_to(backend) >= 1,
+        "pooled connections to the endpoint"
+    );
+    // Nobody uses the pool again: the proxy's sweep closes them within its
+    // period (1 s) of the timeout, long before the backend would give up on
+    // them (10 s and more).
+    let closed = tokio::time::timeout(Duration::from_secs(4), async {
+        while established_to(backend) > 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "{} idle connections to the endpoint still open after 4 s",
+        established_to(backend)
+    );
+}

@@ -77,6 +77,12 @@ impl<K: Hash + Eq + Clone, V> IdleCache<K, V> {
         Self::evict(&mut entries, self.idle, Instant::now());
     }
 
+    /// The values now (the map's lock is not held while the caller uses them).
+    pub fn values(&self) -> Vec<Arc<V>> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries.values().map(|(v, _)| v.clone()).collect()
+    }
+
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.lock().unwrap_or_else(|e| e.into_inner()).len()

@@ -292,6 +292,21 @@ impl Balancer {
         self.direction
     }
 
+    /// Closes pooled HTTP/1 connections of every endpoint that have idled
+    /// past the pool's timeout (they are otherwise only found stale when the
+    /// pool is next used).
+    pub fn close_idle_connections(&self, pool: &crate::http::PoolConfig) {
+        let endpoints = self
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .endpoints
+            .clone();
+        for e in endpoints.iter() {
+            e.conns.expire_h1(pool);
+        }
+    }
+
     /// The endpoints now, rebuilt when the resolution changed; endpoint state
     /// (latency, backoff, connections) carries over for addresses that stay.
     fn endpoints(&self) -> (Arc<[Arc<EndpointState>]>, usize, SetState) {

@@ -103,18 +103,24 @@ impl EndpointConns {
         None
     }
 
-    /// Returns a connection whose exchange finished.
-    pub fn put_h1(&self, sender: http1::SendRequest<Incoming>, config: &PoolConfig) {
-        if sender.is_closed() {
-            return;
-        }
+    /// Drops idle connections that are closed or past the idle timeout.
+    pub fn expire_h1(&self, config: &PoolConfig) {
         let mut idle = self.h1_idle.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         idle.retain(|(s, since)| {
             !s.is_closed() && now.duration_since(*since) < config.idle_timeout
         });
+    }
+
+    /// Returns a connection whose exchange finished.
+    pub fn put_h1(&self, sender: http1::SendRequest<Incoming>, config: &PoolConfig) {
+        if sender.is_closed() {
+            return;
+        }
+        self.expire_h1(config);
+        let mut idle = self.h1_idle.lock().unwrap_or_else(|e| e.into_inner());
         if idle.len() < config.max_idle {
-            idle.push((sender, now));
+            idle.push((sender, Instant::now()));
             drop(idle);
             self.h1_freed.notify_one();
         }

@@ -85,8 +85,14 @@ impl Inbound {
             memory: p.memory,
             shutdown: p.shutdown,
         });
-        // Balancers of workload ports no longer in use are dropped.
-        spawn_sweeper(Arc::downgrade(&this), idle, |i| i.balancers.sweep());
+        // Balancers of workload ports no longer in use are dropped, and idle
+        // connections to the workload closed.
+        spawn_sweeper(Arc::downgrade(&this), idle, |i| {
+            i.balancers.sweep();
+            for b in i.balancers.values() {
+                b.close_idle_connections(&i.forwarder.pool);
+            }
+        });
         this
     }
 

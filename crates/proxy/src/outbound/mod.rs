@@ -121,10 +121,13 @@ impl Outbound {
             shutdown,
         });
         // Idle balancers and profiles (and so their streams to the
-        // controller) are dropped.
+        // controller) are dropped, and idle endpoint connections closed.
         spawn_sweeper(Arc::downgrade(&this), idle, |o| {
             o.balancers.sweep();
             o.profiles.sweep();
+            for b in o.balancers.values() {
+                b.close_idle_connections(&o.forwarder.pool);
+            }
         });
         this
     }
