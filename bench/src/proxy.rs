@@ -1,26 +1,42 @@
-//! Proxy benchmark (not a test): one hop of HTTP/1.1 keep-alive through
-//! `ballast proxy` and through haproxy, against the same backend directly.
+//! Proxy benchmark (not a test): HTTP/1.1 keep-alive through one and two
+//! hops of `ballast proxy` and of haproxy, against the same backend directly.
 //!
-//! Backend: nginx serving a fixed 1 KB body with keep-alive. The proxy under
-//! test runs pinned to one core (`--proxy-core`, 1); the backend and the load
-//! generators share the other (`--load-core`, 0). Each round measures every
-//! target in turn (direct, ballast, haproxy), rounds alternate, and the
-//! figures are medians over rounds with min-max:
+//! Backend: nginx serving a fixed 1 KB body with keep-alive. The proxies
+//! under test run pinned to one core (`--proxy-core`, 1), both proxies of a
+//! two-hop path on it; the backend and the load generators share the other
+//! (`--load-core`, 0). Each round measures every target in turn, rounds
+//! alternate, and the figures are medians over rounds with min-max:
 //!
 //! - latency (p50, p99, p99.9) from `oha --latency-correction` at fixed rates
 //!   over 16 keep-alive connections, as added to the direct path of the
 //!   same round;
 //! - the maximum rate from `wrk -t1 -c64`;
-//! - CPU seconds per 1,000 requests of the proxy process (utime + stime from
-//!   /proc/PID/stat), at each rate;
+//! - CPU seconds per 1,000 requests of each proxy process (utime + stime
+//!   from /proc/PID/stat), at each rate, and their sum;
 //! - RSS idle (after a warm-up), under load (VmRSS halfway through the wrk
-//!   run), peak (VmHWM), and per idle keep-alive connection.
+//!   run) and peak (VmHWM), per proxy process and summed;
+//! - memory per idle keep-alive connection: a fresh proxy, warmed up, then N
+//!   connections that have each made one request (`--idle-connections`,
+//!   1000 and 10000): VmRSS growth / N and, for Ballast, jemalloc's
+//!   allocated bytes growth / N (`process_memory_allocated_bytes` on its
+//!   admin /metrics). One hop: the outbound listener; two hops: proxy B's
+//!   inbound listener, reached directly.
 //!
-//! Ballast is reached in explicit mode: the outbound listener with
-//! `Host: backend.bench.svc.cluster.local`, a service whose one endpoint is
-//! the backend, resolved by a `ballast destination --manifests DIR`
-//! controller the benchmark starts (pinned to the load core). If
-//! `ballast proxy --help` fails, the Ballast target is skipped.
+//! Targets:
+//! - `direct`: the client to nginx;
+//! - `ballast`: explicit mode, the outbound listener with `Host:
+//!   backend.bench.svc.cluster.local`, a service whose one endpoint is the
+//!   backend, resolved by a `ballast destination --manifests DIR`
+//!   controller the benchmark starts (pinned to the load core);
+//! - `ballast-2hop`: client -> proxy A outbound (`Host:
+//!   hop.bench.svc.cluster.local`, a service whose one endpoint is proxy B's
+//!   inbound listener) -> proxy B inbound (`--inbound-forward-port`: the
+//!   connection was not redirected, so it goes to the backend's port on
+//!   127.0.0.1) -> nginx;
+//! - `haproxy` and `haproxy-2hop`: one haproxy, or two chained.
+//!
+//! If `ballast proxy --help` fails, the Ballast targets are skipped; if it
+//! has no `--inbound-forward-port`, `ballast-2hop` is.
 //!
 //! A round during which other processes used more than `--max-foreign`
 //! cores (or a compiler ran) is measured again, up to `--retries` times;
@@ -34,15 +50,15 @@
 //!
 //! Needs installed: `apt-get install -y nginx haproxy wrk` (Debian 12:
 //! nginx 1.22, haproxy 2.6, wrk 4.1), `cargo install --locked oha`, `taskset`
-//! (util-linux), and `cargo build --release -p ballast` for the Ballast
-//! target. Run it from the workspace root.
+//! and `prlimit` (util-linux), and `cargo build --release -p ballast` for
+//! the Ballast targets. Run it from the workspace root.
 //!
 //! Usage: proxy-bench [--ballast PATH] [--oha PATH] [--rounds N]
 //!        [--duration SECS] [--rates 1000,5000,20000] [--connections N]
-//!        [--wrk-connections N] [--idle-connections N]
-//!        [--targets direct,ballast,haproxy] [--max-foreign CORES]
-//!        [--retries N] [--quiet-wait SECS] [--proxy-core N] [--load-core N]
-//!        [--keep-awake]
+//!        [--wrk-connections N] [--idle-connections 1000,10000]
+//!        [--targets direct,ballast,ballast-2hop,haproxy,haproxy-2hop]
+//!        [--max-foreign CORES] [--retries N] [--quiet-wait SECS]
+//!        [--proxy-core N] [--load-core N] [--keep-awake]
 
 #[path = "proxy/load.rs"]
 mod load;
@@ -55,7 +71,7 @@ mod system;
 
 use ballast_bench::rss;
 use load::{Conn, Fixed, Max, OhaArgs};
-use servers::{Server, SERVICE_HOST};
+use servers::{BallastArgs, Server, HOP_HOST, SERVICE_HOST};
 use std::{
     path::PathBuf,
     time::{Duration, Instant},
@@ -70,7 +86,7 @@ pub struct Opts {
     rates: Vec<u32>,
     connections: u32,
     wrk_connections: u32,
-    idle_connections: usize,
+    idle_connections: Vec<usize>,
     targets: Vec<Target>,
     max_foreign: f64,
     retries: usize,
@@ -84,7 +100,9 @@ pub struct Opts {
 pub enum Target {
     Direct,
     Ballast,
+    Ballast2,
     Haproxy,
+    Haproxy2,
 }
 
 impl Target {
@@ -92,17 +110,46 @@ impl Target {
         match self {
             Target::Direct => "direct",
             Target::Ballast => "ballast",
+            Target::Ballast2 => "ballast-2hop",
             Target::Haproxy => "haproxy",
+            Target::Haproxy2 => "haproxy-2hop",
+        }
+    }
+
+    fn parse(name: &str) -> anyhow::Result<Self> {
+        [
+            Target::Direct,
+            Target::Ballast,
+            Target::Ballast2,
+            Target::Haproxy,
+            Target::Haproxy2,
+        ]
+        .into_iter()
+        .find(|t| t.name() == name)
+        .ok_or_else(|| anyhow::anyhow!("unknown target {name}"))
+    }
+
+    pub fn is_ballast(self) -> bool {
+        matches!(self, Target::Ballast | Target::Ballast2)
+    }
+
+    /// Proxy processes on the path.
+    pub fn hops(self) -> usize {
+        match self {
+            Target::Direct => 0,
+            Target::Ballast | Target::Haproxy => 1,
+            Target::Ballast2 | Target::Haproxy2 => 2,
         }
     }
 }
 
 const USAGE: &str = "Usage: proxy-bench [--ballast PATH] [--oha PATH] [--rounds N] \
 [--duration SECS] [--rates 1000,5000,20000] [--connections N] [--wrk-connections N] \
-[--idle-connections N] [--targets direct,ballast,haproxy] [--max-foreign CORES] \
-[--retries N] [--quiet-wait SECS] [--proxy-core N] [--load-core N] [--keep-awake]\n\n\
-Needs: apt-get install -y nginx haproxy wrk; cargo install --locked oha; taskset;\n\
-cargo build --release -p ballast (for the ballast target). Run from the workspace root.";
+[--idle-connections 1000,10000] [--targets direct,ballast,ballast-2hop,haproxy,haproxy-2hop] \
+[--max-foreign CORES] [--retries N] [--quiet-wait SECS] [--proxy-core N] [--load-core N] \
+[--keep-awake]\n\n\
+Needs: apt-get install -y nginx haproxy wrk; cargo install --locked oha; taskset, prlimit;\n\
+cargo build --release -p ballast (for the ballast targets). Run from the workspace root.";
 
 fn default_oha() -> PathBuf {
     let on_path = std::process::Command::new("oha")
@@ -116,6 +163,14 @@ fn default_oha() -> PathBuf {
     }
 }
 
+fn list<T: std::str::FromStr>(value: &str) -> Result<Vec<T>, T::Err> {
+    value
+        .split(',')
+        .filter(|v| !v.trim().is_empty())
+        .map(|v| v.trim().parse())
+        .collect()
+}
+
 fn opts() -> anyhow::Result<Opts> {
     let mut o = Opts {
         ballast: PathBuf::from("target/release/ballast"),
@@ -125,8 +180,14 @@ fn opts() -> anyhow::Result<Opts> {
         rates: vec![1_000, 5_000, 20_000],
         connections: 16,
         wrk_connections: 64,
-        idle_connections: 1_000,
-        targets: vec![Target::Direct, Target::Ballast, Target::Haproxy],
+        idle_connections: vec![1_000, 10_000],
+        targets: vec![
+            Target::Direct,
+            Target::Ballast,
+            Target::Ballast2,
+            Target::Haproxy,
+            Target::Haproxy2,
+        ],
         max_foreign: 0.05,
         retries: 3,
         quiet_wait: Duration::from_secs(1800),
@@ -152,24 +213,17 @@ fn opts() -> anyhow::Result<Opts> {
             "--oha" => o.oha = value.into(),
             "--rounds" => o.rounds = value.parse()?,
             "--duration" => o.duration = Duration::from_secs(value.parse()?),
-            "--rates" => {
-                o.rates = value
-                    .split(',')
-                    .map(|r| r.trim().parse())
-                    .collect::<Result<_, _>>()?
-            }
+            "--rates" => o.rates = list(&value)?,
             "--connections" => o.connections = value.parse()?,
             "--wrk-connections" => o.wrk_connections = value.parse()?,
-            "--idle-connections" => o.idle_connections = value.parse()?,
+            "--idle-connections" => {
+                o.idle_connections = list(&value)?;
+                o.idle_connections.retain(|n| *n > 0);
+            }
             "--targets" => {
                 o.targets = value
                     .split(',')
-                    .map(|t| match t.trim() {
-                        "direct" => Ok(Target::Direct),
-                        "ballast" => Ok(Target::Ballast),
-                        "haproxy" => Ok(Target::Haproxy),
-                        other => Err(anyhow::anyhow!("unknown target {other}")),
-                    })
+                    .map(|t| Target::parse(t.trim()))
                     .collect::<Result<_, _>>()?
             }
             "--max-foreign" => o.max_foreign = value.parse()?,
@@ -184,24 +238,34 @@ fn opts() -> anyhow::Result<Opts> {
     Ok(o)
 }
 
-/// What one target measured in one round. Process figures are `None` for
-/// the direct path (no proxy process).
+/// Memory per idle keep-alive connection at one N.
+#[derive(Clone, Debug)]
+pub struct Idle {
+    pub n: usize,
+    /// VmRSS growth / N, in bytes.
+    pub rss_bytes: f64,
+    /// jemalloc allocated growth / N, in bytes (Ballast only).
+    pub allocated_bytes: Option<f64>,
+}
+
+/// What one target measured in one round. Process figures have one entry
+/// per proxy process on the path, in path order (none for the direct path).
 #[derive(Clone, Debug)]
 pub struct Measured {
     pub target: Target,
-    /// (rate, oha result, proxy CPU seconds per 1,000 requests)
-    pub fixed: Vec<(u32, Fixed, Option<f64>)>,
+    /// (rate, oha result, each proxy's CPU seconds per 1,000 requests)
+    pub fixed: Vec<(u32, Fixed, Vec<f64>)>,
     pub max: Max,
-    pub max_cpu_per_1k: Option<f64>,
-    /// Share of its core the proxy used during the wrk run.
-    pub max_core_busy: Option<f64>,
-    pub rss_idle_kib: Option<u64>,
-    pub anon_idle_kib: Option<u64>,
-    pub rss_load_kib: Option<u64>,
-    pub anon_load_kib: Option<u64>,
-    pub rss_after_kib: Option<u64>,
-    pub hwm_kib: Option<u64>,
-    pub idle_conn_bytes: Option<f64>,
+    pub max_cpu_per_1k: Vec<f64>,
+    /// Share of a core each proxy used during the wrk run.
+    pub max_core_busy: Vec<f64>,
+    pub rss_idle_kib: Vec<u64>,
+    pub anon_idle_kib: Vec<u64>,
+    pub rss_load_kib: Vec<u64>,
+    pub anon_load_kib: Vec<u64>,
+    pub rss_after_kib: Vec<u64>,
+    pub hwm_kib: Vec<u64>,
+    pub idle: Vec<Idle>,
     pub foreign: Foreign,
 }
 
@@ -213,107 +277,189 @@ pub struct Round {
 struct Env {
     tck: f64,
     backend: String,
+    backend_port: u16,
+    /// Proxy B's inbound port: the endpoint of the `hop` service.
+    hop_port: u16,
     controller: Option<ballast_bench::Controller>,
     dir: PathBuf,
+    max_connections: usize,
+    /// Flags every Ballast proxy of the benchmark gets.
+    ballast_extra: Vec<String>,
+    /// haproxy's maxconn: it asks for two descriptors per connection.
+    haproxy_max: usize,
 }
 
-async fn start_target(o: &Opts, env: &Env, t: Target) -> anyhow::Result<Option<Server>> {
+/// A target's processes, in path order, and where its clients connect.
+struct Running {
+    procs: Vec<Server>,
+    addr: String,
+    host: &'static str,
+}
+
+impl Running {
+    fn pids(&self) -> Vec<u32> {
+        self.procs.iter().map(Server::pid).collect()
+    }
+}
+
+async fn start_ballast(
+    o: &Opts,
+    env: &Env,
+    inbound: String,
+    forward_port: Option<u16>,
+) -> anyhow::Result<Server> {
+    let grpc = env
+        .controller
+        .as_ref()
+        .map(|c| c.grpc.clone())
+        .ok_or_else(|| anyhow::anyhow!("no controller"))?;
+    servers::ballast(&BallastArgs {
+        ballast: &o.ballast,
+        destination: &grpc,
+        core: o.proxy_core,
+        inbound,
+        forward_port,
+        max_connections: env.max_connections,
+        extra: &env.ballast_extra,
+    })
+    .await
+}
+
+async fn ready(server: &mut Server, addr: &str, host: &str, what: &str) -> anyhow::Result<()> {
+    servers::wait_ok(addr, host, &mut server.child, Duration::from_secs(30))
+        .await
+        .map_err(|e| anyhow::anyhow!("{what}: {e}"))
+}
+
+async fn start_target(o: &Opts, env: &Env, t: Target) -> anyhow::Result<Running> {
+    let haproxy_max = env.haproxy_max;
     Ok(match t {
-        Target::Direct => None,
-        Target::Haproxy => Some(servers::haproxy(&env.dir, &env.backend, o.proxy_core).await?),
+        Target::Direct => Running {
+            procs: Vec::new(),
+            addr: env.backend.clone(),
+            host: SERVICE_HOST,
+        },
+        Target::Haproxy => {
+            let a = servers::haproxy(&env.dir, "haproxy", &env.backend, o.proxy_core, haproxy_max)
+                .await?;
+            Running {
+                addr: a.addr.clone(),
+                procs: vec![a],
+                host: SERVICE_HOST,
+            }
+        }
+        Target::Haproxy2 => {
+            let b = servers::haproxy(
+                &env.dir,
+                "haproxy-b",
+                &env.backend,
+                o.proxy_core,
+                haproxy_max,
+            )
+            .await?;
+            let a =
+                servers::haproxy(&env.dir, "haproxy-a", &b.addr, o.proxy_core, haproxy_max).await?;
+            Running {
+                addr: a.addr.clone(),
+                procs: vec![a, b],
+                host: SERVICE_HOST,
+            }
+        }
         Target::Ballast => {
-            let grpc = env
-                .controller
-                .as_ref()
-                .map(|c| c.grpc.clone())
-                .ok_or_else(|| anyhow::anyhow!("no controller"))?;
-            Some(servers::ballast(&o.ballast, &grpc, o.proxy_core).await?)
+            let mut a = start_ballast(o, env, "127.0.0.1:0".into(), None).await?;
+            let addr = a.addr.clone();
+            ready(&mut a, &addr, SERVICE_HOST, "ballast proxy").await?;
+            Running {
+                procs: vec![a],
+                addr,
+                host: SERVICE_HOST,
+            }
+        }
+        Target::Ballast2 => {
+            let inbound = format!("127.0.0.1:{}", env.hop_port);
+            let mut b = start_ballast(o, env, inbound.clone(), Some(env.backend_port)).await?;
+            ready(&mut b, &inbound, SERVICE_HOST, "ballast proxy B (inbound)").await?;
+            let mut a = start_ballast(o, env, "127.0.0.1:0".into(), None).await?;
+            let addr = a.addr.clone();
+            ready(&mut a, &addr, HOP_HOST, "ballast proxy A (outbound)").await?;
+            Running {
+                procs: vec![a, b],
+                addr,
+                host: HOP_HOST,
+            }
         }
     })
 }
 
-fn cpu_seconds_between(env: &Env, pid: Option<u32>, before: u64) -> Option<f64> {
-    pid.map(|p| cpu_ticks(p).saturating_sub(before) as f64 / env.tck)
+fn cpu_seconds(env: &Env, pids: &[u32], before: &[u64]) -> Vec<f64> {
+    pids.iter()
+        .zip(before)
+        .map(|(&p, &b)| cpu_ticks(p).saturating_sub(b) as f64 / env.tck)
+        .collect()
 }
 
 async fn measure(o: &Opts, env: &Env, t: Target) -> anyhow::Result<Measured> {
     let monitor = ForeignMonitor::start(env.tck);
-    let server = start_target(o, env, t).await?;
-    let addr = server
-        .as_ref()
-        .map(|s| s.addr.clone())
-        .unwrap_or_else(|| env.backend.clone());
-    let pid = server.as_ref().map(Server::pid);
+    let running = start_target(o, env, t).await?;
+    let (addr, host) = (running.addr.clone(), running.host);
+    let pids = running.pids();
 
-    // Warm-up: the connection pool to the backend, discovery, lazy state.
+    // Warm-up: the connection pools, discovery, lazy state.
     let mut warm = Conn::open(&addr).await?;
     for _ in 0..200 {
-        let status = tokio::time::timeout(Duration::from_secs(5), warm.get(SERVICE_HOST)).await??;
+        let status = tokio::time::timeout(Duration::from_secs(5), warm.get(host)).await??;
         anyhow::ensure!(status == 200, "{}: warm-up status {status}", t.name());
     }
     drop(warm);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let rss_idle_kib = pid.map(|p| rss(p).0);
-    let anon_idle_kib = pid.map(rss_anon);
+    let rss_idle_kib = pids.iter().map(|&p| rss(p).0).collect();
+    let anon_idle_kib = pids.iter().map(|&p| rss_anon(p)).collect();
 
     let mut fixed = Vec::new();
     for &rate in &o.rates {
-        let before = pid.map(cpu_ticks).unwrap_or(0);
+        let before: Vec<u64> = pids.iter().map(|&p| cpu_ticks(p)).collect();
         let r = load::oha(&OhaArgs {
             oha: &o.oha,
             core: o.load_core,
             addr: &addr,
-            host: SERVICE_HOST,
+            host,
             rate,
             connections: o.connections,
             duration: o.duration,
         })
         .await?;
-        let cpu = cpu_seconds_between(env, pid, before);
-        let per_1k = cpu.map(|c| c / (r.ok.max(1) as f64 / 1000.0));
+        let per_1k = cpu_seconds(env, &pids, &before)
+            .into_iter()
+            .map(|c| c / (r.ok.max(1) as f64 / 1000.0))
+            .collect();
         fixed.push((rate, r, per_1k));
     }
 
-    let before = pid.map(cpu_ticks).unwrap_or(0);
+    let before: Vec<u64> = pids.iter().map(|&p| cpu_ticks(p)).collect();
     let started = Instant::now();
     let half = o.duration / 2;
+    let sampled = pids.clone();
     let sample = tokio::spawn(async move {
         tokio::time::sleep(half).await;
-        pid.map(|p| (rss(p).0, rss_anon(p)))
+        sampled
+            .iter()
+            .map(|&p| (rss(p).0, rss_anon(p)))
+            .collect::<Vec<_>>()
     });
-    let max = load::wrk(
-        o.load_core,
-        &addr,
-        SERVICE_HOST,
-        o.wrk_connections,
-        o.duration,
-    )
-    .await?;
+    let max = load::wrk(o.load_core, &addr, host, o.wrk_connections, o.duration).await?;
     let wall = started.elapsed().as_secs_f64();
-    let cpu = cpu_seconds_between(env, pid, before);
-    let (rss_load_kib, anon_load_kib) = match sample.await.ok().flatten() {
-        Some((all, anon)) => (Some(all), Some(anon)),
-        None => (None, None),
-    };
-    let max_cpu_per_1k = cpu.map(|c| c / (max.requests.max(1) as f64 / 1000.0));
-    let max_core_busy = cpu.map(|c| c / wall);
+    let cpu = cpu_seconds(env, &pids, &before);
+    let at_half = sample.await.unwrap_or_default();
+    let max_cpu_per_1k = cpu
+        .iter()
+        .map(|c| c / (max.requests.max(1) as f64 / 1000.0))
+        .collect();
+    let max_core_busy = cpu.iter().map(|c| c / wall).collect();
 
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let rss_after_kib = pid.map(|p| rss(p).0);
-    let hwm_kib = pid.map(|p| rss(p).1);
-
-    let idle_conn_bytes = match (pid, o.idle_connections) {
-        (Some(p), n) if n > 0 => {
-            let before = rss(p).0;
-            let conns = load::open_idle(&addr, SERVICE_HOST, n).await?;
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let with = rss(p).0;
-            drop(conns);
-            Some(with.saturating_sub(before) as f64 * 1024.0 / n as f64)
-        }
-        _ => None,
-    };
-    drop(server);
+    let rss_after_kib = pids.iter().map(|&p| rss(p).0).collect();
+    let hwm_kib = pids.iter().map(|&p| rss(p).1).collect();
+    drop(running);
     Ok(Measured {
         target: t,
         fixed,
@@ -322,13 +468,66 @@ async fn measure(o: &Opts, env: &Env, t: Target) -> anyhow::Result<Measured> {
         max_core_busy,
         rss_idle_kib,
         anon_idle_kib,
-        rss_load_kib,
-        anon_load_kib,
+        rss_load_kib: at_half.iter().map(|(all, _)| *all).collect(),
+        anon_load_kib: at_half.iter().map(|(_, anon)| *anon).collect(),
         rss_after_kib,
         hwm_kib,
-        idle_conn_bytes,
+        idle: Vec::new(),
         foreign: monitor.finish(),
     })
+}
+
+/// Memory per idle connection on a fresh proxy: one hop's outbound
+/// listener, or proxy B's inbound listener of two hops. `None` for targets
+/// it is not measured on.
+async fn measure_idle(o: &Opts, env: &Env, t: Target, n: usize) -> anyhow::Result<Option<Idle>> {
+    let which = match t {
+        Target::Haproxy if n + 100 > env.haproxy_max => {
+            eprintln!(
+                "  haproxy: {n} idle connections need more file descriptors than \
+                 RLIMIT_NOFILE allows; not measured"
+            );
+            return Ok(None);
+        }
+        Target::Ballast | Target::Haproxy => 0,
+        Target::Ballast2 => 1,
+        Target::Direct | Target::Haproxy2 => return Ok(None),
+    };
+    let running = start_target(o, env, t).await?;
+    let proxy = &running.procs[which];
+    let (addr, host) = if which == 0 {
+        (running.addr.clone(), running.host)
+    } else {
+        (proxy.inbound.clone().unwrap_or_default(), SERVICE_HOST)
+    };
+    let pid = proxy.pid();
+    let allocated = || async {
+        match &proxy.admin {
+            Some(admin) => system::metric(admin, "process_memory_allocated_bytes").await,
+            None => None,
+        }
+    };
+    let mut warm = Conn::open(&addr).await?;
+    for _ in 0..200 {
+        let status = tokio::time::timeout(Duration::from_secs(5), warm.get(host)).await??;
+        anyhow::ensure!(status == 200, "{}: warm-up status {status}", t.name());
+    }
+    drop(warm);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (rss_before, alloc_before) = (rss(pid).0, allocated().await);
+    let conns = load::open_idle(&addr, host, n).await?;
+    // Let the proxy settle every connection into its idle state.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (rss_with, alloc_with) = (rss(pid).0, allocated().await);
+    drop(conns);
+    drop(running);
+    Ok(Some(Idle {
+        n,
+        rss_bytes: (rss_with as f64 - rss_before as f64) * 1024.0 / n as f64,
+        allocated_bytes: alloc_before
+            .zip(alloc_with)
+            .map(|(b, w)| (w - b) / n as f64),
+    }))
 }
 
 /// A busy loop at SCHED_IDLE priority on each core: any woken task preempts
@@ -348,6 +547,13 @@ fn keep_awake(cores: &[u32]) -> anyhow::Result<Vec<tokio::process::Child>> {
         .collect()
 }
 
+fn port_of(addr: &str) -> anyhow::Result<u16> {
+    addr.rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("address without a port: {addr}"))
+}
+
 async fn run(o: Opts) -> anyhow::Result<()> {
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let machine = system::machine();
@@ -355,15 +561,47 @@ async fn run(o: Opts) -> anyhow::Result<()> {
     // the proxy's core.
     system::pin(std::process::id(), o.load_core)?;
     let tck = system::clock_ticks();
+    // Idle connections: the client's sockets here, the proxy's (and, for a
+    // proxy without pooling, the backend's) on the other side.
+    let most_idle = o.idle_connections.iter().copied().max().unwrap_or(0);
+    let max_connections = (most_idle + 1_000).max(10_000);
+    let nofile = system::raise_nofile(2 * max_connections as u64 + 4_096);
+    anyhow::ensure!(
+        nofile as usize > most_idle + 1_024,
+        "RLIMIT_NOFILE is {nofile}: too low for {most_idle} idle connections"
+    );
 
     let mut targets = o.targets.clone();
-    if targets.contains(&Target::Ballast) && !servers::ballast_has_proxy(&o.ballast).await {
-        eprintln!(
-            "`{} proxy --help` fails: the ballast target is skipped \
-             (build it with `cargo build --release -p ballast`)",
-            o.ballast.display()
-        );
-        targets.retain(|t| *t != Target::Ballast);
+    let mut ballast_extra = Vec::new();
+    if targets.iter().any(|t| t.is_ballast()) {
+        let help = servers::ballast_proxy_help(&o.ballast).await;
+        // The header read timeout also ends idle keep-alive connections
+        // (10 s by default); opening 10,000 of them can take longer. A
+        // longer timeout arms the same timer, so costs the same memory.
+        if help
+            .as_deref()
+            .is_some_and(|h| h.contains("--http1-header-read-timeout"))
+        {
+            ballast_extra.extend(["--http1-header-read-timeout".into(), "3600s".into()]);
+        }
+        match help {
+            None => {
+                eprintln!(
+                    "`{} proxy --help` fails: the ballast targets are skipped \
+                     (build it with `cargo build --release -p ballast`)",
+                    o.ballast.display()
+                );
+                targets.retain(|t| !t.is_ballast());
+            }
+            Some(help) if !help.contains("--inbound-forward-port") => {
+                eprintln!(
+                    "`{} proxy` has no --inbound-forward-port: ballast-2hop is skipped",
+                    o.ballast.display()
+                );
+                targets.retain(|t| *t != Target::Ballast2);
+            }
+            Some(_) => {}
+        }
     }
 
     let _spinners = if o.keep_awake {
@@ -372,17 +610,13 @@ async fn run(o: Opts) -> anyhow::Result<()> {
         Vec::new()
     };
     let tmp = tempfile::tempdir()?;
-    let nginx = servers::nginx(tmp.path(), o.load_core).await?;
+    let nginx = servers::nginx(tmp.path(), o.load_core, max_connections).await?;
     let manifests = tmp.path().join("manifests");
     std::fs::create_dir_all(&manifests)?;
-    let backend_port: u16 = nginx
-        .addr
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("backend address {}", nginx.addr))?;
-    servers::write_manifests(&manifests, backend_port)?;
-    let controller = if targets.contains(&Target::Ballast) {
+    let backend_port = port_of(&nginx.addr)?;
+    let hop_port = servers::free_port()?;
+    servers::write_manifests(&manifests, backend_port, hop_port)?;
+    let controller = if targets.iter().any(|t| t.is_ballast()) {
         let args = vec!["--manifests".to_string(), manifests.display().to_string()];
         let (c, _) = ballast_bench::start(&o.ballast, &args).await?;
         system::pin(c.pid(), o.load_core)?;
@@ -393,8 +627,13 @@ async fn run(o: Opts) -> anyhow::Result<()> {
     let env = Env {
         tck,
         backend: nginx.addr.clone(),
+        backend_port,
+        hop_port,
         controller,
         dir: tmp.path().to_path_buf(),
+        max_connections,
+        ballast_extra,
+        haproxy_max: max_connections.min((nofile as usize).saturating_sub(200) / 2),
     };
 
     let versions = [
@@ -407,7 +646,7 @@ async fn run(o: Opts) -> anyhow::Result<()> {
     println!("tools: {}", versions.join("; "));
     println!("command: {command}");
     println!(
-        "targets: {}; proxy on core {}, backend and load on core {}",
+        "targets: {}; proxies on core {}, backend and load on core {}; RLIMIT_NOFILE {nofile}",
         targets
             .iter()
             .map(|t| t.name())
@@ -451,6 +690,16 @@ async fn run(o: Opts) -> anyhow::Result<()> {
             discarded += 1;
             eprintln!("  round {n} disturbed by other processes: measuring it again");
             continue;
+        }
+        // Memory per idle connection does not depend on other processes'
+        // CPU: measured once per accepted round.
+        for m in &mut measured {
+            for &count in &o.idle_connections {
+                if let Some(idle) = measure_idle(&o, &env, m.target, count).await? {
+                    report::print_idle(n, m.target, &idle);
+                    m.idle.push(idle);
+                }
+            }
         }
         rounds.push(Round { measured });
     }

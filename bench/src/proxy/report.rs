@@ -1,7 +1,8 @@
 //! The proxy benchmark's tables: medians over rounds with min-max, the
-//! proxies' latency as added to the direct path of the same round.
+//! proxies' latency as added to the direct path of the same round, process
+//! figures summed over a path's proxies and per proxy.
 
-use super::{Measured, Opts, Round, Target};
+use super::{Idle, Measured, Opts, Round, Target};
 
 /// Median, min, max.
 fn stat(mut v: Vec<f64>) -> Option<(f64, f64, f64)> {
@@ -73,11 +74,60 @@ fn fixed_at(m: &Measured, rate: u32) -> Option<&super::Fixed> {
         .map(|(_, f, _)| f)
 }
 
-fn cpu_at(m: &Measured, rate: u32) -> Option<f64> {
+fn cpu_at(m: &Measured, rate: u32) -> &[f64] {
     m.fixed
         .iter()
         .find(|(r, _, _)| *r == rate)
-        .and_then(|(_, _, c)| *c)
+        .map(|(_, _, c)| c.as_slice())
+        .unwrap_or(&[])
+}
+
+/// Sum over a path's proxy processes; `None` on the direct path.
+fn sum(v: &[f64]) -> Option<f64> {
+    (!v.is_empty()).then(|| v.iter().sum())
+}
+
+fn kib_f(v: &[u64]) -> Vec<f64> {
+    v.iter().map(|&k| k as f64).collect()
+}
+
+/// Which proxy processes a row shows: all of them summed, or one hop.
+#[derive(Clone, Copy)]
+enum Part {
+    All,
+    Hop(usize),
+}
+
+impl Part {
+    fn pick(self, v: &[f64], hops: usize) -> Option<f64> {
+        match self {
+            Part::All => sum(v),
+            // A one-hop path has no separate hop rows: its figure is the total.
+            Part::Hop(i) if hops > 1 => v.get(i).copied(),
+            Part::Hop(_) => None,
+        }
+    }
+
+    fn suffix(self) -> &'static str {
+        match self {
+            Part::All => "",
+            Part::Hop(0) => ", proxy A (client side)",
+            Part::Hop(_) => ", proxy B (backend side)",
+        }
+    }
+}
+
+fn per_proc(v: &[f64], f: impl Fn(f64) -> String) -> String {
+    match v.len() {
+        0 => String::new(),
+        1 => f(v[0]),
+        _ => format!(
+            "{} (A {} + B {})",
+            f(v.iter().sum()),
+            f(v[0]),
+            v[1..].iter().map(|x| f(*x)).collect::<Vec<_>>().join(" + ")
+        ),
+    }
 }
 
 /// One line per target per round, as it is measured.
@@ -92,7 +142,11 @@ pub fn print_line(round: usize, m: &Measured) {
                 f.p50_us,
                 f.p99_us,
                 f.p999_us,
-                cpu.map(|c| format!(" {c:.4} cpu-s/1k")).unwrap_or_default(),
+                if cpu.is_empty() {
+                    String::new()
+                } else {
+                    format!(" {} cpu-s/1k", per_proc(cpu, |c| format!("{c:.4}")))
+                },
                 if f.failed > 0 {
                     format!(" FAILED {}", f.failed)
                 } else {
@@ -102,42 +156,76 @@ pub fn print_line(round: usize, m: &Measured) {
         })
         .collect::<Vec<_>>()
         .join("; ");
-    let kib = |v: Option<u64>| v.map(|k| mb(k as f64)).unwrap_or_else(|| "-".into());
+    let kib = |v: &[u64]| {
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            per_proc(&kib_f(v), mb)
+        }
+    };
     println!(
-        "round {round} {:<8} {lat}; max {:.0} rps{}{}; rss idle {} load {} hwm {}{}; foreign {:.2} cores{}",
+        "round {round} {:<12} {lat}; max {:.0} rps{}{}; rss idle {} load {} hwm {}; foreign {:.2} cores{}",
         m.target.name(),
         m.max.rps,
-        m.max_core_busy
-            .map(|b| format!(" (proxy core {:.0}%)", b * 100.0))
-            .unwrap_or_default(),
+        if m.max_core_busy.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (proxy core {})",
+                per_proc(&m.max_core_busy, |b| format!("{:.0}%", b * 100.0))
+            )
+        },
         if m.max.failed > 0 {
             format!(" FAILED {}", m.max.failed)
         } else {
             String::new()
         },
-        kib(m.rss_idle_kib),
-        kib(m.rss_load_kib),
-        kib(m.hwm_kib),
-        m.idle_conn_bytes
-            .map(|b| format!(", {:.1} KB per idle conn", b / 1000.0))
-            .unwrap_or_default(),
+        kib(&m.rss_idle_kib),
+        kib(&m.rss_load_kib),
+        kib(&m.hwm_kib),
         m.foreign.cores(),
         if m.foreign.rustc { " (rustc ran)" } else { "" },
     );
 }
 
+/// One line per idle-connection measurement.
+pub fn print_idle(round: usize, t: Target, idle: &Idle) {
+    println!(
+        "round {round} {:<12} {} idle connections: {:.2} KB RSS per connection{}",
+        t.name(),
+        idle.n,
+        idle.rss_bytes / 1000.0,
+        idle.allocated_bytes
+            .map(|a| format!(", {:.2} KB allocated per connection", a / 1000.0))
+            .unwrap_or_default()
+    );
+}
+
+fn idle_at(m: &Measured, n: usize) -> Option<&Idle> {
+    m.idle.iter().find(|i| i.n == n)
+}
+
+fn idle_side(t: Target) -> &'static str {
+    match t {
+        Target::Ballast | Target::Haproxy => "outbound / frontend, one hop",
+        Target::Ballast2 => "proxy B's inbound listener",
+        Target::Direct | Target::Haproxy2 => "",
+    }
+}
+
 /// The tables, in Markdown.
 pub fn print(o: &Opts, targets: &[Target], rounds: &[Round], discarded: usize) {
-    let proxies: Vec<Target> = targets
-        .iter()
-        .copied()
-        .filter(|t| *t != Target::Direct)
-        .collect();
     let has_direct = targets.contains(&Target::Direct);
+    let two_hops = targets.iter().any(|t| t.hops() > 1);
+    let parts: Vec<Part> = if two_hops {
+        vec![Part::All, Part::Hop(0), Part::Hop(1)]
+    } else {
+        vec![Part::All]
+    };
     println!();
     println!(
         "{} rounds (alternating {}), {} discarded as disturbed; {} s per run; \
-         oha {} connections, wrk -t1 -c{}",
+         oha {} connections, wrk -t1 -c{}; every proxy on core {}",
         rounds.len(),
         targets
             .iter()
@@ -147,7 +235,8 @@ pub fn print(o: &Opts, targets: &[Target], rounds: &[Round], discarded: usize) {
         discarded,
         o.duration.as_secs(),
         o.connections,
-        o.wrk_connections
+        o.wrk_connections,
+        o.proxy_core,
     );
     let header = |first: &str| {
         let mut h = format!("| {first} |");
@@ -157,6 +246,13 @@ pub fn print(o: &Opts, targets: &[Target], rounds: &[Round], discarded: usize) {
             sep += "---|";
         }
         println!("\n{h}\n{sep}");
+    };
+    let row = |name: String, cell: &dyn Fn(Target) -> String| {
+        let mut line = format!("| {name} |");
+        for &t in targets {
+            line += &format!(" {} |", cell(t));
+        }
+        println!("{line}");
     };
 
     for &rate in &o.rates {
@@ -168,36 +264,31 @@ pub fn print(o: &Opts, targets: &[Target], rounds: &[Round], discarded: usize) {
             ("p99.9", |f| f.p999_us),
         ];
         for (name, pick) in rows {
-            let mut line = format!("| {name} |");
-            for &t in targets {
-                let cell = if t == Target::Direct || !has_direct {
+            row(name.to_string(), &|t| {
+                if t == Target::Direct || !has_direct {
                     show(over(rounds, t, |m| fixed_at(m, rate).map(pick)), us)
                 } else {
                     show(added(rounds, t, |m| fixed_at(m, rate).map(pick)), added_us)
-                };
-                line += &format!(" {cell} |");
-            }
-            println!("{line}");
+                }
+            });
         }
-        let mut line = String::from("| achieved rps |");
-        for &t in targets {
-            line += &format!(
-                " {} |",
-                show(
-                    over(rounds, t, |m| fixed_at(m, rate).map(|f| f.achieved_rps)),
-                    |x| format!("{x:.0}")
-                )
+        row("achieved rps".into(), &|t| {
+            show(
+                over(rounds, t, |m| fixed_at(m, rate).map(|f| f.achieved_rps)),
+                |x| format!("{x:.0}"),
+            )
+        });
+        for &part in &parts {
+            row(
+                format!("proxy CPU s per 1k requests{}", part.suffix()),
+                &|t| {
+                    show(
+                        over(rounds, t, |m| part.pick(cpu_at(m, rate), m.target.hops())),
+                        |x| format!("{x:.4}"),
+                    )
+                },
             );
         }
-        println!("{line}");
-        let mut line = String::from("| proxy CPU s per 1k requests |");
-        for &t in targets {
-            line += &format!(
-                " {} |",
-                show(over(rounds, t, |m| cpu_at(m, rate)), |x| format!("{x:.4}"))
-            );
-        }
-        println!("{line}");
         let failed: u64 = rounds
             .iter()
             .flat_map(|r| &r.measured)
@@ -226,61 +317,43 @@ pub fn print(o: &Opts, targets: &[Target], rounds: &[Round], discarded: usize) {
     }
 
     header("maximum rate, memory");
-    type Row = (
-        &'static str,
-        fn(&Measured) -> Option<f64>,
-        fn(f64) -> String,
+    row(
+        format!("max req/s (wrk -t1 -c{})", o.wrk_connections),
+        &|t| show(over(rounds, t, |m| Some(m.max.rps)), |x| format!("{x:.0}")),
     );
-    let rows: [Row; 10] = [
-        (
-            "max req/s (wrk -t1 -c64)",
-            |m| Some(m.max.rps),
-            |x| format!("{x:.0}"),
-        ),
+    type Row = (&'static str, fn(&Measured) -> Vec<f64>, fn(f64) -> String);
+    let rows: [Row; 8] = [
         (
             "proxy core busy during max",
-            |m| m.max_core_busy,
+            |m| m.max_core_busy.clone(),
             |x| format!("{:.0}%", x * 100.0),
         ),
         (
             "proxy CPU s per 1k requests at max",
-            |m| m.max_cpu_per_1k,
+            |m| m.max_cpu_per_1k.clone(),
             |x| format!("{x:.4}"),
         ),
+        ("RSS idle (after warm-up)", |m| kib_f(&m.rss_idle_kib), mb),
         (
-            "RSS idle (after warm-up)",
-            |m| m.rss_idle_kib.map(|k| k as f64),
-            mb,
-        ),
-        (
-            "of which anonymous (RssAnon)",
-            |m| m.anon_idle_kib.map(|k| k as f64),
+            "anonymous RSS idle (RssAnon)",
+            |m| kib_f(&m.anon_idle_kib),
             mb,
         ),
         (
             "RSS under load (mid max-rate run)",
-            |m| m.rss_load_kib.map(|k| k as f64),
+            |m| kib_f(&m.rss_load_kib),
             mb,
         ),
-        (
-            "of which anonymous (RssAnon)",
-            |m| m.anon_load_kib.map(|k| k as f64),
-            mb,
-        ),
-        ("RSS after load", |m| m.rss_after_kib.map(|k| k as f64), mb),
-        ("peak RSS (VmHWM)", |m| m.hwm_kib.map(|k| k as f64), mb),
-        (
-            "memory per idle keep-alive connection",
-            |m| m.idle_conn_bytes,
-            |b| format!("{:.1} KB", b / 1000.0),
-        ),
+        ("anonymous RSS under load", |m| kib_f(&m.anon_load_kib), mb),
+        ("RSS after load", |m| kib_f(&m.rss_after_kib), mb),
+        ("peak RSS (VmHWM)", |m| kib_f(&m.hwm_kib), mb),
     ];
     for (name, pick, f) in rows {
-        let mut line = format!("| {name} |");
-        for &t in targets {
-            line += &format!(" {} |", show(over(rounds, t, pick), f));
+        for &part in &parts {
+            row(format!("{name}{}", part.suffix()), &|t| {
+                show(over(rounds, t, |m| part.pick(&pick(m), m.target.hops())), f)
+            });
         }
-        println!("{line}");
     }
     let failed: u64 = rounds
         .iter()
@@ -290,8 +363,50 @@ pub fn print(o: &Opts, targets: &[Target], rounds: &[Round], discarded: usize) {
     if failed > 0 {
         println!("\n{failed} requests failed under wrk (non-2xx or socket errors)");
     }
+    if two_hops {
+        println!(
+            "\n(two-hop columns: the first row of each figure sums proxies A and B; \
+             RSS sums count each process's own copy of shared program pages)"
+        );
+    }
 
-    if proxies.contains(&Target::Ballast) {
+    let idle_targets: Vec<Target> = targets
+        .iter()
+        .copied()
+        .filter(|t| !idle_side(*t).is_empty())
+        .collect();
+    if !o.idle_connections.is_empty() && !idle_targets.is_empty() {
+        let mut h = String::from("| memory per idle keep-alive connection |");
+        let mut sep = String::from("|---|");
+        for t in &idle_targets {
+            h += &format!(" {} ({}) |", t.name(), idle_side(*t));
+            sep += "---|";
+        }
+        println!("\n{h}\n{sep}");
+        let kb = |b: f64| format!("{:.2} KB", b / 1000.0);
+        for &n in &o.idle_connections {
+            for (what, alloc) in [
+                ("VmRSS growth / N", false),
+                ("jemalloc allocated growth / N", true),
+            ] {
+                let mut line = format!("| {what}, N = {n} |");
+                for &t in &idle_targets {
+                    let s = over(rounds, t, |m| {
+                        let i = idle_at(m, n)?;
+                        if alloc {
+                            i.allocated_bytes
+                        } else {
+                            Some(i.rss_bytes)
+                        }
+                    });
+                    line += &format!(" {} |", show(s, kb));
+                }
+                println!("{line}");
+            }
+        }
+    }
+
+    if targets.contains(&Target::Ballast) {
         let target_rate = if o.rates.contains(&5_000) {
             5_000
         } else {
@@ -307,7 +422,7 @@ pub fn print(o: &Opts, targets: &[Target], rounds: &[Round], discarded: usize) {
                 p99.map(|s| (s.0 < 100.0, added_us(s.0))),
             );
         }
-        if proxies.contains(&Target::Haproxy) {
+        if targets.contains(&Target::Haproxy) {
             let b = over(rounds, Target::Ballast, |m| Some(m.max.rps));
             let h = over(rounds, Target::Haproxy, |m| Some(m.max.rps));
             verdict(
@@ -316,12 +431,8 @@ pub fn print(o: &Opts, targets: &[Target], rounds: &[Round], discarded: usize) {
                     .map(|(b, h)| (b.0 >= h.0, format!("{:.0} vs {:.0}", b.0, h.0))),
             );
         }
-        let idle = over(rounds, Target::Ballast, |m| {
-            m.rss_idle_kib.map(|k| k as f64)
-        });
-        let anon = over(rounds, Target::Ballast, |m| {
-            m.anon_idle_kib.map(|k| k as f64)
-        });
+        let idle = over(rounds, Target::Ballast, |m| sum(&kib_f(&m.rss_idle_kib)));
+        let anon = over(rounds, Target::Ballast, |m| sum(&kib_f(&m.anon_idle_kib)));
         verdict(
             "idle RSS < 5 MB",
             idle.map(|s| {
@@ -332,6 +443,32 @@ pub fn print(o: &Opts, targets: &[Target], rounds: &[Round], discarded: usize) {
                 )
             }),
         );
+        for t in [Target::Ballast, Target::Ballast2] {
+            for &n in &o.idle_connections {
+                let r = over(rounds, t, |m| Some(idle_at(m, n)?.rss_bytes));
+                let a = over(rounds, t, |m| idle_at(m, n)?.allocated_bytes);
+                if r.is_none() {
+                    continue;
+                }
+                verdict(
+                    &format!(
+                        "memory per idle connection < 10 KB ({}, N = {n})",
+                        idle_side(t)
+                    ),
+                    r.map(|r| {
+                        (
+                            r.0 < 10_000.0,
+                            format!(
+                                "{:.2} KB RSS{}",
+                                r.0 / 1000.0,
+                                a.map(|a| format!(", {:.2} KB allocated", a.0 / 1000.0))
+                                    .unwrap_or_default()
+                            ),
+                        )
+                    }),
+                );
+            }
+        }
     }
 }
 

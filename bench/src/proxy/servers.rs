@@ -15,6 +15,10 @@ use tokio::{
 /// The service the Ballast proxy is asked for (explicit mode, by Host).
 pub const SERVICE_HOST: &str = "backend.bench.svc.cluster.local";
 
+/// The service of the two-hop path: its one endpoint is proxy B's inbound
+/// listener, which forwards to the backend.
+pub const HOP_HOST: &str = "hop.bench.svc.cluster.local";
+
 /// Body size of the backend's one response.
 pub const BODY_BYTES: usize = 1024;
 
@@ -29,6 +33,10 @@ pub fn free_port() -> anyhow::Result<u16> {
 pub struct Server {
     pub child: Child,
     pub addr: String,
+    /// A Ballast proxy's admin listener (/metrics).
+    pub admin: Option<String>,
+    /// A Ballast proxy's inbound listener.
+    pub inbound: Option<String>,
 }
 
 impl Server {
@@ -74,15 +82,17 @@ pub async fn wait_ok(
     anyhow::bail!("{addr} not answering 200 within {within:?}: {last}")
 }
 
-/// nginx (Debian), one worker, no master, a fixed body, keep-alive.
-pub async fn nginx(dir: &Path, core: u32) -> anyhow::Result<Server> {
+/// nginx (Debian), one worker, no master, a fixed body, keep-alive, room
+/// for `max_conns` connections.
+pub async fn nginx(dir: &Path, core: u32, max_conns: usize) -> anyhow::Result<Server> {
     let port = free_port()?;
+    let nofile = max_conns + 1024;
     let d = dir.display();
     let body = "x".repeat(BODY_BYTES);
     let conf = format!(
         "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\n\
-         error_log stderr warn;\nworker_rlimit_nofile 16384;\n\
-         events {{ worker_connections 8192; }}\n\
+         error_log stderr warn;\nworker_rlimit_nofile {nofile};\n\
+         events {{ worker_connections {max_conns}; }}\n\
          http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
          \x20 fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
          \x20 keepalive_requests 100000000;\n  keepalive_timeout 3600s;\n\
@@ -104,22 +114,34 @@ pub async fn nginx(dir: &Path, core: u32) -> anyhow::Result<Server> {
     wait_ok(&addr, "b", &mut child, Duration::from_secs(10))
         .await
         .map_err(|e| anyhow::anyhow!("nginx: {e}"))?;
-    Ok(Server { child, addr })
+    Ok(Server {
+        child,
+        addr,
+        admin: None,
+        inbound: None,
+    })
 }
 
 /// haproxy (Debian) as the equivalent reverse proxy: HTTP mode, keep-alive
-/// on both sides, one server, idle server connections shared.
-pub async fn haproxy(dir: &Path, backend: &str, core: u32) -> anyhow::Result<Server> {
+/// on both sides, one server, idle server connections shared. `name` keeps
+/// the configuration files of chained instances apart.
+pub async fn haproxy(
+    dir: &Path,
+    name: &str,
+    backend: &str,
+    core: u32,
+    maxconn: usize,
+) -> anyhow::Result<Server> {
     let port = free_port()?;
     // maxconn bounds the descriptors haproxy asks for (2 per connection).
     let conf = format!(
-        "global\n  nbthread 1\n  maxconn 4000\n\
+        "global\n  nbthread 1\n  maxconn {maxconn}\n\
          defaults\n  mode http\n  timeout connect 1s\n  timeout client 3600s\n\
          \x20 timeout server 3600s\n  timeout http-keep-alive 3600s\n\
          frontend fe\n  bind 127.0.0.1:{port}\n  default_backend be\n\
          backend be\n  http-reuse always\n  server s1 {backend}\n"
     );
-    let path = dir.join("haproxy.cfg");
+    let path = dir.join(format!("{name}.cfg"));
     std::fs::write(&path, conf)?;
     let mut child = taskset(core, "haproxy")
         .arg("-db")
@@ -131,55 +153,93 @@ pub async fn haproxy(dir: &Path, backend: &str, core: u32) -> anyhow::Result<Ser
     let addr = format!("127.0.0.1:{port}");
     wait_ok(&addr, SERVICE_HOST, &mut child, Duration::from_secs(10))
         .await
-        .map_err(|e| anyhow::anyhow!("haproxy: {e}"))?;
-    Ok(Server { child, addr })
+        .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+    Ok(Server {
+        child,
+        addr,
+        admin: None,
+        inbound: None,
+    })
 }
 
-/// Whether `ballast proxy` exists in this build.
-pub async fn ballast_has_proxy(ballast: &Path) -> bool {
-    Command::new(ballast)
+/// `ballast proxy --help`, or `None` when this build has no proxy.
+pub async fn ballast_proxy_help(ballast: &Path) -> Option<String> {
+    let out = Command::new(ballast)
         .args(["proxy", "--help"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
+        .stdin(Stdio::null())
+        .output()
         .await
-        .map(|s| s.success())
-        .unwrap_or(false)
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The manifests the controller serves: one Service whose one endpoint is
-/// the backend.
-pub fn write_manifests(dir: &Path, backend_port: u16) -> anyhow::Result<()> {
-    let yaml = format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: backend, namespace: bench}}\n\
-         spec:\n  clusterIP: 10.96.0.10\n  selector: {{app: backend}}\n\
-         \x20 ports: [{{name: http, port: 80, targetPort: {backend_port}}}]\n\
-         ---\n\
-         apiVersion: v1\nkind: Pod\nmetadata:\n  name: backend-0\n  namespace: bench\n\
-         \x20 labels: {{app: backend}}\n\
-         spec:\n  containers: [{{name: nginx, ports: [{{name: http, containerPort: {backend_port}}}]}}]\n\
-         status:\n  phase: Running\n  podIP: 127.0.0.1\n  hostIP: 127.0.0.1\n\
-         \x20 conditions: [{{type: Ready, status: \"True\"}}]\n"
-    );
-    std::fs::write(dir.join("backend.yaml"), yaml)?;
+/// the backend, and one (`hop`) whose one endpoint is proxy B's inbound
+/// listener on `hop_port`.
+pub fn write_manifests(dir: &Path, backend_port: u16, hop_port: u16) -> anyhow::Result<()> {
+    std::fs::write(
+        dir.join("backend.yaml"),
+        service_yaml("backend", backend_port),
+    )?;
+    std::fs::write(dir.join("hop.yaml"), service_yaml("hop", hop_port))?;
     Ok(())
 }
 
-/// `ballast proxy` on OS-picked ports, resolving through `destination`;
-/// returns the outbound listener as the address under test.
-pub async fn ballast(ballast: &Path, destination: &str, core: u32) -> anyhow::Result<Server> {
-    let mut child = taskset(core, &ballast.display().to_string())
-        .args([
-            "proxy",
-            "--destination-addr",
-            destination,
-            "--outbound-addr",
-            "127.0.0.1:0",
-            "--inbound-addr",
-            "127.0.0.1:0",
-            "--admin-addr",
-            "127.0.0.1:0",
-        ])
+fn service_yaml(name: &str, port: u16) -> String {
+    let ip = if name == "backend" { 10 } else { 11 };
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: bench}}\n\
+         spec:\n  clusterIP: 10.96.0.{ip}\n  selector: {{app: {name}}}\n\
+         \x20 ports: [{{name: http, port: 80, targetPort: {port}}}]\n\
+         ---\n\
+         apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}-0\n  namespace: bench\n\
+         \x20 labels: {{app: {name}}}\n\
+         spec:\n  containers: [{{name: app, ports: [{{name: http, containerPort: {port}}}]}}]\n\
+         status:\n  phase: Running\n  podIP: 127.0.0.1\n  hostIP: 127.0.0.1\n\
+         \x20 conditions: [{{type: Ready, status: \"True\"}}]\n"
+    )
+}
+
+/// How one `ballast proxy` of the benchmark is started.
+pub struct BallastArgs<'a> {
+    pub ballast: &'a Path,
+    pub destination: &'a str,
+    pub core: u32,
+    /// Inbound listener address (`127.0.0.1:0`: OS-picked).
+    pub inbound: String,
+    /// `--inbound-forward-port`: where connections not redirected go.
+    pub forward_port: Option<u16>,
+    /// `--max-connections` per listener (room for the idle connections).
+    pub max_connections: usize,
+    /// More flags (those this build has).
+    pub extra: &'a [String],
+}
+
+/// `ballast proxy` on OS-picked ports (but the inbound one, if given),
+/// resolving through `destination`; `addr` is its outbound listener. The
+/// caller checks that it answers.
+pub async fn ballast(a: &BallastArgs<'_>) -> anyhow::Result<Server> {
+    let mut cmd = taskset(a.core, &a.ballast.display().to_string());
+    cmd.args([
+        "proxy",
+        "--destination-addr",
+        a.destination,
+        "--outbound-addr",
+        "127.0.0.1:0",
+        "--inbound-addr",
+        &a.inbound,
+        "--admin-addr",
+        "127.0.0.1:0",
+        "--max-connections",
+        &a.max_connections.to_string(),
+    ]);
+    if let Some(port) = a.forward_port {
+        cmd.args(["--inbound-forward-port", &port.to_string()]);
+    }
+    cmd.args(a.extra);
+    let mut child = cmd
         .env("BALLAST_LOG", "warn,ballast=info")
         .stderr(Stdio::piped())
         .spawn()?;
@@ -188,17 +248,26 @@ pub async fn ballast(ballast: &Path, destination: &str, core: u32) -> anyhow::Re
         .take()
         .ok_or_else(|| anyhow::anyhow!("no stderr"))?;
     let mut lines = BufReader::new(stderr).lines();
-    let find_outbound = async {
-        while let Some(line) = lines.next_line().await? {
-            if let Some(addr) = line.split("outbound listening on ").nth(1) {
-                return anyhow::Ok(addr.trim().to_string());
-            }
+    let find_listeners = async {
+        let (mut outbound, mut inbound, mut admin) = (None, None, None);
+        while outbound.is_none() || inbound.is_none() || admin.is_none() {
+            let Some(line) = lines.next_line().await? else {
+                anyhow::bail!("ballast proxy exited before listening");
+            };
+            let after = |m: &str| line.split(m).nth(1).map(|s| s.trim().to_string());
+            outbound = outbound.or(after("outbound listening on "));
+            inbound = inbound.or(after("inbound listening on "));
+            admin = admin.or(after("admin listening on "));
         }
-        anyhow::bail!("ballast proxy exited before listening")
+        anyhow::Ok((
+            outbound.unwrap_or_default(),
+            inbound.unwrap_or_default(),
+            admin.unwrap_or_default(),
+        ))
     };
-    let addr = tokio::time::timeout(Duration::from_secs(30), find_outbound)
+    let (addr, inbound, admin) = tokio::time::timeout(Duration::from_secs(30), find_listeners)
         .await
-        .map_err(|_| anyhow::anyhow!("ballast proxy: no outbound listener within 30 s"))??;
+        .map_err(|_| anyhow::anyhow!("ballast proxy: no listeners within 30 s"))??;
     // Keep draining its log so that it never blocks on a full pipe; show
     // warnings (the log level is warn) as they come.
     tokio::spawn(async move {
@@ -206,8 +275,10 @@ pub async fn ballast(ballast: &Path, destination: &str, core: u32) -> anyhow::Re
             eprintln!("  [ballast proxy] {line}");
         }
     });
-    wait_ok(&addr, SERVICE_HOST, &mut child, Duration::from_secs(30))
-        .await
-        .map_err(|e| anyhow::anyhow!("ballast proxy: {e}"))?;
-    Ok(Server { child, addr })
+    Ok(Server {
+        child,
+        addr,
+        admin: Some(admin),
+        inbound: Some(inbound),
+    })
 }

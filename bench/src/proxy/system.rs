@@ -260,3 +260,54 @@ pub fn rss_anon(pid: u32) -> u64 {
         .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         .unwrap_or(0)
 }
+
+/// Raises this process's RLIMIT_NOFILE (soft and hard, which children
+/// inherit) to at least `want` with `prlimit`; as root the hard limit can
+/// grow too. Returns the soft limit in force afterwards.
+pub fn raise_nofile(want: u64) -> u64 {
+    let pid = std::process::id().to_string();
+    let set = |limit: String| {
+        std::process::Command::new("prlimit")
+            .args(["--pid", &pid, &format!("--nofile={limit}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    if !set(format!("{want}:{want}")) {
+        // Not allowed to raise the hard limit: the soft one up to it.
+        let _ = set(format!("{}:", nofile_limit().1));
+    }
+    nofile_limit().0
+}
+
+/// (soft, hard) RLIMIT_NOFILE of this process.
+fn nofile_limit() -> (u64, u64) {
+    std::fs::read_to_string("/proc/self/limits")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .map(|l| {
+            let v: Vec<u64> = l
+                .split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            (
+                v.first().copied().unwrap_or(1024),
+                v.get(1).copied().unwrap_or(1024),
+            )
+        })
+        .unwrap_or((1024, 1024))
+}
+
+/// One unlabelled sample from a Prometheus text page at `admin`/metrics.
+pub async fn metric(admin: &str, name: &str) -> Option<f64> {
+    let (status, text) = ballast_bench::http_get(admin, "/metrics").await;
+    if status != 200 {
+        return None;
+    }
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
