@@ -15,12 +15,12 @@ const QUOTE_MAX: usize = 96;
 const REASON_MAX: usize = 200;
 
 /// A kind and a key: one object, wherever it is defined.
-pub(crate) type ObjectId = (Kind, ObjectKey);
+pub type ObjectId = (Kind, ObjectKey);
 
 /// Where in a file something is: its YAML document and, inside a List, its
 /// item.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Place {
+pub struct Place {
     /// 1-based, counting empty documents too, as an editor would.
     pub document: usize,
     /// Line of the document's first node, when known.
@@ -44,7 +44,7 @@ impl fmt::Display for Place {
 
 /// One thing wrong in a file, small and printable.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Problem {
+pub struct Problem {
     /// `None` when the problem is not in one document (e.g. the YAML stream
     /// itself is broken before any document could be placed).
     pub place: Option<Place>,
@@ -78,7 +78,7 @@ impl fmt::Display for Problem {
 
 /// What a file holds.
 #[derive(Debug, Default)]
-pub(crate) struct Parsed {
+pub struct Parsed {
     /// The objects the index uses, by kind and key. When one file defines an
     /// object twice the first definition is kept and the second is reported
     /// in `duplicates`.
@@ -91,7 +91,7 @@ pub(crate) struct Parsed {
 
 /// An object defined twice in one file.
 #[derive(Debug)]
-pub(crate) struct Duplicate {
+pub struct Duplicate {
     pub id: ObjectId,
     pub first: Place,
     pub again: Place,
@@ -108,7 +108,7 @@ pub(crate) struct Duplicate {
 /// the list, except that items of a typed list that lack `apiVersion` or
 /// `kind` take the list's (as the API server omits them there). Empty
 /// documents are skipped.
-pub(crate) fn parse(text: &str) -> Parsed {
+pub fn parse(text: &str) -> Parsed {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut parsed = Parsed::default();
     let mut first_seen: BTreeMap<ObjectId, Place> = BTreeMap::new();
@@ -359,7 +359,7 @@ impl Markers {
     fn new(text: &str) -> Self {
         let mut lines = Vec::new();
         let mut content_before_first = false;
-        for (i, line) in text.lines().enumerate() {
+        for (i, line) in yaml_lines(text).enumerate() {
             let is_marker = line
                 .strip_prefix("---")
                 .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t']));
@@ -387,6 +387,30 @@ impl Markers {
             before + 1
         }
     }
+}
+
+/// The lines of a YAML stream, as its parser numbers them: a line ends at
+/// LF, CRLF or a lone CR.
+fn yaml_lines(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = Some(text);
+    std::iter::from_fn(move || {
+        let t = rest.filter(|t| !t.is_empty())?;
+        match t.find(['\n', '\r']) {
+            Some(end) => {
+                let next = if t[end..].starts_with("\r\n") {
+                    end + 2
+                } else {
+                    end + 1
+                };
+                rest = Some(&t[next..]);
+                Some(&t[..end])
+            }
+            None => {
+                rest = None;
+                Some(t)
+            }
+        }
+    })
 }
 
 #[cfg(test)]
@@ -489,6 +513,22 @@ mod tests {
             panic!("expected the pod");
         };
         assert_eq!(pod.ips, ["10.0.0.1".parse::<std::net::IpAddr>().unwrap()]);
+    }
+
+    #[test]
+    fn documents_are_counted_with_cr_line_ends_too() {
+        let doc = "apiVersion: v1\rkind: Pod\rmetadata: {name: a}\r";
+        for text in [format!("{doc}---\r{doc}"), format!("{doc}---\r\n{doc}")] {
+            let parsed = parse(&text);
+            assert_eq!(messages(&parsed), Vec::<String>::new(), "{text:?}");
+            assert_eq!(parsed.duplicates.len(), 1, "{text:?}");
+            assert_eq!(parsed.duplicates[0].again.document, 2, "{text:?}");
+            assert_eq!(parsed.duplicates[0].again.line, Some(5), "{text:?}");
+        }
+        let lines: Vec<&str> = yaml_lines("a\r\nb\rc\n\nd").collect();
+        assert_eq!(lines, ["a", "b", "c", "", "d"]);
+        assert_eq!(yaml_lines("a\n").collect::<Vec<_>>(), ["a"]);
+        assert_eq!(yaml_lines("").count(), 0);
     }
 
     #[test]

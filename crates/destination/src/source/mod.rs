@@ -1,5 +1,7 @@
 //! Where the index's objects come from.
 
-mod documents;
+// Public for the fuzz targets only.
+#[doc(hidden)]
+pub mod documents;
 pub mod kube;
 pub mod manifests;
