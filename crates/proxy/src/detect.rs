@@ -33,12 +33,15 @@ pub fn detect(buf: &[u8]) -> Option<Protocol> {
             Protocol::Opaque
         }),
         None if buf.len() >= MAX_DETECT_BYTES => Some(Protocol::Opaque),
-        // A request line starts with a method token; anything else is not
-        // HTTP, however long we wait.
+        // A request line is visible ASCII and spaces (a CR may end what has
+        // arrived so far); anything else is not HTTP, however long we wait.
+        // The same test as `is_http1_request_line`, so that how the bytes
+        // were split into reads never changes the answer.
         None if !buf
             .iter()
             .take(32)
-            .all(|&b| b.is_ascii_graphic() || b == b' ') =>
+            .enumerate()
+            .all(|(i, &b)| is_line_byte(b) || (b == b'\r' && i + 1 == buf.len())) =>
         {
             Some(Protocol::Opaque)
         }
@@ -46,9 +49,16 @@ pub fn detect(buf: &[u8]) -> Option<Protocol> {
     }
 }
 
+fn is_line_byte(b: u8) -> bool {
+    b.is_ascii_graphic() || b == b' '
+}
+
 /// `METHOD SP TARGET SP HTTP/1.x [CR]`.
 fn is_http1_request_line(line: &[u8]) -> bool {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if !line.iter().all(|&b| is_line_byte(b)) {
+        return false;
+    }
     let Some(method_end) = line.iter().position(|&b| b == b' ') else {
         return false;
     };
@@ -86,6 +96,30 @@ mod tests {
         for (bytes, want) in cases {
             assert_eq!(detect(bytes), *want, "{:?}", String::from_utf8_lossy(bytes));
         }
+    }
+
+    #[test]
+    fn how_the_first_line_is_split_into_reads_never_changes_the_answer() {
+        for line in [
+            &b"GET / HTTP/1.1\r\n"[..],
+            b"GET /\xe9 HTTP/1.1\r\n",
+            b"GET /a\rb HTTP/1.1\r\n",
+            b"GET / HTTP/1.1\n",
+        ] {
+            let whole = detect(line);
+            for cut in 0..line.len() {
+                if let Some(early) = detect(&line[..cut]) {
+                    assert_eq!(
+                        Some(early),
+                        whole,
+                        "{:?} cut at {cut}",
+                        String::from_utf8_lossy(line)
+                    );
+                }
+            }
+        }
+        assert_eq!(detect(b"GET / HTTP/1.1\r"), None);
+        assert_eq!(detect(b"GET /\xe9 HTTP/1.1\r\n"), Some(Protocol::Opaque));
     }
 
     #[test]

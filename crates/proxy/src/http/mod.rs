@@ -48,12 +48,13 @@ fn balance_error_response(e: &BalanceError) -> Response<ResponseBody> {
 
 /// Headers that belong to one HTTP/1 hop and must not be forwarded.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Split the raw bytes: one byte that is not visible ASCII must not hide
+    // the other names in the value.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim_ascii()).ok())
         .collect();
     for name in named {
         headers.remove(name);
@@ -69,6 +70,27 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
     headers.remove("keep-alive");
     headers.remove("proxy-connection");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_named_by_connection_are_stripped_whatever_else_the_value_holds() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONNECTION,
+            HeaderValue::from_bytes(b"keep-\x9f\x97ive, x-trace ,\tx-other").expect("value"),
+        );
+        headers.insert("x-trace", HeaderValue::from_static("1"));
+        headers.insert("x-other", HeaderValue::from_static("2"));
+        headers.insert("x-kept", HeaderValue::from_static("3"));
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        strip_hop_by_hop(&mut headers);
+        let left: Vec<&str> = headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["x-kept"]);
+    }
 }
 
 /// One try on one endpoint.
