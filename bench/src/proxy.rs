@@ -300,6 +300,14 @@ impl Running {
     fn pids(&self) -> Vec<u32> {
         self.procs.iter().map(Server::pid).collect()
     }
+
+    /// Kills the processes and waits for them to exit, so that the next
+    /// proxy B can bind the same inbound port.
+    async fn stop(mut self) {
+        for p in &mut self.procs {
+            let _ = p.child.kill().await;
+        }
+    }
 }
 
 async fn start_ballast(
@@ -459,7 +467,7 @@ async fn measure(o: &Opts, env: &Env, t: Target) -> anyhow::Result<Measured> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_after_kib = pids.iter().map(|&p| rss(p).0).collect();
     let hwm_kib = pids.iter().map(|&p| rss(p).1).collect();
-    drop(running);
+    running.stop().await;
     Ok(Measured {
         target: t,
         fixed,
@@ -520,7 +528,7 @@ async fn measure_idle(o: &Opts, env: &Env, t: Target, n: usize) -> anyhow::Resul
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (rss_with, alloc_with) = (rss(pid).0, allocated().await);
     drop(conns);
-    drop(running);
+    running.stop().await;
     Ok(Some(Idle {
         n,
         rss_bytes: (rss_with as f64 - rss_before as f64) * 1024.0 / n as f64,
