@@ -1,6 +1,6 @@
 //! Which target an HTTP authority (`Host` / `:authority`) names.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HostTarget {
@@ -21,11 +21,12 @@ pub fn parse_host(authority: &str, cluster_domain: &str) -> HostTarget {
         Some(hp) => hp,
         None => return HostTarget::Other,
     };
-    if let Ok(ip) = host
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .parse::<IpAddr>()
-    {
+    // An IPv6 address only in brackets, an IPv4 address only without.
+    let ip = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<Ipv6Addr>().ok().map(IpAddr::V6),
+        None => host.parse::<Ipv4Addr>().ok().map(IpAddr::V4),
+    };
+    if let Some(ip) = ip {
         return HostTarget::Addr(SocketAddr::new(ip, port));
     }
     let host = host.trim_end_matches('.').to_ascii_lowercase();
@@ -52,13 +53,20 @@ fn split_port(authority: &str) -> Option<(&str, u16)> {
         let host = &authority[..end + 2];
         return match &rest[end + 1..] {
             "" => Some((host, 80)),
-            p => Some((host, p.strip_prefix(':')?.parse().ok()?)),
+            p => Some((host, parse_port(p.strip_prefix(':')?)?)),
         };
     }
-    match authority.rsplit_once(':') {
-        Some((host, port)) => Some((host, port.parse().ok()?)),
+    match authority.split_once(':') {
+        // More than one colon without brackets: an IPv6 address whose port
+        // cannot be told from its last group.
+        Some((_, port)) if port.contains(':') => None,
+        Some((host, port)) => Some((host, parse_port(port)?)),
         None => Some((authority, 80)),
     }
+}
+
+fn parse_port(p: &str) -> Option<u16> {
+    p.parse().ok().filter(|&port| port != 0)
 }
 
 fn is_dns_label(l: &str) -> bool {
@@ -73,6 +81,24 @@ fn is_dns_label(l: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ambiguous_or_impossible_authorities_name_nothing() {
+        for a in [
+            "web.shop:0",
+            "fd00::1:8080",
+            "10.0.0.1]:80",
+            "[10.0.0.1]:80",
+            "[fd00::1]:0",
+            "[fd00::1",
+        ] {
+            assert_eq!(parse_host(a, "cluster.local"), HostTarget::Other, "{a}");
+        }
+        assert_eq!(
+            parse_host("[fd00::1]:8080", "cluster.local"),
+            HostTarget::Addr("[fd00::1]:8080".parse().expect("addr"))
+        );
+    }
 
     #[test]
     fn hosts_by_table() {
