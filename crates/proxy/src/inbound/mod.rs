@@ -161,7 +161,7 @@ impl Inbound {
         let src = TcpMetrics::open(&self.metrics, Peer::src, labels);
         let mut client = Counted::new(stream, src.read.clone(), src.write.clone());
         let ok = if self.config.opaque_ports.contains(&orig.port()) {
-            self.forward_tcp(client, target, orig).await
+            Box::pin(self.forward_tcp(client, target, orig)).await
         } else {
             match read_prefix(&mut client, self.shared.detect_timeout).await {
                 Err(_) => false,
@@ -171,7 +171,7 @@ impl Inbound {
                         Protocol::Http1 | Protocol::H2 => {
                             self.clone().serve_http(io, protocol, target, orig).await
                         }
-                        Protocol::Opaque => self.forward_tcp(io, target, orig).await,
+                        Protocol::Opaque => Box::pin(self.forward_tcp(io, target, orig)).await,
                     }
                 }
             }

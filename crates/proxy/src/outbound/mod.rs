@@ -203,7 +203,7 @@ impl Outbound {
                 return;
             }
             Some(dst) => {
-                let (target, opaque, watch) = self.route_for(dst).await;
+                let (target, opaque, watch) = Box::pin(self.route_for(dst)).await;
                 (Route::Target(target), opaque, watch)
             }
         };
@@ -216,6 +216,9 @@ impl Outbound {
             .await;
     }
 
+    // The rarely long-lived paths (routing lookups, TCP forwarding) are
+    // boxed where they are awaited: a connection's task is sized for its
+    // largest state for its whole life, and most connections are idle HTTP.
     async fn serve_route(self: Arc<Self>, stream: TcpStream, route: Route, opaque: bool) {
         let labels = match &route {
             Route::Target(t) => t.labels(),
@@ -224,7 +227,7 @@ impl Outbound {
         let src = TcpMetrics::open(&self.metrics, Peer::src, labels);
         let mut client = Counted::new(stream, src.read.clone(), src.write.clone());
         let ok = if opaque {
-            self.forward_tcp(client, &route).await
+            Box::pin(self.forward_tcp(client, &route)).await
         } else {
             match read_prefix(&mut client, self.config.detect_timeout).await {
                 Err(_) => false,
@@ -234,7 +237,7 @@ impl Outbound {
                         Protocol::Http1 | Protocol::H2 => {
                             self.clone().serve_http(io, route, protocol).await
                         }
-                        Protocol::Opaque => self.forward_tcp(io, &route).await,
+                        Protocol::Opaque => Box::pin(self.forward_tcp(io, &route)).await,
                     }
                 }
             }
