@@ -18,6 +18,10 @@ where it was going (a service's cluster IP to the service's endpoints, a pod's I
 anything else unchanged); a connection made to the outbound listener directly is HTTP routed by \
 each request's Host / :authority (NAME.NS[.svc[.CLUSTER_DOMAIN]][:PORT]). --outbound-tcp adds \
 listeners that forward opaque TCP to a fixed authority.\n\
+Inbound: a connection redirected to the inbound listener goes to 127.0.0.1 at its original \
+port (--inbound-forward-port when it was not redirected), HTTP per request, else TCP.\n\
+Bounds: every connection count, HTTP head, HTTP/2 window and buffer below has a limit; what \
+is refused is counted on /metrics (listener_refused_total, proxy_errors_total, memory_shed_total).\n\
 Every flag can also be set by the environment variable shown."
 )]
 pub struct Args {
