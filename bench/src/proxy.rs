@@ -406,6 +406,19 @@ fn cpu_seconds(env: &Env, pids: &[u32], before: &[u64]) -> Vec<f64> {
         .collect()
 }
 
+/// 200 requests on one connection (pools, discovery, lazy state), then a
+/// second of rest.
+async fn warm_up(addr: &str, host: &str, t: Target) -> anyhow::Result<()> {
+    let mut warm = Conn::open(addr).await?;
+    for _ in 0..200 {
+        let status = tokio::time::timeout(Duration::from_secs(5), warm.get(host)).await??;
+        anyhow::ensure!(status == 200, "{}: warm-up status {status}", t.name());
+    }
+    drop(warm);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    Ok(())
+}
+
 async fn measure(o: &Opts, env: &Env, t: Target) -> anyhow::Result<Measured> {
     let monitor = ForeignMonitor::start(env.tck);
     let running = start_target(o, env, t).await?;
@@ -413,13 +426,7 @@ async fn measure(o: &Opts, env: &Env, t: Target) -> anyhow::Result<Measured> {
     let pids = running.pids();
 
     // Warm-up: the connection pools, discovery, lazy state.
-    let mut warm = Conn::open(&addr).await?;
-    for _ in 0..200 {
-        let status = tokio::time::timeout(Duration::from_secs(5), warm.get(host)).await??;
-        anyhow::ensure!(status == 200, "{}: warm-up status {status}", t.name());
-    }
-    drop(warm);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    warm_up(&addr, host, t).await?;
     let rss_idle_kib = pids.iter().map(|&p| rss(p).0).collect();
     let anon_idle_kib = pids.iter().map(|&p| rss_anon(p)).collect();
 
@@ -515,13 +522,7 @@ async fn measure_idle(o: &Opts, env: &Env, t: Target, n: usize) -> anyhow::Resul
             None => None,
         }
     };
-    let mut warm = Conn::open(&addr).await?;
-    for _ in 0..200 {
-        let status = tokio::time::timeout(Duration::from_secs(5), warm.get(host)).await??;
-        anyhow::ensure!(status == 200, "{}: warm-up status {status}", t.name());
-    }
-    drop(warm);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    warm_up(&addr, host, t).await?;
     let (rss_before, alloc_before) = (rss(pid).0, allocated().await);
     let conns = load::open_idle(&addr, host, n).await?;
     // Let the proxy settle every connection into its idle state.

@@ -129,6 +129,11 @@ where
     result.is_ok()
 }
 
+/// Resolves once `shutdown` turns true (or its sender is gone).
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
 async fn serve_h1<I, H, Fut>(
     io: TokioIo<I>,
     limits: &HttpLimits,
@@ -151,7 +156,7 @@ where
     tokio::pin!(conn);
     tokio::select! {
         r = conn.as_mut() => r,
-        _ = async { let _ = shutdown.wait_for(|stop| *stop).await; } => {
+        _ = stopped(&mut shutdown) => {
             conn.as_mut().graceful_shutdown();
             conn.await
         }
@@ -190,7 +195,7 @@ where
     tokio::pin!(conn);
     tokio::select! {
         r = conn.as_mut() => r,
-        _ = async { let _ = shutdown.wait_for(|stop| *stop).await; } => {
+        _ = stopped(&mut shutdown) => {
             conn.as_mut().graceful_shutdown();
             conn.await
         }
