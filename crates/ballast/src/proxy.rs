@@ -112,6 +112,12 @@ pub struct Args {
     #[arg(long, env = "BALLAST_PROXY_MAX_TARGETS", default_value_t = defaults::DEFAULT_MAX_TARGETS)]
     max_targets: usize,
 
+    /// How long the last-known endpoints of a target stay usable while the
+    /// controller cannot confirm them: a target used again while the
+    /// controller is away starts from them (see discovery_stale_seconds).
+    #[arg(long, env = "BALLAST_PROXY_STALE_ENDPOINTS_GRACE", default_value = "60m", value_parser = humantime_secs)]
+    stale_endpoints_grace: Duration,
+
     /// Connections open at once per listener; more are closed at accept.
     #[arg(long, env = "BALLAST_PROXY_MAX_CONNECTIONS", default_value_t = defaults::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
@@ -337,6 +343,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             http1_pool_max_idle: args.http1_pool_max_idle,
             max_endpoints_per_target: args.max_endpoints_per_target,
             max_targets: args.max_targets,
+            stale_endpoints_grace: args.stale_endpoints_grace,
             max_connections: args.max_connections,
         },
         inbound: InboundConfig {

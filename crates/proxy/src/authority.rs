@@ -43,6 +43,15 @@ pub fn parse_host(authority: &str, cluster_domain: &str) -> HostTarget {
     HostTarget::Service(format!("{}.{}.svc.{domain}:{port}", labels[0], labels[1]))
 }
 
+/// Whether `authority` names its host by two labels only (`NAME.NS`), a
+/// form that a name outside the mesh (`example.com`) shares.
+pub fn is_short_name(authority: &str) -> bool {
+    split_port(authority).is_some_and(|(host, _)| {
+        let host = host.trim_end_matches('.');
+        host.split('.').count() == 2 && host.parse::<Ipv4Addr>().is_err()
+    })
+}
+
 fn split_port(authority: &str) -> Option<(&str, u16)> {
     if authority.is_empty() || authority.len() > 253 + 6 {
         return None;

@@ -26,6 +26,9 @@ pub const DEFAULT_TCP_FAILFAST_TIMEOUT: Duration = Duration::from_secs(3);
 pub const DEFAULT_QUEUE_CAPACITY: usize = 10_000;
 /// Linkerd: a target unused for 5 s loses its resolution (Kubernetes' DNS TTL).
 pub const DEFAULT_DISCOVERY_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the last-known endpoints of a target stay usable while the
+/// controller cannot confirm them.
+pub const DEFAULT_STALE_ENDPOINTS_GRACE: Duration = Duration::from_secs(3600);
 /// Linkerd: idle HTTP/1 connections to endpoints close after 3 s.
 pub const DEFAULT_HTTP1_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Idle HTTP/1 connections kept per endpoint (Linkerd keeps any number).
@@ -120,6 +123,8 @@ pub struct OutboundConfig {
     pub http1_pool_max_idle: usize,
     pub max_endpoints_per_target: usize,
     pub max_targets: usize,
+    /// Last-known endpoints of targets not in use are kept this long.
+    pub stale_endpoints_grace: Duration,
     pub max_connections: usize,
 }
 

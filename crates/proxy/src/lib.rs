@@ -16,6 +16,7 @@ pub mod authority;
 pub mod balance;
 mod cache;
 pub mod config;
+pub mod connect;
 pub mod detect;
 pub mod discovery;
 pub mod http;
@@ -70,7 +71,12 @@ pub async fn serve(
     }
     let own = Arc::new(OwnListeners::new(own));
     let control = ControlPlane::new(config.control.clone(), metrics.clone())?;
-    let discovery = Discovery::new(control, config.outbound.max_endpoints_per_target);
+    let discovery = Discovery::new(
+        control,
+        config.outbound.max_endpoints_per_target,
+        config.outbound.max_targets,
+        config.outbound.stale_endpoints_grace,
+    );
     let (stop_tx, stop_rx) = watch::channel(false);
     let memory = MemoryLimit::start(config.memory_limit, metrics.clone());
     let outbound = outbound::Outbound::new(

@@ -100,7 +100,66 @@ pub struct ErrorLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BalancerLabels {
     pub authority: Arc<str>,
+    /// `http` or `tcp`: one authority may have a balancer of each.
+    pub protocol: &'static str,
     pub endpoint_state: &'static str,
+}
+
+/// One balancer's share of the `balancer_endpoints` gauges: it adds and
+/// takes away its own endpoints, so that balancers sharing a series never
+/// overwrite each other.
+#[derive(Debug)]
+pub struct BalancerGauges {
+    ready: Gauge,
+    pending: Gauge,
+}
+
+impl BalancerGauges {
+    pub fn new(metrics: &Metrics, authority: Arc<str>, protocol: &'static str) -> Self {
+        let gauge = |endpoint_state| {
+            metrics
+                .balancer_endpoints
+                .get_or_create_owned(&BalancerLabels {
+                    authority: authority.clone(),
+                    protocol,
+                    endpoint_state,
+                })
+        };
+        Self {
+            ready: gauge("ready"),
+            pending: gauge("pending"),
+        }
+    }
+
+    fn of(&self, backing_off: bool) -> &Gauge {
+        if backing_off {
+            &self.pending
+        } else {
+            &self.ready
+        }
+    }
+
+    /// An endpoint joined the set.
+    pub fn joined(&self, backing_off: bool) {
+        self.of(backing_off).inc();
+    }
+
+    /// An endpoint left the set.
+    pub fn left(&self, backing_off: bool) {
+        self.of(backing_off).dec();
+    }
+
+    /// An endpoint in the set failed to connect.
+    pub fn became_pending(&self) {
+        self.ready.dec();
+        self.pending.inc();
+    }
+
+    /// An endpoint in the set connected again.
+    pub fn became_ready(&self) {
+        self.pending.dec();
+        self.ready.inc();
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -153,6 +212,9 @@ pub struct Metrics {
     pub resolutions: Gauge,
     /// Endpoints dropped because a target exceeded its bound.
     pub endpoints_dropped_total: Counter,
+    /// Age of the oldest endpoint data in use that the controller has not
+    /// confirmed (0 while it is connected).
+    pub discovery_stale_seconds: Gauge,
     /// 1 while the control-plane connection is up, else 0.
     pub control_connected: Gauge,
     /// TCP connects attempted to the controller.
@@ -199,6 +261,7 @@ impl Metrics {
             balancer_failfast: Gauge::default(),
             resolutions: Gauge::default(),
             endpoints_dropped_total: Counter::default(),
+            discovery_stale_seconds: Gauge::default(),
             control_connected: Gauge::default(),
             control_connect_attempts_total: Counter::default(),
             control_streams: Family::default(),
@@ -274,6 +337,11 @@ impl Metrics {
             "discovery_endpoints_dropped",
             "Endpoints dropped because a target exceeded --max-endpoints-per-target",
             m.endpoints_dropped_total.clone(),
+        );
+        r.register(
+            "discovery_stale_seconds",
+            "Age of the oldest endpoint data in use that the destination controller has not confirmed (0 while it is connected); kept at most --stale-endpoints-grace",
+            m.discovery_stale_seconds.clone(),
         );
         r.register(
             "control_connected",

@@ -2,8 +2,8 @@
 //! balancer chose.
 
 use crate::{
-    balance::{Balancer, MAX_CONNECT_ATTEMPTS},
-    http::connect,
+    balance::{BalanceError, Balancer, MAX_CONNECT_ATTEMPTS},
+    connect::connect,
     io::Counted,
     metrics::{Metrics, Peer, TcpMetrics},
 };
@@ -13,12 +13,16 @@ use tokio::{
     time::Instant,
 };
 
+/// The balancer of an opaque TCP target: endpoints carry no connection
+/// state, each client connection gets its own.
+pub type TcpBalancer = Balancer<()>;
+
 /// Forwards `client` to an endpoint of `balancer`, trying others while
 /// connects fail, until the failfast deadline. Returns whether the
 /// connection ended cleanly.
 pub async fn forward<C>(
     mut client: C,
-    balancer: &Balancer,
+    balancer: &TcpBalancer,
     connect_timeout: Duration,
     metrics: &Arc<Metrics>,
 ) -> bool
@@ -31,6 +35,9 @@ where
         let endpoint = match balancer.select(deadline).await {
             Ok(e) => e,
             Err(e) => {
+                if e == BalanceError::NotFound {
+                    metrics.error(balancer.direction(), e.reason());
+                }
                 tracing::debug!(authority = %balancer.authority(), error = %e, "no endpoint for a TCP connection");
                 return false;
             }

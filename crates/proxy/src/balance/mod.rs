@@ -2,31 +2,45 @@
 //! over a peak-EWMA latency estimate times outstanding requests, divided by
 //! the controller's weight; in front of it, a bounded wait with failfast.
 //!
+//! The endpoint set is rebuilt by a worker task when discovery changes, off
+//! the request path, and published to requests through an atomic pointer:
+//! choosing an endpoint takes no lock. The balancer is generic over the
+//! connection state each endpoint carries (`C`), so it knows nothing of the
+//! protocols above it.
+//!
 //! When no endpoint is ready (none known yet, or all in connect backoff), a
 //! request or connection waits for one, at most the failfast timeout, in a
 //! queue of bounded size. A target whose waiters timed out is in failfast:
 //! it fails new work at once until an endpoint is ready again, so that
 //! clients are answered instead of piling up (seed 002).
 
+mod endpoint;
 mod ewma;
 
-pub use ewma::PeakEwma;
+pub use endpoint::{EndpointState, InFlight, LATENCY_FLOOR};
+pub use ewma::{decay_for, PeakEwma};
 
 use crate::{
-    discovery::{Endpoint, EndpointSet, Resolution, SetState},
-    metrics::{BalancerLabels, Direction, DstLabels, HttpEndpointMetrics, Metrics},
+    discovery::{EndpointSet, Resolution, SetState},
+    metrics::{BalancerGauges, Direction, Metrics},
     own::OwnListeners,
 };
-use ballast_backoff::{Backoff, BackoffConfig};
+use arc_swap::ArcSwap;
+use ballast_backoff::BackoffConfig;
+use ewma::{Epoch, Typical};
 use rand::Rng;
 use std::{
+    collections::HashMap,
     sync::{
-        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
-        Arc, Mutex, OnceLock,
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex, MutexGuard,
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
-use tokio::sync::Semaphore;
+use tokio::{
+    sync::{watch, Notify, Semaphore},
+    time::Instant,
+};
 
 /// Why no endpoint was chosen.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -39,6 +53,8 @@ pub enum BalanceError {
     Loop,
     #[error("the controller refused this target: {0}")]
     Invalid(Arc<str>),
+    #[error("the controller says this service does not exist")]
+    NotFound,
 }
 
 impl BalanceError {
@@ -49,6 +65,7 @@ impl BalanceError {
             Self::QueueFull => "queue_full",
             Self::Loop => "loop",
             Self::Invalid(_) => "invalid_target",
+            Self::NotFound => "service_not_found",
         }
     }
 }
@@ -66,438 +83,376 @@ pub struct BalanceConfig {
 /// must not turn each request into a scan of them.
 pub const MAX_CONNECT_ATTEMPTS: usize = 3;
 
-/// One endpoint of one target, with what the balancer measures of it.
+/// P2C takes the cheaper of its two draws only when it is cheaper by more
+/// than this factor; closer costs are a coin toss. Without it, noise-level
+/// differences made P2C send two thirds of a light load to whichever of
+/// three equal endpoints had measured fastest (see the tests below).
+pub const TIE_RATIO: f64 = 1.25;
+
+/// What every endpoint of one target shares.
 #[derive(Debug)]
-pub struct EndpointState {
-    pub endpoint: Endpoint,
-    pub labels: DstLabels,
-    ewma: Mutex<PeakEwma>,
-    pending: AtomicUsize,
-    failing: Mutex<Failing>,
-    http_metrics: OnceLock<HttpEndpointMetrics>,
-    /// The latency last observed on any endpoint of the target (f64 bits).
-    last_rtt_ns: Arc<AtomicU64>,
-    /// Per-endpoint connection state, owned by the protocol layer.
-    pub conns: crate::http::EndpointConns,
-    metrics: Arc<Metrics>,
+pub(crate) struct Target {
     authority: Arc<str>,
-}
-
-#[derive(Debug)]
-struct Failing {
-    backoff: Backoff,
-    retry_at: Option<Instant>,
-}
-
-impl EndpointState {
-    fn new(endpoint: Endpoint, authority: Arc<str>, direction: Direction, b: &Shared) -> Self {
-        let labels = DstLabels {
-            direction,
-            authority: authority.clone(),
-            dst_namespace: endpoint.namespace.clone(),
-            dst_service: endpoint.service.clone(),
-            dst_pod: endpoint.pod.clone(),
-        };
-        Self {
-            endpoint,
-            labels,
-            ewma: Mutex::new(PeakEwma::new(Instant::now())),
-            pending: AtomicUsize::new(0),
-            failing: Mutex::new(Failing {
-                backoff: Backoff::new(&b.config.connect_backoff),
-                retry_at: None,
-            }),
-            http_metrics: OnceLock::new(),
-            last_rtt_ns: b.last_rtt_ns.clone(),
-            conns: crate::http::EndpointConns::default(),
-            metrics: b.metrics.clone(),
-            authority,
-        }
-    }
-
-    /// Per-request metric handles, made on first use.
-    pub fn http_metrics(&self) -> &HttpEndpointMetrics {
-        self.http_metrics
-            .get_or_init(|| HttpEndpointMetrics::new(self.metrics.clone(), self.labels.clone()))
-    }
-
-    fn is_ready(&self, now: Instant) -> bool {
-        let f = self.failing.lock().unwrap_or_else(|e| e.into_inner());
-        f.retry_at.is_none_or(|t| t <= now)
-    }
-
-    fn retry_at(&self) -> Option<Instant> {
-        self.failing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retry_at
-    }
-
-    fn cost(&self, now: Instant) -> f64 {
-        let rtt = self
-            .ewma
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .estimate(now)
-            .unwrap_or_else(|| f64::from_bits(self.last_rtt_ns.load(Ordering::Relaxed)));
-        let pending = self.pending.load(Ordering::Relaxed) as f64;
-        (rtt + 1.0) * (pending + 1.0) / f64::from(self.endpoint.weight.max(1))
-    }
-
-    /// A connect failed: the endpoint is not chosen again until its backoff
-    /// passes.
-    pub fn connect_failed(&self) {
-        let mut f = self.failing.lock().unwrap_or_else(|e| e.into_inner());
-        let first = f.retry_at.is_none();
-        let delay = f.backoff.next_delay();
-        f.retry_at = Some(Instant::now() + delay);
-        drop(f);
-        if first {
-            self.gauge("ready").dec();
-            self.gauge("pending").inc();
-        }
-    }
-
-    /// A connect succeeded: the endpoint is ready.
-    pub fn connect_succeeded(&self) {
-        let mut f = self.failing.lock().unwrap_or_else(|e| e.into_inner());
-        if f.retry_at.take().is_some() {
-            f.backoff.reset();
-            drop(f);
-            self.gauge("pending").dec();
-            self.gauge("ready").inc();
-        }
-    }
-
-    fn gauge(&self, endpoint_state: &'static str) -> prometheus_client::metrics::gauge::Gauge {
-        self.metrics
-            .balancer_endpoints
-            .get_or_create_owned(&BalancerLabels {
-                authority: self.authority.clone(),
-                endpoint_state,
-            })
-    }
-
-    /// Marks one request (or connection) outstanding until the guard drops.
-    pub fn start(self: &Arc<Self>) -> InFlight {
-        self.pending.fetch_add(1, Ordering::Relaxed);
-        InFlight {
-            endpoint: self.clone(),
-            started: Instant::now(),
-        }
-    }
-}
-
-/// One outstanding request on an endpoint.
-#[derive(Debug)]
-pub struct InFlight {
-    endpoint: Arc<EndpointState>,
-    started: Instant,
-}
-
-impl InFlight {
-    /// Records the latency seen (time to response headers, or to connect).
-    pub fn observe(&self) -> Duration {
-        let now = Instant::now();
-        let rtt = now.saturating_duration_since(self.started);
-        self.endpoint
-            .ewma
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .observe(rtt, now);
-        self.endpoint
-            .last_rtt_ns
-            .store((rtt.as_nanos() as f64).to_bits(), Ordering::Relaxed);
-        rtt
-    }
-
-    /// Time since the request started, without feeding the estimate.
-    pub fn elapsed(&self) -> Duration {
-        self.started.elapsed()
-    }
-
-    pub fn endpoint(&self) -> &Arc<EndpointState> {
-        &self.endpoint
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.endpoint.pending.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-#[derive(Debug)]
-struct Shared {
+    direction: Direction,
     config: BalanceConfig,
-    metrics: Arc<Metrics>,
-    last_rtt_ns: Arc<AtomicU64>,
+    epoch: Epoch,
+    typical: Typical,
+    gauges: BalancerGauges,
+    /// Serialises gauge changes (connect failures, recoveries, set changes:
+    /// never per request), so that the gauges never drift.
+    gauges_lock: Mutex<()>,
 }
 
+impl Target {
+    fn epoch_ms(&self, at: Instant) -> u64 {
+        let base = self.epoch_instant();
+        at.saturating_duration_since(base).as_millis() as u64
+    }
+
+    fn instant_of_ms(&self, ms: u64) -> Instant {
+        self.epoch_instant() + Duration::from_millis(ms)
+    }
+
+    fn epoch_instant(&self) -> Instant {
+        self.epoch.instant()
+    }
+
+    fn gauges_lock(&self) -> MutexGuard<'_, ()> {
+        self.gauges_lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The endpoints requests choose from, as last published.
 #[derive(Debug)]
-struct Current {
-    set: Arc<EndpointSet>,
-    endpoints: Arc<[Arc<EndpointState>]>,
+struct Snapshot<C> {
+    endpoints: Vec<Arc<EndpointState<C>>>,
+    /// Endpoints left out for being the proxy's own listeners.
     loops: usize,
+    state: SetState,
+}
+
+/// Which target a balancer serves, as its metrics name it.
+#[derive(Clone, Debug)]
+pub struct TargetName {
+    pub authority: Arc<str>,
+    pub direction: Direction,
+    /// `http` or `tcp`.
+    pub protocol: &'static str,
+}
+
+/// Makes the connection state of a new endpoint.
+pub type MakeConns<C> = Arc<dyn Fn() -> C + Send + Sync>;
+
+struct Published<C> {
+    current: ArcSwap<Snapshot<C>>,
+    /// Woken when a new snapshot is published.
+    changed: Notify,
+    make_conns: MakeConns<C>,
+}
+
+impl<C: std::fmt::Debug> std::fmt::Debug for Published<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Published")
+            .field("current", &self.current)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The balancer of one target.
 #[derive(Debug)]
-pub struct Balancer {
-    authority: Arc<str>,
-    direction: Direction,
-    resolution: Resolution,
-    shared: Shared,
-    own: Arc<OwnListeners>,
-    current: Mutex<Current>,
+pub struct Balancer<C> {
+    target: Arc<Target>,
+    published: Arc<Published<C>>,
     waiting: Semaphore,
     failfast: AtomicBool,
+    metrics: Arc<Metrics>,
+    /// Keeps the target resolved while the balancer lives; the worker ends
+    /// with it.
+    _resolution: Resolution,
 }
 
-impl Balancer {
+impl<C: Send + Sync + 'static> Balancer<C> {
     pub fn new(
-        authority: Arc<str>,
-        direction: Direction,
+        name: TargetName,
         resolution: Resolution,
         config: BalanceConfig,
         metrics: Arc<Metrics>,
         own: Arc<OwnListeners>,
+        make_conns: MakeConns<C>,
     ) -> Self {
         let waiting = Semaphore::new(config.queue_capacity.min(Semaphore::MAX_PERMITS));
-        Self {
-            authority,
-            direction,
-            resolution,
-            shared: Shared {
-                config,
-                metrics,
-                last_rtt_ns: Arc::new(AtomicU64::new(0f64.to_bits())),
-            },
+        let target = Arc::new(Target {
+            gauges: BalancerGauges::new(&metrics, name.authority.clone(), name.protocol),
+            authority: name.authority,
+            direction: name.direction,
+            config,
+            epoch: Epoch::now(),
+            typical: Typical::default(),
+            gauges_lock: Mutex::new(()),
+        });
+        let mut changes = resolution.watch();
+        let first = rebuild(
+            &target,
+            &own,
+            &make_conns,
+            None,
+            &changes.borrow_and_update(),
+        );
+        let published = Arc::new(Published {
+            current: ArcSwap::from_pointee(first),
+            changed: Notify::new(),
+            make_conns,
+        });
+        tokio::spawn(publish_changes(
+            changes,
+            target.clone(),
+            published.clone(),
             own,
-            current: Mutex::new(Current {
-                set: Arc::new(EndpointSet::pending()),
-                endpoints: Arc::from(Vec::new()),
-                loops: 0,
-            }),
+        ));
+        Self {
+            target,
+            published,
             waiting,
             failfast: AtomicBool::new(false),
+            metrics,
+            _resolution: resolution,
         }
     }
+}
 
+/// Rebuilds the published set on every discovery change until the
+/// resolution ends (its balancer was dropped).
+async fn publish_changes<C>(
+    mut changes: watch::Receiver<Arc<EndpointSet>>,
+    target: Arc<Target>,
+    published: Arc<Published<C>>,
+    own: Arc<OwnListeners>,
+) {
+    while changes.changed().await.is_ok() {
+        let set = changes.borrow_and_update().clone();
+        let previous = published.current.load_full();
+        let next = rebuild(&target, &own, &published.make_conns, Some(&previous), &set);
+        published.current.store(Arc::new(next));
+        published.changed.notify_waiters();
+    }
+    // The balancer is gone: take its endpoints out of the gauges.
+    let last = published.current.load_full();
+    let _gauges = target.gauges_lock();
+    for e in &last.endpoints {
+        leave_set(&target, e);
+    }
+}
+
+fn leave_set<C>(target: &Target, e: &EndpointState<C>) {
+    if e.in_set.swap(false, Ordering::Relaxed) {
+        target.gauges.left(e.is_backing_off());
+    }
+}
+
+/// The next snapshot: endpoint state (latency, backoff, connections) carries
+/// over for addresses that stay.
+fn rebuild<C>(
+    target: &Arc<Target>,
+    own: &OwnListeners,
+    make_conns: &MakeConns<C>,
+    previous: Option<&Snapshot<C>>,
+    set: &EndpointSet,
+) -> Snapshot<C> {
+    let mut kept: HashMap<_, _> = previous
+        .map(|p| {
+            p.endpoints
+                .iter()
+                .map(|s| (s.endpoint.addr, s.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut endpoints = Vec::with_capacity(set.endpoints.len());
+    let mut loops = 0;
+    for e in &set.endpoints {
+        if own.is_own(e.addr) {
+            loops += 1;
+            continue;
+        }
+        let state = kept
+            .remove(&e.addr)
+            .filter(|s| s.endpoint == *e)
+            .unwrap_or_else(|| {
+                Arc::new(EndpointState::new(e.clone(), target.clone(), make_conns()))
+            });
+        endpoints.push(state);
+    }
+    if loops > previous.map_or(0, |p| p.loops) {
+        // Counted per refused request or connection (try_select).
+        tracing::warn!(authority = %target.authority, "endpoints that are this proxy's own listeners are refused");
+    }
+    let _gauges = target.gauges_lock();
+    for gone in kept.values() {
+        leave_set(target, gone);
+    }
+    for e in &endpoints {
+        if !e.in_set.swap(true, Ordering::Relaxed) {
+            target.gauges.joined(e.is_backing_off());
+        }
+    }
+    Snapshot {
+        endpoints,
+        loops,
+        state: set.state.clone(),
+    }
+}
+
+/// Picks a ready endpoint by P2C, or `None` when none is ready.
+fn pick<C>(endpoints: &[Arc<EndpointState<C>>], now: Instant) -> Option<&Arc<EndpointState<C>>> {
+    let mut rng = rand::rng();
+    match endpoints.len() {
+        0 => return None,
+        1 => return endpoints[0].is_ready(now).then(|| &endpoints[0]),
+        _ => {}
+    }
+    let (i, j) = two_of(&mut rng, endpoints.len());
+    let (a, b) = (&endpoints[i], &endpoints[j]);
+    match (a.is_ready(now), b.is_ready(now)) {
+        (true, true) => return Some(cheaper(&mut rng, a, b, now)),
+        (true, false) => return Some(a),
+        (false, true) => return Some(b),
+        (false, false) => {}
+    }
+    // Both draws were in backoff: choose among the ready ones, if any.
+    let ready: Vec<&Arc<EndpointState<C>>> = endpoints.iter().filter(|e| e.is_ready(now)).collect();
+    match ready.len() {
+        0 => None,
+        1 => Some(ready[0]),
+        m => {
+            let (i, j) = two_of(&mut rng, m);
+            Some(cheaper(&mut rng, ready[i], ready[j], now))
+        }
+    }
+}
+
+/// Two distinct indexes below `n` (at least 2).
+fn two_of(rng: &mut impl Rng, n: usize) -> (usize, usize) {
+    let i = rng.random_range(0..n);
+    let mut j = rng.random_range(0..n - 1);
+    if j >= i {
+        j += 1;
+    }
+    (i, j)
+}
+
+fn cheaper<'a, C>(
+    rng: &mut impl Rng,
+    a: &'a Arc<EndpointState<C>>,
+    b: &'a Arc<EndpointState<C>>,
+    now: Instant,
+) -> &'a Arc<EndpointState<C>> {
+    let (ca, cb) = (a.cost(now), b.cost(now));
+    if ca * TIE_RATIO < cb {
+        a
+    } else if cb * TIE_RATIO < ca || rng.random_bool(0.5) {
+        b
+    } else {
+        a
+    }
+}
+
+impl<C> Balancer<C> {
     pub fn authority(&self) -> &Arc<str> {
-        &self.authority
+        &self.target.authority
     }
 
     pub fn direction(&self) -> Direction {
-        self.direction
+        self.target.direction
     }
 
-    /// Closes pooled HTTP/1 connections of every endpoint that have idled
-    /// past the pool's timeout (they are otherwise only found stale when the
-    /// pool is next used).
-    pub fn close_idle_connections(&self, pool: &crate::http::PoolConfig) {
-        let endpoints = self
-            .current
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .endpoints
-            .clone();
-        for e in endpoints.iter() {
-            e.conns.expire_h1(pool);
-        }
+    /// The failfast timeout of this balancer.
+    pub fn failfast_timeout(&self) -> Duration {
+        self.target.config.failfast_timeout
     }
 
-    /// The endpoints now, rebuilt when the resolution changed; endpoint state
-    /// (latency, backoff, connections) carries over for addresses that stay.
-    fn endpoints(&self) -> (Arc<[Arc<EndpointState>]>, usize, SetState) {
-        let set = self.resolution.current();
-        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        if !Arc::ptr_eq(&set, &current.set) {
-            let mut previous: std::collections::HashMap<_, _> = current
-                .endpoints
-                .iter()
-                .map(|s| (s.endpoint.addr, s.clone()))
-                .collect();
-            let mut next = Vec::with_capacity(set.endpoints.len());
-            let mut loops = 0;
-            for e in &set.endpoints {
-                if self.own.is_own(e.addr) {
-                    loops += 1;
-                    continue;
-                }
-                let kept = previous.remove(&e.addr).filter(|s| s.endpoint == *e);
-                next.push(kept.unwrap_or_else(|| {
-                    Arc::new(EndpointState::new(
-                        e.clone(),
-                        self.authority.clone(),
-                        self.direction,
-                        &self.shared,
-                    ))
-                }));
-            }
-            if loops > current.loops {
-                // Counted per refused request or connection (try_select).
-                tracing::warn!(authority = %self.authority, "endpoints that are this proxy's own listeners are refused");
-            }
-            let now = Instant::now();
-            let ready = next.iter().filter(|e| e.is_ready(now)).count() as i64;
-            self.gauge("ready").set(ready);
-            self.gauge("pending").set(next.len() as i64 - ready);
-            current.endpoints = Arc::from(next);
-            current.loops = loops;
-            current.set = set;
-        }
-        (
-            current.endpoints.clone(),
-            current.loops,
-            current.set.state.clone(),
-        )
-    }
-
-    fn gauge(&self, endpoint_state: &'static str) -> prometheus_client::metrics::gauge::Gauge {
-        self.shared
-            .metrics
-            .balancer_endpoints
-            .get_or_create_owned(&BalancerLabels {
-                authority: self.authority.clone(),
-                endpoint_state,
-            })
-    }
-
-    /// Picks a ready endpoint by P2C, or `None` when none is ready.
-    fn pick(endpoints: &[Arc<EndpointState>], now: Instant) -> Option<Arc<EndpointState>> {
-        let n = endpoints.len();
-        let mut rng = rand::rng();
-        let choose = |a: &Arc<EndpointState>, b: &Arc<EndpointState>| {
-            if a.cost(now) <= b.cost(now) {
-                a.clone()
-            } else {
-                b.clone()
-            }
-        };
-        match n {
-            0 => return None,
-            1 => return endpoints[0].is_ready(now).then(|| endpoints[0].clone()),
-            _ => {}
-        }
-        let i = rng.random_range(0..n);
-        let mut j = rng.random_range(0..n - 1);
-        if j >= i {
-            j += 1;
-        }
-        let (a, b) = (&endpoints[i], &endpoints[j]);
-        match (a.is_ready(now), b.is_ready(now)) {
-            (true, true) => return Some(choose(a, b)),
-            (true, false) => return Some(a.clone()),
-            (false, true) => return Some(b.clone()),
-            (false, false) => {}
-        }
-        // Both draws were in backoff: choose among the ready ones, if any.
-        let ready: Vec<&Arc<EndpointState>> =
-            endpoints.iter().filter(|e| e.is_ready(now)).collect();
-        match ready.len() {
-            0 => None,
-            1 => Some(ready[0].clone()),
-            m => {
-                let i = rng.random_range(0..m);
-                let mut j = rng.random_range(0..m - 1);
-                if j >= i {
-                    j += 1;
-                }
-                Some(choose(ready[i], ready[j]))
-            }
-        }
+    /// The endpoints now.
+    pub fn endpoints(&self) -> Vec<Arc<EndpointState<C>>> {
+        self.published.current.load().endpoints.clone()
     }
 
     /// Chooses an endpoint, waiting at most until `deadline` (or failing at
     /// once in failfast).
-    pub async fn select(
-        &self,
-        deadline: tokio::time::Instant,
-    ) -> Result<Arc<EndpointState>, BalanceError> {
+    pub async fn select(&self, deadline: Instant) -> Result<Arc<EndpointState<C>>, BalanceError> {
         if let Some(e) = self.try_select()? {
             return Ok(e);
         }
         if self.failfast.load(Ordering::Relaxed) {
-            self.shared.metrics.error(self.direction, "failfast");
+            self.metrics.error(self.target.direction, "failfast");
             return Err(BalanceError::Failfast);
         }
         let _permit = self.waiting.try_acquire().map_err(|_| {
-            self.shared.metrics.error(self.direction, "queue_full");
+            self.metrics.error(self.target.direction, "queue_full");
             BalanceError::QueueFull
         })?;
-        let mut changes = self.resolution.watch();
         loop {
+            // Registered before looking, so a publish in between wakes us.
+            let changed = self.published.changed.notified();
             if let Some(e) = self.try_select()? {
                 return Ok(e);
             }
-            let (endpoints, _, _) = self.endpoints();
-            let next_retry = endpoints
+            let next_retry = self
+                .published
+                .current
+                .load()
+                .endpoints
                 .iter()
                 .filter_map(|e| e.retry_at())
-                .min()
-                .map(tokio::time::Instant::from_std);
+                .min();
             let wake = next_retry.map_or(deadline, |t| t.min(deadline));
             tokio::select! {
-                changed = changes.changed() => {
-                    if changed.is_err() {
-                        // The resolution ended: nothing more will come.
-                        tokio::time::sleep_until(deadline).await;
-                    }
-                }
+                _ = changed => {}
                 _ = tokio::time::sleep_until(wake) => {}
             }
-            if tokio::time::Instant::now() >= deadline {
+            if Instant::now() >= deadline {
                 if let Some(e) = self.try_select()? {
                     return Ok(e);
                 }
                 if !self.failfast.swap(true, Ordering::Relaxed) {
-                    self.shared.metrics.balancer_failfast.inc();
-                    tracing::info!(authority = %self.authority, "no endpoint ready: failing fast");
+                    self.metrics.balancer_failfast.inc();
+                    tracing::info!(authority = %self.target.authority, "no endpoint ready: failing fast");
                 }
-                self.shared.metrics.error(self.direction, "failfast");
+                self.metrics.error(self.target.direction, "failfast");
                 return Err(BalanceError::Failfast);
             }
         }
     }
 
-    /// The failfast timeout of this balancer.
-    pub fn failfast_timeout(&self) -> Duration {
-        self.shared.config.failfast_timeout
-    }
-
-    fn try_select(&self) -> Result<Option<Arc<EndpointState>>, BalanceError> {
-        let (endpoints, loops, state) = self.endpoints();
-        if let SetState::Invalid(reason) = state {
-            self.shared.metrics.error(self.direction, "invalid_target");
-            return Err(BalanceError::Invalid(reason));
+    fn try_select(&self) -> Result<Option<Arc<EndpointState<C>>>, BalanceError> {
+        let snapshot = self.published.current.load();
+        let direction = self.target.direction;
+        match &snapshot.state {
+            SetState::Invalid(reason) => {
+                self.metrics.error(direction, "invalid_target");
+                return Err(BalanceError::Invalid(reason.clone()));
+            }
+            // Counted by the caller, which knows how the name was given.
+            SetState::DoesNotExist => return Err(BalanceError::NotFound),
+            SetState::Pending | SetState::Known => {}
         }
-        if endpoints.is_empty() && loops > 0 {
-            self.shared.metrics.error(self.direction, "loop");
+        if snapshot.endpoints.is_empty() && snapshot.loops > 0 {
+            self.metrics.error(direction, "loop");
             return Err(BalanceError::Loop);
         }
-        let picked = Self::pick(&endpoints, Instant::now());
+        let picked = pick(&snapshot.endpoints, Instant::now()).cloned();
         if picked.is_some() && self.failfast.swap(false, Ordering::Relaxed) {
-            self.shared.metrics.balancer_failfast.dec();
-            tracing::info!(authority = %self.authority, "an endpoint is ready: failfast over");
+            self.metrics.balancer_failfast.dec();
+            tracing::info!(authority = %self.target.authority, "an endpoint is ready: failfast over");
         }
         Ok(picked)
     }
 }
 
-impl Drop for Balancer {
+impl<C> Drop for Balancer<C> {
     fn drop(&mut self) {
-        for endpoint_state in ["ready", "pending"] {
-            self.shared
-                .metrics
-                .balancer_endpoints
-                .remove(&BalancerLabels {
-                    authority: self.authority.clone(),
-                    endpoint_state,
-                });
-        }
         if *self.failfast.get_mut() {
-            self.shared.metrics.balancer_failfast.dec();
+            self.metrics.balancer_failfast.dec();
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

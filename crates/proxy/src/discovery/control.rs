@@ -137,6 +137,12 @@ impl ControlPlane {
     }
 
     /// A message arrived: the controller is there; restart the schedule.
+    /// Whether the last stream to the controller delivered and none failed
+    /// since.
+    pub(crate) fn is_connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn healthy(&self) {
         if !self.connected.swap(true, Ordering::Relaxed) {
             self.metrics.control_connected.set(1);

@@ -8,11 +8,13 @@
 //! failure is retried.
 
 mod control;
+mod last_known;
 mod profile;
 mod resolve;
 mod stream;
 
 pub use control::ControlPlane;
+pub use last_known::LastKnown;
 pub use profile::{Profile, ProfileWatch};
 pub use resolve::{Resolution, ResolveState};
 
@@ -77,20 +79,53 @@ impl EndpointSet {
 pub struct Discovery {
     control: ControlPlane,
     max_endpoints: usize,
+    last_known: Arc<LastKnown>,
 }
 
 impl Discovery {
-    pub fn new(control: ControlPlane, max_endpoints: usize) -> Self {
+    /// `max_targets` and `stale_grace` bound what is remembered of targets
+    /// no longer in use.
+    pub fn new(
+        control: ControlPlane,
+        max_endpoints: usize,
+        max_targets: usize,
+        stale_grace: std::time::Duration,
+    ) -> Self {
+        let last_known = Arc::new(LastKnown::new(max_targets, stale_grace));
+        let (weak, control_, metrics) = (
+            Arc::downgrade(&last_known),
+            control.clone(),
+            control.metrics.clone(),
+        );
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(memory) = weak.upgrade() else { return };
+                let oldest = memory.sweep(control_.is_connected());
+                metrics
+                    .discovery_stale_seconds
+                    .set(i64::try_from(oldest.as_secs()).unwrap_or(i64::MAX));
+            }
+        });
         Self {
             control,
             max_endpoints,
+            last_known,
         }
     }
 
     /// Starts resolving `authority` (`name.ns.svc.cluster.local:port`); the
-    /// stream lives as long as the returned handle.
-    pub fn resolve(&self, authority: &str) -> Resolution {
-        Resolution::spawn(self.control.clone(), authority, self.max_endpoints)
+    /// stream lives as long as the returned handle. It starts from the
+    /// target's last-known endpoints, if any.
+    pub fn resolve(&self, authority: &Arc<str>) -> Resolution {
+        Resolution::spawn(
+            self.control.clone(),
+            authority,
+            self.max_endpoints,
+            self.last_known.clone(),
+        )
     }
 
     /// Starts watching the profile of a destination address.

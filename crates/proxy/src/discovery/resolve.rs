@@ -1,6 +1,8 @@
 //! `Get`: the endpoints of one target, as a latest-value watch.
 
-use super::{control::ControlPlane, stream, AbortOnDrop, Endpoint, EndpointSet, SetState};
+use super::{
+    control::ControlPlane, stream, AbortOnDrop, Endpoint, EndpointSet, LastKnown, SetState,
+};
 use linkerd2_proxy_api::destination::{
     destination_client::DestinationClient, update, GetDestination, Update, WeightedAddr,
 };
@@ -22,6 +24,17 @@ impl ResolveState {
         Self {
             endpoints: BTreeMap::new(),
             state: SetState::Pending,
+            max_endpoints,
+            dropped: 0,
+        }
+    }
+
+    /// Starts from a set known before (the stream's first update will
+    /// replace it, as a Reset).
+    pub fn seeded(max_endpoints: usize, set: &EndpointSet) -> Self {
+        Self {
+            endpoints: set.endpoints.iter().map(|e| (e.addr, e.clone())).collect(),
+            state: set.state.clone(),
             max_endpoints,
             dropped: 0,
         }
@@ -136,14 +149,25 @@ pub struct Resolution {
 }
 
 impl Resolution {
-    pub(crate) fn spawn(control: ControlPlane, authority: &str, max_endpoints: usize) -> Self {
-        let (tx, rx) = watch::channel(Arc::new(EndpointSet::pending()));
+    pub(crate) fn spawn(
+        control: ControlPlane,
+        authority: &Arc<str>,
+        max_endpoints: usize,
+        last_known: Arc<LastKnown>,
+    ) -> Self {
+        let seed = last_known.open(authority);
+        let mut state = match &seed {
+            Some(set) => ResolveState::seeded(max_endpoints, set),
+            None => ResolveState::new(max_endpoints),
+        };
+        let (tx, rx) = watch::channel(seed.unwrap_or_else(|| Arc::new(EndpointSet::pending())));
         let path = authority.to_string();
+        let key = authority.clone();
         let task = tokio::spawn(async move {
             let metrics = control.metrics.clone();
             metrics.resolutions.inc();
             let _gauge = ResolutionGauge(metrics.clone());
-            let mut state = ResolveState::new(max_endpoints);
+            let _in_use = InUse(last_known.clone(), key.clone());
             let request = GetDestination {
                 scheme: "k8s".into(),
                 path: path.clone(),
@@ -165,7 +189,11 @@ impl Resolution {
                 |update: Update, reset| {
                     let dropped = state.dropped;
                     if state.apply(update, reset) {
-                        tx.send_replace(Arc::new(state.snapshot()));
+                        let set = Arc::new(state.snapshot());
+                        last_known.heard(&key, Some(set.clone()));
+                        tx.send_replace(set);
+                    } else {
+                        last_known.heard(&key, None);
                     }
                     if state.dropped > dropped {
                         metrics.endpoints_dropped_total.inc_by(state.dropped - dropped);
@@ -203,12 +231,34 @@ impl Resolution {
         }
     }
 
+    /// A resolution the test changes by hand through the returned sender.
+    #[cfg(test)]
+    pub fn manual(set: EndpointSet) -> (watch::Sender<Arc<EndpointSet>>, Self) {
+        let (tx, rx) = watch::channel(Arc::new(set));
+        let task = tokio::spawn(std::future::pending::<()>());
+        let resolution = Self {
+            rx,
+            _task: Arc::new(AbortOnDrop(task.abort_handle())),
+        };
+        (tx, resolution)
+    }
+
     pub fn watch(&self) -> watch::Receiver<Arc<EndpointSet>> {
         self.rx.clone()
     }
 
     pub fn current(&self) -> Arc<EndpointSet> {
         self.rx.borrow().clone()
+    }
+}
+
+/// Marks the target in use in the last-known memory while its stream task
+/// lives (it may be aborted at any point).
+struct InUse(Arc<LastKnown>, Arc<str>);
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        self.0.close(&self.1);
     }
 }
 

@@ -2,7 +2,7 @@
 //! its end (to count the response, read gRPC's status from the trailers and
 //! return the connection to its pool), or a small body the proxy made.
 
-use super::conns::PoolConfig;
+use super::conns::{EndpointConns, PoolConfig};
 use crate::{
     balance::{EndpointState, InFlight},
     metrics::classify,
@@ -27,20 +27,20 @@ pub fn grpc_status(headers: &HeaderMap) -> Option<u32> {
 /// What is settled when an endpoint's response ends.
 #[derive(Debug)]
 pub struct Done {
-    endpoint: Arc<EndpointState>,
+    endpoint: Arc<EndpointState<EndpointConns>>,
     status: u16,
     grpc_status: Option<u32>,
     h1: Option<(http1::SendRequest<Incoming>, Arc<PoolConfig>)>,
-    _in_flight: InFlight,
+    _in_flight: InFlight<EndpointConns>,
 }
 
 impl Done {
     pub fn new(
-        endpoint: Arc<EndpointState>,
+        endpoint: Arc<EndpointState<EndpointConns>>,
         status: u16,
         grpc_status: Option<u32>,
         h1: Option<(http1::SendRequest<Incoming>, Arc<PoolConfig>)>,
-        in_flight: InFlight,
+        in_flight: InFlight<EndpointConns>,
     ) -> Self {
         Self {
             endpoint,
@@ -58,7 +58,8 @@ impl Done {
             "failure"
         };
         self.endpoint
-            .http_metrics()
+            .conns
+            .metrics(&self.endpoint.labels)
             .response(self.status, classification);
         if complete {
             if let Some((sender, pool)) = self.h1.take() {

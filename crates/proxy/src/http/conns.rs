@@ -1,7 +1,12 @@
 //! Connections to one endpoint: a pool of idle HTTP/1 connections (bounded,
-//! expiring) and one shared, multiplexed HTTP/2 connection.
+//! expiring) and one shared, multiplexed HTTP/2 connection, opened by one
+//! connect at a time however many requests want it.
 
-use crate::config::{HttpLimits, OutboundConfig};
+use crate::{
+    config::{HttpLimits, OutboundConfig},
+    connect::{connect, ConnectError},
+    metrics::{DstLabels, HttpEndpointMetrics, Metrics},
+};
 use hyper::{
     body::Incoming,
     client::conn::{http1, http2},
@@ -11,26 +16,11 @@ use std::{
     net::SocketAddr,
     sync::{
         atomic::{AtomicUsize, Ordering},
-        Arc, Mutex,
+        Arc, Mutex, OnceLock,
     },
     time::{Duration, Instant},
 };
-use tokio::{net::TcpStream, sync::Notify};
-
-/// Why no connection was had.
-#[derive(Debug, thiserror::Error)]
-pub enum ConnectError {
-    #[error("connect to {0} timed out")]
-    Timeout(SocketAddr),
-    #[error("connect to {0} failed: {1}")]
-    Io(SocketAddr, std::io::Error),
-    #[error("{0} closed a new connection before a request was sent")]
-    Closed(SocketAddr),
-    #[error("HTTP handshake with {0} failed: {1}")]
-    Handshake(SocketAddr, hyper::Error),
-    #[error("{0} has --max-connections-per-endpoint connections open, none free in time")]
-    Exhausted(SocketAddr),
-}
+use tokio::sync::Notify;
 
 /// Pool limits and timeouts.
 #[derive(Clone, Copy, Debug)]
@@ -54,15 +44,28 @@ impl PoolConfig {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct EndpointConns {
     h1_idle: Mutex<Vec<(http1::SendRequest<Incoming>, Instant)>>,
     h2: Mutex<Option<http2::SendRequest<Incoming>>>,
+    /// Held by the one HTTP/2 connect in flight; the requests that wait on
+    /// it use its connection (or its failure) instead of connecting too.
+    h2_connecting: tokio::sync::Mutex<H2Attempts>,
+    metrics: Arc<Metrics>,
+    /// Per-request metric handles, made on first use.
+    http_metrics: OnceLock<HttpEndpointMetrics>,
     /// HTTP/1 connections open (idle or busy), bounded by
     /// `max_connections_per_endpoint`.
     h1_open: Arc<AtomicUsize>,
     /// Woken when an HTTP/1 connection is returned or closes.
     h1_freed: Arc<Notify>,
+}
+
+/// How many HTTP/2 connects were made, and whether the last one failed.
+#[derive(Debug, Default)]
+struct H2Attempts {
+    made: u64,
+    last_failed: bool,
 }
 
 /// Holds one of an endpoint's HTTP/1 connection slots while the connection
@@ -79,19 +82,25 @@ impl Drop for Slot {
     }
 }
 
-/// Opens a TCP connection with the connect timeout.
-pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, ConnectError> {
-    match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
-        Ok(Ok(s)) => {
-            let _ = s.set_nodelay(true);
-            Ok(s)
-        }
-        Ok(Err(e)) => Err(ConnectError::Io(addr, e)),
-        Err(_) => Err(ConnectError::Timeout(addr)),
-    }
-}
-
 impl EndpointConns {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Self {
+            h1_idle: Mutex::default(),
+            h2: Mutex::default(),
+            h2_connecting: tokio::sync::Mutex::default(),
+            metrics,
+            http_metrics: OnceLock::new(),
+            h1_open: Arc::default(),
+            h1_freed: Arc::default(),
+        }
+    }
+
+    /// The endpoint's per-request metric handles.
+    pub fn metrics(&self, labels: &DstLabels) -> &HttpEndpointMetrics {
+        self.http_metrics
+            .get_or_init(|| HttpEndpointMetrics::new(self.metrics.clone(), labels.clone()))
+    }
+
     /// An idle HTTP/1 connection that is still open, if any.
     pub fn take_h1(&self, config: &PoolConfig) -> Option<http1::SendRequest<Incoming>> {
         let mut idle = self.h1_idle.lock().unwrap_or_else(|e| e.into_inner());
@@ -188,21 +197,51 @@ impl EndpointConns {
         Ok((sender, true))
     }
 
-    /// The shared HTTP/2 connection, opened if there is none.
-    pub async fn h2(
-        &self,
-        addr: SocketAddr,
-        config: &PoolConfig,
-    ) -> Result<http2::SendRequest<Incoming>, ConnectError> {
-        if let Some(s) = self
-            .h2
+    fn open_h2(&self) -> Option<http2::SendRequest<Incoming>> {
+        self.h2
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
             .filter(|s| !s.is_closed())
-        {
-            return Ok(s.clone());
+            .cloned()
+    }
+
+    /// The shared HTTP/2 connection, opened if there is none. One connect
+    /// is in flight per endpoint: the others wait for it until `deadline`
+    /// and share its connection, or its failure.
+    pub async fn h2(
+        &self,
+        addr: SocketAddr,
+        config: &PoolConfig,
+        deadline: tokio::time::Instant,
+    ) -> Result<http2::SendRequest<Incoming>, ConnectError> {
+        if let Some(s) = self.open_h2() {
+            return Ok(s);
         }
+        let seen = self.h2_connecting.try_lock().map(|a| a.made).ok();
+        let mut attempts = tokio::time::timeout_at(deadline, self.h2_connecting.lock())
+            .await
+            .map_err(|_| ConnectError::Deadline(addr))?;
+        if let Some(s) = self.open_h2() {
+            return Ok(s);
+        }
+        if seen.is_none() && attempts.last_failed {
+            // The connect this request waited for failed: answer with it
+            // rather than queueing another connect behind it.
+            return Err(ConnectError::SharedAttemptFailed(addr));
+        }
+        attempts.made += 1;
+        let connected = tokio::time::timeout_at(deadline, self.connect_h2(addr, config)).await;
+        let result = connected.unwrap_or(Err(ConnectError::Deadline(addr)));
+        attempts.last_failed = result.is_err();
+        result
+    }
+
+    async fn connect_h2(
+        &self,
+        addr: SocketAddr,
+        config: &PoolConfig,
+    ) -> Result<http2::SendRequest<Incoming>, ConnectError> {
         let stream = connect(addr, config.connect_timeout).await?;
         let limits = &config.limits;
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())

@@ -8,10 +8,11 @@ mod conns;
 pub mod server;
 
 pub use body::{grpc_status, ResponseBody};
-pub use conns::{connect, ConnectError, EndpointConns, PoolConfig};
+pub use conns::{EndpointConns, PoolConfig};
 
 use crate::{
-    balance::{BalanceError, Balancer, EndpointState, MAX_CONNECT_ATTEMPTS},
+    balance::{BalanceError, Balancer, EndpointState, InFlight, MAX_CONNECT_ATTEMPTS},
+    connect::ConnectError,
     metrics::{Direction, Metrics},
 };
 use body::Done;
@@ -38,12 +39,40 @@ pub fn error_response(status: StatusCode, reason: &str) -> Response<ResponseBody
     rsp
 }
 
-fn balance_error_response(e: &BalanceError) -> Response<ResponseBody> {
-    let status = match e {
-        BalanceError::Failfast | BalanceError::QueueFull => StatusCode::SERVICE_UNAVAILABLE,
-        BalanceError::Loop | BalanceError::Invalid(_) => StatusCode::BAD_GATEWAY,
+/// The balancer of an HTTP target.
+pub type HttpBalancer = Balancer<EndpointConns>;
+type Endpoint = EndpointState<EndpointConns>;
+
+/// How the request named its target, which decides the answer when the
+/// controller says there is no such service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Naming {
+    /// A full service name, an address, or a route fixed by the connection.
+    Exact,
+    /// `NAME.NS`: as likely a name outside the mesh (`example.com`) as a
+    /// service; if the mesh has no such service, it was not for the mesh.
+    Short,
+}
+
+fn balance_error_response(
+    e: &BalanceError,
+    naming: Naming,
+    metrics: &Metrics,
+    direction: Direction,
+) -> Response<ResponseBody> {
+    let (status, reason) = match (e, naming) {
+        (BalanceError::NotFound, Naming::Short) => {
+            (StatusCode::BAD_REQUEST, "not_a_mesh_authority")
+        }
+        (BalanceError::Failfast | BalanceError::QueueFull | BalanceError::NotFound, _) => {
+            (StatusCode::SERVICE_UNAVAILABLE, e.reason())
+        }
+        (BalanceError::Loop | BalanceError::Invalid(_), _) => (StatusCode::BAD_GATEWAY, e.reason()),
     };
-    error_response(status, e.reason())
+    if *e == BalanceError::NotFound {
+        metrics.error(direction, reason);
+    }
+    error_response(status, reason)
 }
 
 /// Headers that belong to one HTTP/1 hop and must not be forwarded.
@@ -115,8 +144,9 @@ impl Forwarder {
     /// deadline.
     pub async fn forward(
         &self,
-        balancer: &Balancer,
+        balancer: &HttpBalancer,
         mut req: Request<Incoming>,
+        naming: Naming,
     ) -> Response<ResponseBody> {
         let deadline = Instant::now() + balancer.failfast_timeout();
         let h2 = req.version() == Version::HTTP_2;
@@ -135,7 +165,7 @@ impl Forwarder {
         loop {
             let endpoint = match balancer.select(deadline).await {
                 Ok(e) => e,
-                Err(e) => return balance_error_response(&e),
+                Err(e) => return balance_error_response(&e, naming, &self.metrics, self.direction),
             };
             match self.send(&endpoint, req, h2, deadline).await {
                 Attempt::Sent(rsp) => return rsp,
@@ -158,15 +188,15 @@ impl Forwarder {
     /// Sends on one endpoint. Gives the request back when it was not sent.
     async fn send(
         &self,
-        endpoint: &Arc<EndpointState>,
+        endpoint: &Arc<Endpoint>,
         req: Request<Incoming>,
         h2: bool,
         deadline: Instant,
     ) -> Attempt {
         let addr = endpoint.endpoint.addr;
-        let metrics = endpoint.http_metrics();
+        let metrics = endpoint.conns.metrics(&endpoint.labels);
         if h2 {
-            let mut sender = match endpoint.conns.h2(addr, &self.pool).await {
+            let mut sender = match endpoint.conns.h2(addr, &self.pool, deadline).await {
                 Ok(s) => s,
                 Err(e) => return Attempt::Unsent(req, Some(e)),
             };
@@ -222,8 +252,8 @@ impl Forwarder {
     fn respond(
         &self,
         rsp: Response<Incoming>,
-        endpoint: &Arc<EndpointState>,
-        in_flight: crate::balance::InFlight,
+        endpoint: &Arc<Endpoint>,
+        in_flight: InFlight<EndpointConns>,
         h1: Option<hyper::client::conn::http1::SendRequest<Incoming>>,
         // The first exchange on a new connection pays for its setup at the
         // endpoint too; one such sample would mark the endpoint slow for
@@ -235,7 +265,7 @@ impl Forwarder {
         } else {
             in_flight.elapsed()
         };
-        endpoint.http_metrics().latency(rtt);
+        endpoint.conns.metrics(&endpoint.labels).latency(rtt);
         let (mut parts, incoming) = rsp.into_parts();
         if h1.is_some() {
             strip_hop_by_hop(&mut parts.headers);
@@ -251,13 +281,12 @@ impl Forwarder {
         Response::from_parts(parts, ResponseBody::upstream(incoming, done))
     }
 
-    fn upstream_failed(
-        &self,
-        endpoint: &Arc<EndpointState>,
-        e: hyper::Error,
-    ) -> Response<ResponseBody> {
+    fn upstream_failed(&self, endpoint: &Arc<Endpoint>, e: hyper::Error) -> Response<ResponseBody> {
         tracing::debug!(addr = %endpoint.endpoint.addr, error = %e, "endpoint request failed");
-        endpoint.http_metrics().response(502, "failure");
+        endpoint
+            .conns
+            .metrics(&endpoint.labels)
+            .response(502, "failure");
         self.metrics.error(self.direction, "upstream");
         error_response(StatusCode::BAD_GATEWAY, "upstream")
     }

@@ -11,18 +11,18 @@
 //! labels are set.
 
 use crate::{
-    balance::{BalanceConfig, Balancer},
+    balance::{BalanceConfig, Balancer, MakeConns, TargetName},
     cache::{spawn_sweeper, IdleCache},
     config::{HttpLimits, InboundConfig, OutboundConfig},
     detect::Protocol,
     discovery::{Endpoint, EndpointSet, Resolution, SetState},
-    http::{error_response, server, Forwarder, PoolConfig},
+    http::{error_response, server, EndpointConns, Forwarder, HttpBalancer, Naming, PoolConfig},
     io::{read_prefix, Counted, Prefixed},
     memory::MemoryLimit,
     metrics::{Direction, DstLabels, Metrics, Peer, TcpMetrics},
     orig_dst::original_dst,
     own::OwnListeners,
-    tcp,
+    tcp::{self, TcpBalancer},
 };
 use http::StatusCode;
 use std::{
@@ -33,12 +33,6 @@ use tokio::{net::TcpStream, sync::watch};
 
 const DIRECTION: Direction = Direction::inbound;
 
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-enum Proto {
-    Http,
-    Tcp,
-}
-
 pub struct Inbound {
     config: InboundConfig,
     /// Detection, connect, failfast and queue settings (shared by both sides).
@@ -46,7 +40,8 @@ pub struct Inbound {
     /// One balancer per workload port and original destination, over the
     /// one endpoint 127.0.0.1:PORT: it brings connect backoff, failfast and
     /// the HTTP connection pool.
-    balancers: IdleCache<(Proto, SocketAddr, SocketAddr), Balancer>,
+    http_balancers: IdleCache<(SocketAddr, SocketAddr), HttpBalancer>,
+    tcp_balancers: IdleCache<(SocketAddr, SocketAddr), TcpBalancer>,
     metrics: Arc<Metrics>,
     own: Arc<OwnListeners>,
     forwarder: Forwarder,
@@ -75,7 +70,8 @@ impl Inbound {
         };
         let idle = p.shared.discovery_idle_timeout;
         let this = Arc::new(Self {
-            balancers: IdleCache::new(p.shared.max_targets, idle),
+            http_balancers: IdleCache::new(p.shared.max_targets, idle),
+            tcp_balancers: IdleCache::new(p.shared.max_targets, idle),
             config: p.config,
             shared: p.shared,
             metrics: p.metrics,
@@ -88,42 +84,47 @@ impl Inbound {
         // Balancers of workload ports no longer in use are dropped, and idle
         // connections to the workload closed.
         spawn_sweeper(Arc::downgrade(&this), idle, |i| {
-            i.balancers.sweep();
-            for b in i.balancers.values() {
-                b.close_idle_connections(&i.forwarder.pool);
+            i.http_balancers.sweep();
+            i.tcp_balancers.sweep();
+            for b in i.http_balancers.values() {
+                for e in b.endpoints() {
+                    e.conns.expire_h1(&i.forwarder.pool);
+                }
             }
         });
         this
     }
 
-    fn balancer(
+    fn make_balancer<C: Send + Sync + 'static>(
         &self,
-        proto: Proto,
         target: SocketAddr,
         orig: SocketAddr,
-    ) -> Option<Arc<Balancer>> {
-        let made = self
-            .balancers
-            .get_or_insert_with(&(proto, target, orig), || {
-                Balancer::new(
-                    Arc::from(orig.to_string()),
-                    DIRECTION,
-                    Resolution::fixed(EndpointSet {
-                        state: SetState::Known,
-                        endpoints: vec![Endpoint::bare(target)],
-                    }),
-                    BalanceConfig {
-                        failfast_timeout: match proto {
-                            Proto::Http => self.shared.http_failfast_timeout,
-                            Proto::Tcp => self.shared.tcp_failfast_timeout,
-                        },
-                        queue_capacity: self.shared.queue_capacity,
-                        connect_backoff: self.shared.connect_backoff.clone(),
-                    },
-                    self.metrics.clone(),
-                    self.own.clone(),
-                )
-            });
+        protocol: &'static str,
+        failfast_timeout: std::time::Duration,
+        conns: MakeConns<C>,
+    ) -> Balancer<C> {
+        Balancer::new(
+            TargetName {
+                authority: Arc::from(orig.to_string()),
+                direction: DIRECTION,
+                protocol,
+            },
+            Resolution::fixed(EndpointSet {
+                state: SetState::Known,
+                endpoints: vec![Endpoint::bare(target)],
+            }),
+            BalanceConfig {
+                failfast_timeout,
+                queue_capacity: self.shared.queue_capacity,
+                connect_backoff: self.shared.connect_backoff.clone(),
+            },
+            self.metrics.clone(),
+            self.own.clone(),
+            conns,
+        )
+    }
+
+    fn refused<T>(&self, made: Result<T, crate::cache::CacheFull>) -> Option<T> {
         match made {
             Ok(b) => Some(b),
             Err(e) => {
@@ -132,6 +133,22 @@ impl Inbound {
                 None
             }
         }
+    }
+
+    fn http_balancer(&self, target: SocketAddr, orig: SocketAddr) -> Option<Arc<HttpBalancer>> {
+        let metrics = self.metrics.clone();
+        let conns: MakeConns<EndpointConns> = Arc::new(move || EndpointConns::new(metrics.clone()));
+        let timeout = self.shared.http_failfast_timeout;
+        self.refused(self.http_balancers.get_or_insert_with(&(target, orig), || {
+            self.make_balancer(target, orig, "http", timeout, conns)
+        }))
+    }
+
+    fn tcp_balancer(&self, target: SocketAddr, orig: SocketAddr) -> Option<Arc<TcpBalancer>> {
+        let timeout = self.shared.tcp_failfast_timeout;
+        self.refused(self.tcp_balancers.get_or_insert_with(&(target, orig), || {
+            self.make_balancer(target, orig, "tcp", timeout, Arc::new(|| ()))
+        }))
     }
 
     /// Serves one connection accepted on the inbound listener.
@@ -183,7 +200,7 @@ impl Inbound {
     where
         C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     {
-        match self.balancer(Proto::Tcp, target, orig) {
+        match self.tcp_balancer(target, orig) {
             Some(b) => tcp::forward(client, &b, self.shared.connect_timeout, &self.metrics).await,
             None => false,
         }
@@ -199,7 +216,7 @@ impl Inbound {
     where
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let Some(balancer) = self.balancer(Proto::Http, target, orig) else {
+        let Some(balancer) = self.http_balancer(target, orig) else {
             return false;
         };
         let shutdown = self.shutdown.clone();
@@ -212,7 +229,10 @@ impl Inbound {
                 if inbound.memory.shed("request") {
                     return error_response(StatusCode::SERVICE_UNAVAILABLE, "memory_limit");
                 }
-                inbound.forwarder.forward(&balancer, req).await
+                inbound
+                    .forwarder
+                    .forward(&balancer, req, Naming::Exact)
+                    .await
             }
         })
         .await

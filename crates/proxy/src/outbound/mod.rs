@@ -12,20 +12,23 @@
 //! connection is proxied per request (HTTP) or byte for byte (TCP).
 
 use crate::{
-    authority::{parse_host, HostTarget},
-    balance::{BalanceConfig, Balancer},
+    authority::{is_short_name, parse_host, HostTarget},
+    balance::{BalanceConfig, Balancer, MakeConns, TargetName},
     cache::{spawn_sweeper, CacheFull, IdleCache},
     config::HttpLimits,
     config::OutboundConfig,
     detect::Protocol,
     discovery::{Discovery, Endpoint, EndpointSet, ProfileWatch, Resolution, SetState},
-    http::{error_response, server, Forwarder, PoolConfig, ResponseBody},
+    http::{
+        error_response, server, EndpointConns, Forwarder, HttpBalancer, Naming, PoolConfig,
+        ResponseBody,
+    },
     io::{read_prefix, Counted, Prefixed},
     memory::MemoryLimit,
     metrics::{Direction, DstLabels, Metrics, Peer, TcpMetrics},
     orig_dst::original_dst,
     own::OwnListeners,
-    tcp,
+    tcp::{self, TcpBalancer},
 };
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -33,12 +36,6 @@ use std::{net::SocketAddr, sync::Arc};
 use tokio::{net::TcpStream, sync::watch};
 
 const DIRECTION: Direction = Direction::outbound;
-
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-enum Proto {
-    Http,
-    Tcp,
-}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 enum TargetKey {
@@ -56,6 +53,13 @@ enum Target {
 }
 
 impl Target {
+    fn key(&self) -> TargetKey {
+        match self {
+            Target::Logical(a) => TargetKey::Authority(a.clone()),
+            Target::Endpoint(e) => TargetKey::Endpoint(e.addr),
+        }
+    }
+
     fn labels(&self) -> DstLabels {
         let mut labels = DstLabels::unknown(DIRECTION);
         match self {
@@ -81,7 +85,8 @@ enum Route {
 pub struct Outbound {
     config: OutboundConfig,
     discovery: Discovery,
-    balancers: IdleCache<(Proto, TargetKey), Balancer>,
+    http_balancers: IdleCache<TargetKey, HttpBalancer>,
+    tcp_balancers: IdleCache<TargetKey, TcpBalancer>,
     profiles: IdleCache<SocketAddr, ProfileWatch>,
     metrics: Arc<Metrics>,
     own: Arc<OwnListeners>,
@@ -109,7 +114,8 @@ impl Outbound {
             direction: DIRECTION,
         };
         let this = Arc::new(Self {
-            balancers: IdleCache::new(config.max_targets, idle),
+            http_balancers: IdleCache::new(config.max_targets, idle),
+            tcp_balancers: IdleCache::new(config.max_targets, idle),
             profiles: IdleCache::new(config.max_targets, idle),
             config,
             discovery,
@@ -123,48 +129,70 @@ impl Outbound {
         // Idle balancers and profiles (and so their streams to the
         // controller) are dropped, and idle endpoint connections closed.
         spawn_sweeper(Arc::downgrade(&this), idle, |o| {
-            o.balancers.sweep();
+            o.http_balancers.sweep();
+            o.tcp_balancers.sweep();
             o.profiles.sweep();
-            for b in o.balancers.values() {
-                b.close_idle_connections(&o.forwarder.pool);
+            for b in o.http_balancers.values() {
+                for e in b.endpoints() {
+                    e.conns.expire_h1(&o.forwarder.pool);
+                }
             }
         });
         this
     }
 
-    fn balancer(&self, proto: Proto, target: &Target) -> Result<Arc<Balancer>, CacheFull> {
-        let key = match target {
-            Target::Logical(a) => TargetKey::Authority(a.clone()),
-            Target::Endpoint(e) => TargetKey::Endpoint(e.addr),
-        };
-        self.balancers.get_or_insert_with(&(proto, key), || {
-            let (authority, resolution) = match target {
-                Target::Logical(a) => (a.clone(), self.discovery.resolve(a)),
-                Target::Endpoint(e) => (
-                    Arc::from(e.addr.to_string()),
-                    Resolution::fixed(EndpointSet {
-                        state: SetState::Known,
-                        endpoints: vec![e.clone()],
-                    }),
-                ),
-            };
-            let failfast_timeout = match proto {
-                Proto::Http => self.config.http_failfast_timeout,
-                Proto::Tcp => self.config.tcp_failfast_timeout,
-            };
-            Balancer::new(
-                authority,
-                DIRECTION,
-                resolution,
-                BalanceConfig {
-                    failfast_timeout,
-                    queue_capacity: self.config.queue_capacity,
-                    connect_backoff: self.config.connect_backoff.clone(),
-                },
-                self.metrics.clone(),
-                self.own.clone(),
+    fn http_balancer(&self, target: &Target) -> Result<Arc<HttpBalancer>, CacheFull> {
+        let metrics = self.metrics.clone();
+        let conns: MakeConns<EndpointConns> = Arc::new(move || EndpointConns::new(metrics.clone()));
+        self.http_balancers.get_or_insert_with(&target.key(), || {
+            self.make_balancer(target, "http", self.config.http_failfast_timeout, conns)
+        })
+    }
+
+    fn tcp_balancer(&self, target: &Target) -> Result<Arc<TcpBalancer>, CacheFull> {
+        self.tcp_balancers.get_or_insert_with(&target.key(), || {
+            self.make_balancer(
+                target,
+                "tcp",
+                self.config.tcp_failfast_timeout,
+                Arc::new(|| ()),
             )
         })
+    }
+
+    fn make_balancer<C: Send + Sync + 'static>(
+        &self,
+        target: &Target,
+        protocol: &'static str,
+        failfast_timeout: std::time::Duration,
+        conns: MakeConns<C>,
+    ) -> Balancer<C> {
+        let (authority, resolution) = match target {
+            Target::Logical(a) => (a.clone(), self.discovery.resolve(a)),
+            Target::Endpoint(e) => (
+                Arc::from(e.addr.to_string()),
+                Resolution::fixed(EndpointSet {
+                    state: SetState::Known,
+                    endpoints: vec![e.clone()],
+                }),
+            ),
+        };
+        Balancer::new(
+            TargetName {
+                authority,
+                direction: DIRECTION,
+                protocol,
+            },
+            resolution,
+            BalanceConfig {
+                failfast_timeout,
+                queue_capacity: self.config.queue_capacity,
+                connect_backoff: self.config.connect_backoff.clone(),
+            },
+            self.metrics.clone(),
+            self.own.clone(),
+            conns,
+        )
     }
 
     /// What the controller says `dst` is. The returned watch keeps the
@@ -254,7 +282,7 @@ impl Outbound {
             self.metrics.error(DIRECTION, "no_route");
             return false;
         };
-        match self.balancer(Proto::Tcp, target) {
+        match self.tcp_balancer(target) {
             Ok(b) => tcp::forward(client, &b, self.config.connect_timeout, &self.metrics).await,
             Err(e) => {
                 self.metrics.error(DIRECTION, "too_many_targets");
@@ -284,20 +312,27 @@ impl Outbound {
     }
 }
 
+/// The authority a connection's last request named, and where it went.
+struct LastRoute {
+    authority: Box<str>,
+    balancer: Arc<HttpBalancer>,
+    naming: Naming,
+}
+
 struct Router {
     outbound: Arc<Outbound>,
     route: Route,
     /// The authority this connection's last request named, and its
     /// balancer: clients send the same one again and again.
-    last: std::sync::Mutex<Option<(Box<str>, Arc<Balancer>)>>,
+    last: std::sync::Mutex<Option<LastRoute>>,
 }
 
 impl Router {
-    fn remembered(&self, authority: &str) -> Option<Arc<Balancer>> {
+    fn remembered(&self, authority: &str) -> Option<(Arc<HttpBalancer>, Naming)> {
         let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         last.as_ref()
-            .filter(|(a, _)| &**a == authority)
-            .map(|(_, b)| b.clone())
+            .filter(|l| &*l.authority == authority)
+            .map(|l| (l.balancer.clone(), l.naming))
     }
 
     async fn route(&self, req: Request<Incoming>) -> Response<ResponseBody> {
@@ -313,10 +348,14 @@ impl Router {
             }),
             Route::Target(_) => None,
         };
-        if let Some(b) = authority.and_then(|a| self.remembered(a)) {
-            return o.forwarder.forward(&b, req).await;
+        if let Some((b, naming)) = authority.and_then(|a| self.remembered(a)) {
+            return o.forwarder.forward(&b, req, naming).await;
         }
         let remember: Option<Box<str>> = authority.map(Box::from);
+        let naming = match authority {
+            Some(a) if is_short_name(a) => Naming::Short,
+            _ => Naming::Exact,
+        };
         let (target, _profile) = match &self.route {
             Route::Target(t) => (t.clone(), None),
             Route::ByAuthority => {
@@ -346,12 +385,16 @@ impl Router {
                 }
             }
         };
-        match o.balancer(Proto::Http, &target) {
+        match o.http_balancer(&target) {
             Ok(b) => {
                 if let Some(a) = remember {
-                    *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((a, b.clone()));
+                    *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(LastRoute {
+                        authority: a,
+                        balancer: b.clone(),
+                        naming,
+                    });
                 }
-                o.forwarder.forward(&b, req).await
+                o.forwarder.forward(&b, req, naming).await
             }
             Err(_) => {
                 o.metrics.error(DIRECTION, "too_many_targets");

@@ -1,0 +1,174 @@
+//! One endpoint of one target, with what the balancer measures of it: its
+//! latency estimate, requests outstanding, and connect backoff. Requests
+//! touch only atomics here; the backoff's lock is taken on connect failures
+//! and on the first success after one.
+
+use super::{
+    ewma::{decay_for, PeakEwma},
+    Target,
+};
+use crate::{discovery::Endpoint, metrics::DstLabels};
+use ballast_backoff::Backoff;
+use std::{
+    sync::{
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+use tokio::time::Instant;
+
+/// Latency differences below this are noise, not signal: on a busy host a
+/// loopback round trip varies by about this much from scheduling alone.
+pub const LATENCY_FLOOR: Duration = Duration::from_millis(1);
+
+#[derive(Debug)]
+pub struct EndpointState<C> {
+    pub endpoint: Endpoint,
+    pub labels: DstLabels,
+    /// Connection state, owned by the protocol layer.
+    pub conns: C,
+    ewma: PeakEwma,
+    pending: AtomicUsize,
+    /// 0 while ready; else 1 + the millisecond (since the target's epoch)
+    /// at which the endpoint may be tried again.
+    retry_at: AtomicU64,
+    backoff: Mutex<Backoff>,
+    /// Whether the endpoint is in its target's published set (its gauge
+    /// contribution is then counted).
+    pub(super) in_set: AtomicBool,
+    target: Arc<Target>,
+}
+
+impl<C> EndpointState<C> {
+    pub(super) fn new(endpoint: Endpoint, target: Arc<Target>, conns: C) -> Self {
+        let labels = DstLabels {
+            direction: target.direction,
+            authority: target.authority.clone(),
+            dst_namespace: endpoint.namespace.clone(),
+            dst_service: endpoint.service.clone(),
+            dst_pod: endpoint.pod.clone(),
+        };
+        Self {
+            endpoint,
+            labels,
+            conns,
+            ewma: PeakEwma::default(),
+            pending: AtomicUsize::new(0),
+            retry_at: AtomicU64::new(0),
+            backoff: Mutex::new(Backoff::new(&target.config.connect_backoff)),
+            in_set: AtomicBool::new(false),
+            target,
+        }
+    }
+
+    pub(super) fn is_ready(&self, now: Instant) -> bool {
+        match self.retry_at.load(Ordering::Relaxed) {
+            0 => true,
+            at => self.target.epoch_ms(now) + 1 >= at,
+        }
+    }
+
+    /// Whether the endpoint is in connect backoff (counted as pending).
+    pub(super) fn is_backing_off(&self) -> bool {
+        self.retry_at.load(Ordering::Relaxed) != 0
+    }
+
+    pub(super) fn retry_at(&self) -> Option<Instant> {
+        match self.retry_at.load(Ordering::Relaxed) {
+            0 => None,
+            at => Some(self.target.instant_of_ms(at - 1)),
+        }
+    }
+
+    /// The cost P2C compares: latency (with the noise floor) times requests
+    /// outstanding, divided by the controller's weight.
+    pub(super) fn cost(&self, now: Instant) -> f64 {
+        let t = &self.target;
+        let typical = t.typical.get();
+        let rtt = self
+            .ewma
+            .estimate(now, t.epoch, decay_for(typical))
+            .unwrap_or(typical);
+        let pending = self.pending.load(Ordering::Relaxed) as f64;
+        (rtt + LATENCY_FLOOR.as_nanos() as f64) * (pending + 1.0)
+            / f64::from(self.endpoint.weight.max(1))
+    }
+
+    /// A connect failed: the endpoint is not chosen again until its backoff
+    /// passes.
+    pub fn connect_failed(&self) {
+        let t = &self.target;
+        let _gauges = t.gauges_lock();
+        let delay = self
+            .backoff
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .next_delay();
+        let at = t.epoch_ms(Instant::now() + delay) + 1;
+        let was = self.retry_at.swap(at, Ordering::Relaxed);
+        if was == 0 && self.in_set.load(Ordering::Relaxed) {
+            t.gauges.became_pending();
+        }
+    }
+
+    /// A connect succeeded: the endpoint is ready.
+    pub fn connect_succeeded(&self) {
+        if self.retry_at.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let t = &self.target;
+        let _gauges = t.gauges_lock();
+        self.backoff
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .reset();
+        if self.retry_at.swap(0, Ordering::Relaxed) != 0 && self.in_set.load(Ordering::Relaxed) {
+            t.gauges.became_ready();
+        }
+    }
+
+    /// Marks one request (or connection) outstanding until the guard drops.
+    pub fn start(self: &Arc<Self>) -> InFlight<C> {
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        InFlight {
+            endpoint: self.clone(),
+            started: Instant::now(),
+        }
+    }
+}
+
+/// One outstanding request on an endpoint.
+#[derive(Debug)]
+pub struct InFlight<C> {
+    endpoint: Arc<EndpointState<C>>,
+    started: Instant,
+}
+
+impl<C> InFlight<C> {
+    /// Records the latency seen (time to response headers, or to connect).
+    pub fn observe(&self) -> Duration {
+        let now = Instant::now();
+        let rtt = now.saturating_duration_since(self.started);
+        let t = &self.endpoint.target;
+        let decay = decay_for(t.typical.get());
+        self.endpoint.ewma.observe(rtt, now, t.epoch, decay);
+        t.typical.observe(rtt);
+        rtt
+    }
+
+    /// Time since the request started, without feeding the estimate.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    pub fn endpoint(&self) -> &Arc<EndpointState<C>> {
+        &self.endpoint
+    }
+}
+
+impl<C> Drop for InFlight<C> {
+    fn drop(&mut self) {
+        self.endpoint.pending.fetch_sub(1, Ordering::Relaxed);
+    }
+}
