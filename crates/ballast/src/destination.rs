@@ -13,7 +13,7 @@ use ballast_destination::{
     },
     store::Store,
 };
-use clap::Args as ClapArgs;
+use clap::{builder::TypedValueParser, Args as ClapArgs};
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use tokio::{net::TcpListener, sync::watch};
 
@@ -126,6 +126,31 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..))]
     max_streams: u32,
 
+    /// HTTP/2 streams one client connection may have open at once
+    /// (advertised in SETTINGS; a client past it waits or is refused).
+    #[arg(long, env = "BALLAST_DESTINATION_HTTP2_MAX_CONCURRENT_STREAMS", default_value_t = server::DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    http2_max_concurrent_streams: u32,
+
+    /// Streams one client connection may make the controller reset (stream
+    /// protocol errors, refused streams) before it gets GOAWAY
+    /// ENHANCE_YOUR_CALM and is closed (MadeYouReset, CVE-2025-8671).
+    #[arg(long, env = "BALLAST_DESTINATION_HTTP2_MAX_LOCAL_ERROR_RESETS", default_value_t = server::DEFAULT_HTTP2_MAX_LOCAL_ERROR_RESETS,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
+    http2_max_local_error_resets: usize,
+
+    /// Streams a client opened and reset itself that may wait at once to be
+    /// accepted before its connection gets GOAWAY ENHANCE_YOUR_CALM (Rapid
+    /// Reset, CVE-2023-44487).
+    #[arg(long, env = "BALLAST_DESTINATION_HTTP2_MAX_PENDING_ACCEPT_RESETS", default_value_t = server::DEFAULT_HTTP2_MAX_PENDING_ACCEPT_RESETS,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
+    http2_max_pending_accept_resets: usize,
+
+    /// Largest decoded HTTP/2 header list of a request, in bytes.
+    #[arg(long, env = "BALLAST_DESTINATION_HTTP2_MAX_HEADER_LIST_BYTES", default_value_t = server::DEFAULT_HTTP2_MAX_HEADER_LIST_BYTES,
+          value_parser = clap::value_parser!(u32).range(1024..))]
+    http2_max_header_list_bytes: u32,
+
     /// On SIGTERM, how long open streams and connections get to close before exit.
     #[arg(long, env = "BALLAST_DESTINATION_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime_secs)]
     shutdown_grace: Duration,
@@ -218,6 +243,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         stream_queue: args.stream_queue as usize,
         stream_send_wait: args.stream_send_wait,
         max_streams: args.max_streams as usize,
+        http2_max_concurrent_streams: args.http2_max_concurrent_streams,
+        http2_max_local_error_resets: args.http2_max_local_error_resets,
+        http2_max_pending_accept_resets: args.http2_max_pending_accept_resets,
+        http2_max_header_list_bytes: args.http2_max_header_list_bytes,
         ..ServerConfig::default()
     };
     let service = DestinationService::new(store.clone(), config, stop_rx.clone());

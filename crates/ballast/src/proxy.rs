@@ -214,6 +214,20 @@ pub struct Args {
           value_parser = clap::value_parser!(u64).range(1024..=64 * 1024 * 1024).map(|v| v as usize))]
     http2_max_send_buffer_bytes: usize,
 
+    /// Streams one client HTTP/2 connection may make the proxy reset
+    /// (stream protocol errors, refused streams) before it gets GOAWAY
+    /// ENHANCE_YOUR_CALM and is closed (MadeYouReset, CVE-2025-8671).
+    #[arg(long, env = "BALLAST_PROXY_HTTP2_MAX_LOCAL_ERROR_RESETS", default_value_t = defaults::DEFAULT_HTTP2_MAX_LOCAL_ERROR_RESETS,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
+    http2_max_local_error_resets: usize,
+
+    /// Streams a client opened and reset itself that may wait at once to be
+    /// accepted before its connection gets GOAWAY ENHANCE_YOUR_CALM (Rapid
+    /// Reset, CVE-2023-44487).
+    #[arg(long, env = "BALLAST_PROXY_HTTP2_MAX_PENDING_ACCEPT_RESETS", default_value_t = defaults::DEFAULT_HTTP2_MAX_PENDING_ACCEPT_RESETS,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
+    http2_max_pending_accept_resets: usize,
+
     /// A client HTTP/2 connection with no request for this long gets GOAWAY
     /// and closes (HTTP/1 is bounded by --http1-header-read-timeout).
     #[arg(long, env = "BALLAST_PROXY_HTTP_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime_secs)]
@@ -362,6 +376,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             h2_initial_stream_window_bytes: args.http2_initial_stream_window_bytes,
             h2_initial_connection_window_bytes: args.http2_initial_connection_window_bytes,
             h2_max_send_buffer_bytes: args.http2_max_send_buffer_bytes,
+            h2_max_local_error_resets: args.http2_max_local_error_resets,
+            h2_max_pending_accept_resets: args.http2_max_pending_accept_resets,
             idle_timeout: args.http_idle_timeout,
             max_connections_per_endpoint: args.max_connections_per_endpoint,
         },

@@ -17,8 +17,9 @@ mod common;
 mod destination;
 
 use common::{
-    assert_alive, assert_back_near, assert_peak_under, assert_served, hold, raise_nofile,
-    raw_exchange, Big, BlackHole, Footprint, Good, Hostile, Peak, MB,
+    assert_alive, assert_back_near, assert_cut_after, assert_peak_under, assert_served, hold,
+    raise_nofile, raw_exchange, reset_flood, AllocatedPeak, Big, BlackHole, Footprint, Good,
+    Hostile, Peak, MB,
 };
 use destination::{refused_endpoints, FakeDestination};
 use futures_util::StreamExt;
@@ -1032,4 +1033,70 @@ async fn over_the_memory_limit_the_proxy_sheds_and_recovers() {
     hold(Duration::from_secs(1)).await;
     assert_served(case, good, 10, &h.proxy).await;
     assert_back_near(case, &h.proxy, base, RSS_SLACK, ALLOCATED_SLACK).await;
+}
+
+/// MadeYouReset attackers at once, each reconnecting after every GOAWAY.
+const RESET_ATTACKERS: usize = 4;
+/// Connections each attacker may open (the hold ends it sooner).
+const RESET_MAX_CONNECTIONS: usize = 2_000;
+/// Streams one attacking connection may open if it is never cut.
+const RESET_MAX_STREAMS: u64 = 1_000_000;
+/// The proxy's limit of locally caused resets per connection. h2 sends
+/// GOAWAY instead of the reset past it, so it is the most an attacker sees.
+const RESET_LIMIT: u64 = ballast_proxy::config::DEFAULT_HTTP2_MAX_LOCAL_ERROR_RESETS as u64;
+/// Allocated bytes the attack may add: a few connections' worth of stream
+/// state, far below what one connection held when resets were unbounded.
+const RESET_GROWTH: u64 = 16 * MB;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_made_you_reset_is_cut_by_goaway() {
+    let case = "HTTP/2 MadeYouReset (streams reset by the server, CVE-2025-8671)";
+    let mut h = Hostile::start(&[], &[]).await;
+    let base = h.baseline().await;
+    let peak = AllocatedPeak::start(h.proxy.admin);
+    let rss_peak = Peak::start(h.proxy.pid());
+    let good = Good::start(h.proxy.outbound, h.web());
+    let web = h.web();
+    let headers = [
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":authority", web.as_str()),
+        (":path", "/"),
+    ];
+    let attacks = reset_flood(
+        h.proxy.outbound,
+        &headers,
+        RESET_ATTACKERS,
+        RESET_MAX_CONNECTIONS,
+        RESET_MAX_STREAMS,
+        ATTACK_HELD,
+    )
+    .await;
+    let most = peak.stop().await;
+    let rss_most = rss_peak.stop().await;
+    eprintln!(
+        "{case}: allocated at most {:.1} MiB, RSS at most {:.1} MiB, baseline {base}",
+        most as f64 / MB as f64,
+        rss_most.rss as f64 / MB as f64
+    );
+    assert_cut_after(case, &attacks, RESET_LIMIT);
+    assert_served(case, good, MIN_SERVED, &h.proxy).await;
+    assert!(
+        most <= base.allocated + RESET_GROWTH,
+        "{case}: the proxy allocated {:.1} MiB, over {:.1} MiB above its baseline {base}",
+        most as f64 / MB as f64,
+        RESET_GROWTH as f64 / MB as f64
+    );
+    let closes = h.proxy.metrics().await.sum("http2_calm_closed_total", &[]);
+    assert!(
+        closes >= attacks.len() as f64,
+        "{case}: {closes} connections counted in http2_calm_closed_total, {} were cut",
+        attacks.len()
+    );
+    assert_alive(case, &mut h.proxy).await;
+    // And served after the attack, on a fresh connection.
+    let a = get(h.proxy.outbound, &web, "/")
+        .await
+        .expect("a request after the attack");
+    assert_eq!(a.status, StatusCode::OK, "{case}: after the attack: {a:?}");
 }

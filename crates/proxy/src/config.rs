@@ -77,6 +77,18 @@ pub const DEFAULT_HTTP2_INITIAL_STREAM_WINDOW_BYTES: u32 = 65_535;
 pub const DEFAULT_HTTP2_INITIAL_CONNECTION_WINDOW_BYTES: u32 = 1024 * 1024;
 /// Bytes buffered for sending per HTTP/2 stream before the sender waits.
 pub const DEFAULT_HTTP2_MAX_SEND_BUFFER_BYTES: usize = 64 * 1024;
+/// Streams one HTTP/2 client connection may make the proxy reset (protocol
+/// errors on a stream, refused streams) before it gets GOAWAY
+/// `ENHANCE_YOUR_CALM` and is closed. A well-behaved client causes none;
+/// MadeYouReset (CVE-2025-8671) causes one per stream it opens, each costing
+/// the proxy a stream's state and a request dispatch. hyper's default is
+/// 1,024; 100 cuts an attacking connection ten times sooner and still
+/// forgives a client with a few buggy streams.
+pub const DEFAULT_HTTP2_MAX_LOCAL_ERROR_RESETS: usize = 100;
+/// Streams the client opened and then reset itself (Rapid Reset,
+/// CVE-2023-44487) that may wait, at once, for the proxy to accept them
+/// before the connection gets GOAWAY `ENHANCE_YOUR_CALM` (h2's default).
+pub const DEFAULT_HTTP2_MAX_PENDING_ACCEPT_RESETS: usize = 20;
 /// A client HTTP connection with no request for this long is closed.
 pub const DEFAULT_HTTP_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// HTTP/1 connections open at once to one endpoint.
@@ -153,6 +165,10 @@ pub struct HttpLimits {
     pub h2_initial_stream_window_bytes: u32,
     pub h2_initial_connection_window_bytes: u32,
     pub h2_max_send_buffer_bytes: usize,
+    /// Streams a client connection may make the proxy reset, then GOAWAY.
+    pub h2_max_local_error_resets: usize,
+    /// Client-reset streams waiting to be accepted, then GOAWAY.
+    pub h2_max_pending_accept_resets: usize,
     /// Client connections with no request for this long are closed.
     pub idle_timeout: Duration,
     /// HTTP/1 connections open at once to one endpoint.
@@ -171,6 +187,8 @@ impl Default for HttpLimits {
             h2_initial_stream_window_bytes: DEFAULT_HTTP2_INITIAL_STREAM_WINDOW_BYTES,
             h2_initial_connection_window_bytes: DEFAULT_HTTP2_INITIAL_CONNECTION_WINDOW_BYTES,
             h2_max_send_buffer_bytes: DEFAULT_HTTP2_MAX_SEND_BUFFER_BYTES,
+            h2_max_local_error_resets: DEFAULT_HTTP2_MAX_LOCAL_ERROR_RESETS,
+            h2_max_pending_accept_resets: DEFAULT_HTTP2_MAX_PENDING_ACCEPT_RESETS,
             idle_timeout: DEFAULT_HTTP_IDLE_TIMEOUT,
             max_connections_per_endpoint: DEFAULT_MAX_CONNECTIONS_PER_ENDPOINT,
         }

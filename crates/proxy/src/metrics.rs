@@ -242,6 +242,10 @@ pub struct Metrics {
     pub memory_shedding: Gauge,
     /// Client HTTP connections closed for being idle.
     pub http_idle_closed_total: Counter,
+    /// Client HTTP/2 connections closed with GOAWAY ENHANCE_YOUR_CALM (too
+    /// many streams reset by the proxy or by the client, and h2's other
+    /// abuse limits).
+    pub http2_calm_closed_total: Counter,
 }
 
 impl Metrics {
@@ -275,6 +279,7 @@ impl Metrics {
             memory_limit_bytes: Gauge::default(),
             memory_shedding: Gauge::default(),
             http_idle_closed_total: Counter::default(),
+            http2_calm_closed_total: Counter::default(),
         };
         let r = registry;
         r.register("request", "Requests proxied", m.request_total.clone());
@@ -407,6 +412,12 @@ impl Metrics {
             "http_idle_closed",
             "Client HTTP connections closed after --http-idle-timeout without a request",
             m.http_idle_closed_total.clone(),
+        );
+        r.register(
+            "http2_calm_closed",
+            "Client HTTP/2 connections closed with GOAWAY ENHANCE_YOUR_CALM (e.g. past \
+             --http2-max-local-error-resets or --http2-max-pending-accept-resets)",
+            m.http2_calm_closed_total.clone(),
         );
         Arc::new(m)
     }

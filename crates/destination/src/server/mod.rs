@@ -45,6 +45,15 @@ pub struct ServerConfig {
     pub max_request_bytes: usize,
     /// HTTP/2 keepalive pings, so that vanished clients are noticed.
     pub keepalive: Duration,
+    /// HTTP/2 streams one connection may have open at once (advertised in
+    /// SETTINGS; more are refused).
+    pub http2_max_concurrent_streams: u32,
+    /// Streams one connection may make the server reset before GOAWAY.
+    pub http2_max_local_error_resets: usize,
+    /// Client-reset streams waiting to be accepted before GOAWAY.
+    pub http2_max_pending_accept_resets: usize,
+    /// Largest decoded HTTP/2 header list.
+    pub http2_max_header_list_bytes: u32,
 }
 
 /// Default per-stream queue, in messages.
@@ -53,6 +62,26 @@ pub const DEFAULT_STREAM_QUEUE: u32 = 64;
 pub const DEFAULT_STREAM_SEND_WAIT: Duration = Duration::from_secs(1);
 /// Default limit of concurrent streams.
 pub const DEFAULT_MAX_STREAMS: u32 = 20_000;
+/// HTTP/2 streams one connection may have open at once. A proxy holds one
+/// `Get` and one `GetProfile` per target it uses, on one connection; 1,000
+/// leaves room for 500 live targets per proxy while one connection can take
+/// no more than a twentieth of `DEFAULT_MAX_STREAMS`. A client past it waits
+/// for a stream to close (h2 clients queue), it is not failed.
+pub const DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS: u32 = 1_000;
+/// Streams one connection may make the server reset (stream protocol
+/// errors, refused streams) before GOAWAY `ENHANCE_YOUR_CALM` closes it.
+/// tonic's builder turns hyper's limit off, so MadeYouReset (CVE-2025-8671)
+/// could reset streams without end on one connection, each leaving state
+/// behind. A well-behaved client causes none; 100 forgives a buggy one.
+pub const DEFAULT_HTTP2_MAX_LOCAL_ERROR_RESETS: usize = 100;
+/// Streams a client opened and reset itself that may wait, at once, to be
+/// accepted before GOAWAY `ENHANCE_YOUR_CALM` (Rapid Reset, CVE-2023-44487;
+/// h2's default).
+pub const DEFAULT_HTTP2_MAX_PENDING_ACCEPT_RESETS: usize = 20;
+/// Largest decoded HTTP/2 header list: the API's requests carry a handful
+/// of short headers, and hyper's default (16 MiB) would let one request hold
+/// that much.
+pub const DEFAULT_HTTP2_MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -63,6 +92,10 @@ impl Default for ServerConfig {
             max_streams: DEFAULT_MAX_STREAMS as usize,
             max_request_bytes: 16 * 1024,
             keepalive: Duration::from_secs(10),
+            http2_max_concurrent_streams: DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
+            http2_max_local_error_resets: DEFAULT_HTTP2_MAX_LOCAL_ERROR_RESETS,
+            http2_max_pending_accept_resets: DEFAULT_HTTP2_MAX_PENDING_ACCEPT_RESETS,
+            http2_max_header_list_bytes: DEFAULT_HTTP2_MAX_HEADER_LIST_BYTES,
         }
     }
 }
@@ -268,6 +301,10 @@ pub async fn serve(
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(config.keepalive))
         .http2_keepalive_timeout(Some(config.keepalive * 2))
+        .max_concurrent_streams(config.http2_max_concurrent_streams)
+        .http2_max_local_error_reset_streams(Some(config.http2_max_local_error_resets))
+        .http2_max_pending_accept_reset_streams(Some(config.http2_max_pending_accept_resets))
+        .http2_max_header_list_size(config.http2_max_header_list_bytes)
         .add_service(health_service)
         .add_service(destination)
         .serve_with_incoming_shutdown(

@@ -6,7 +6,10 @@
 //!   of the connection being ready for it, which also bounds keep-alive idle
 //!   time. The read buffer is bounded by the same byte limit.
 //! - HTTP/2: concurrent streams, header list, frame size, flow-control
-//!   windows and the per-stream send buffer are bounded; a connection with
+//!   windows and the per-stream send buffer are bounded; so are the streams
+//!   a client may make the proxy reset (MadeYouReset) and the streams it
+//!   resets itself before they are accepted (Rapid Reset): past either, the
+//!   connection gets GOAWAY `ENHANCE_YOUR_CALM`, counted. A connection with
 //!   no request for the idle timeout gets GOAWAY.
 //! - At shutdown, a connection finishes the requests it has and closes.
 
@@ -53,8 +56,23 @@ pub fn h2_builder(limits: &HttpLimits) -> hyper::server::conn::http2::Builder<To
         .max_frame_size(limits.h2_max_frame_bytes)
         .initial_stream_window_size(limits.h2_initial_stream_window_bytes)
         .initial_connection_window_size(limits.h2_initial_connection_window_bytes)
-        .max_send_buf_size(limits.h2_max_send_buffer_bytes);
+        .max_send_buf_size(limits.h2_max_send_buffer_bytes)
+        .max_local_error_reset_streams(Some(limits.h2_max_local_error_resets))
+        .max_pending_accept_reset_streams(Some(limits.h2_max_pending_accept_resets));
     b
+}
+
+/// Whether a connection ended with GOAWAY `ENHANCE_YOUR_CALM`: h2 cut a
+/// client past one of its abuse limits.
+fn calmed(e: &hyper::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            return h2.reason() == Some(h2::Reason::ENHANCE_YOUR_CALM);
+        }
+        source = err.source();
+    }
+    false
 }
 
 /// When the connection last started or finished a request, and how many
@@ -193,7 +211,7 @@ where
     });
     let conn = h2_builder(limits).serve_connection(io, service);
     tokio::pin!(conn);
-    tokio::select! {
+    let result = tokio::select! {
         r = conn.as_mut() => r,
         _ = stopped(&mut shutdown) => {
             conn.as_mut().graceful_shutdown();
@@ -204,5 +222,11 @@ where
             conn.as_mut().graceful_shutdown();
             conn.await
         }
+    };
+    if let Err(e) = &result {
+        if calmed(e) {
+            metrics.http2_calm_closed_total.inc();
+        }
     }
+    result
 }
