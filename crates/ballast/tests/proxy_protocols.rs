@@ -280,3 +280,35 @@ async fn opaque_tcp_route_echoes_large_payloads_byte_for_byte() {
         metrics.names()
     );
 }
+
+/// Issue 9, defect 1: a Prometheus server scrapes every 10-30 s, so a
+/// service's counts must outlive the balancer that made them (dropped after
+/// `--discovery-idle-timeout`) and continue, not restart, when it comes back.
+#[tokio::test]
+async fn request_counts_outlive_the_idle_balancer_and_continue_after_it() {
+    let mesh = Mesh::start(1, &["--discovery-idle-timeout", "1s"]).await;
+    let web = [("dst_service", "web")];
+    let before = mesh.proxy.metrics().await.sum("request_total", &web);
+    assert!(before >= 1.0, "the route's first requests are counted");
+
+    // The balancer (and its resolution) goes once the target is idle.
+    support::eventually("the idle target's resolution to close", || async {
+        let m = mesh.proxy.metrics().await;
+        (m.sum("discovery_resolutions", &[]) == 0.0).then_some(())
+    })
+    .await;
+    let idle = mesh.proxy.metrics().await;
+    assert_eq!(
+        idle.sum("request_total", &web),
+        before,
+        "request_total for web is still exported, unchanged, after its balancer went:\n{}",
+        idle.text
+    );
+
+    let a = support::proxy::get(mesh.proxy.outbound, &mesh.web(), "/")
+        .await
+        .unwrap();
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let after = mesh.proxy.metrics().await.sum("request_total", &web);
+    assert_eq!(after, before + 1.0, "a new balancer counts on from there");
+}

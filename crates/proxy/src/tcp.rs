@@ -5,7 +5,7 @@ use crate::{
     balance::{Balancer, MAX_CONNECT_ATTEMPTS},
     http::connect,
     io::Counted,
-    metrics::{Metrics, Peer, TcpMetrics},
+    metrics::{BalancerProtocol, Metrics, Peer, TcpMetrics},
 };
 use std::{sync::Arc, time::Duration};
 use tokio::{
@@ -26,6 +26,7 @@ where
     C: AsyncRead + AsyncWrite + Unpin,
 {
     let deadline = Instant::now() + balancer.failfast_timeout();
+    balancer.bind_protocol(BalancerProtocol::Tcp);
     let mut failed_connects = 0;
     loop {
         let endpoint = match balancer.select(deadline).await {

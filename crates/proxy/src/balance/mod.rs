@@ -14,7 +14,9 @@ pub use ewma::PeakEwma;
 
 use crate::{
     discovery::{Endpoint, EndpointSet, Resolution, SetState},
-    metrics::{BalancerLabels, Direction, DstLabels, HttpEndpointMetrics, Metrics},
+    metrics::{
+        BalancerGauges, BalancerProtocol, Direction, DstLabels, HttpEndpointMetrics, Metrics,
+    },
     own::OwnListeners,
 };
 use ballast_backoff::{Backoff, BackoffConfig};
@@ -80,7 +82,9 @@ pub struct EndpointState {
     /// Per-endpoint connection state, owned by the protocol layer.
     pub conns: crate::http::EndpointConns,
     metrics: Arc<Metrics>,
-    authority: Arc<str>,
+    /// The balancer's gauges; they go with the balancer, not with the
+    /// endpoints that requests still hold.
+    gauges: std::sync::Weak<BalancerGauges>,
 }
 
 #[derive(Debug)]
@@ -91,13 +95,7 @@ struct Failing {
 
 impl EndpointState {
     fn new(endpoint: Endpoint, authority: Arc<str>, direction: Direction, b: &Shared) -> Self {
-        let labels = DstLabels {
-            direction,
-            authority: authority.clone(),
-            dst_namespace: endpoint.namespace.clone(),
-            dst_service: endpoint.service.clone(),
-            dst_pod: endpoint.pod.clone(),
-        };
+        let labels = DstLabels::endpoint(direction, authority, &endpoint);
         Self {
             endpoint,
             labels,
@@ -111,7 +109,7 @@ impl EndpointState {
             last_rtt_ns: b.last_rtt_ns.clone(),
             conns: crate::http::EndpointConns::default(),
             metrics: b.metrics.clone(),
-            authority,
+            gauges: Arc::downgrade(&b.gauges),
         }
     }
 
@@ -152,9 +150,8 @@ impl EndpointState {
         let delay = f.backoff.next_delay();
         f.retry_at = Some(Instant::now() + delay);
         drop(f);
-        if first {
-            self.gauge("ready").dec();
-            self.gauge("pending").inc();
+        if let Some(g) = self.gauges.upgrade().filter(|_| first) {
+            g.endpoint_pending();
         }
     }
 
@@ -164,18 +161,10 @@ impl EndpointState {
         if f.retry_at.take().is_some() {
             f.backoff.reset();
             drop(f);
-            self.gauge("pending").dec();
-            self.gauge("ready").inc();
+            if let Some(g) = self.gauges.upgrade() {
+                g.endpoint_ready();
+            }
         }
-    }
-
-    fn gauge(&self, endpoint_state: &'static str) -> prometheus_client::metrics::gauge::Gauge {
-        self.metrics
-            .balancer_endpoints
-            .get_or_create_owned(&BalancerLabels {
-                authority: self.authority.clone(),
-                endpoint_state,
-            })
     }
 
     /// Marks one request (or connection) outstanding until the guard drops.
@@ -232,6 +221,7 @@ struct Shared {
     config: BalanceConfig,
     metrics: Arc<Metrics>,
     last_rtt_ns: Arc<AtomicU64>,
+    gauges: Arc<BalancerGauges>,
 }
 
 #[derive(Debug)]
@@ -264,12 +254,14 @@ impl Balancer {
         own: Arc<OwnListeners>,
     ) -> Self {
         let waiting = Semaphore::new(config.queue_capacity.min(Semaphore::MAX_PERMITS));
+        let gauges = Arc::new(BalancerGauges::new(metrics.clone(), authority.clone()));
         Self {
             authority,
             direction,
             resolution,
             shared: Shared {
                 config,
+                gauges,
                 metrics,
                 last_rtt_ns: Arc::new(AtomicU64::new(0f64.to_bits())),
             },
@@ -340,9 +332,8 @@ impl Balancer {
                 tracing::warn!(authority = %self.authority, "endpoints that are this proxy's own listeners are refused");
             }
             let now = Instant::now();
-            let ready = next.iter().filter(|e| e.is_ready(now)).count() as i64;
-            self.gauge("ready").set(ready);
-            self.gauge("pending").set(next.len() as i64 - ready);
+            let ready = next.iter().filter(|e| e.is_ready(now)).count();
+            self.shared.gauges.update(ready, next.len() - ready);
             current.endpoints = Arc::from(next);
             current.loops = loops;
             current.set = set;
@@ -354,14 +345,10 @@ impl Balancer {
         )
     }
 
-    fn gauge(&self, endpoint_state: &'static str) -> prometheus_client::metrics::gauge::Gauge {
-        self.shared
-            .metrics
-            .balancer_endpoints
-            .get_or_create_owned(&BalancerLabels {
-                authority: self.authority.clone(),
-                endpoint_state,
-            })
+    /// Names what this balancer carries, for its gauges; the protocol
+    /// layer calls it before selecting (the first call decides).
+    pub fn bind_protocol(&self, protocol: BalancerProtocol) {
+        self.shared.gauges.bind(protocol);
     }
 
     /// Picks a ready endpoint by P2C, or `None` when none is ready.
@@ -487,15 +474,6 @@ impl Balancer {
 
 impl Drop for Balancer {
     fn drop(&mut self) {
-        for endpoint_state in ["ready", "pending"] {
-            self.shared
-                .metrics
-                .balancer_endpoints
-                .remove(&BalancerLabels {
-                    authority: self.authority.clone(),
-                    endpoint_state,
-                });
-        }
         if *self.failfast.get_mut() {
             self.shared.metrics.balancer_failfast.dec();
         }

@@ -27,6 +27,8 @@ pub struct Endpoint {
     pub namespace: Arc<str>,
     pub service: Arc<str>,
     pub pod: Arc<str>,
+    /// The pod's owner, service account and template hash, as metric labels.
+    pub workload: crate::metrics::DstWorkload,
 }
 
 impl Endpoint {
@@ -39,6 +41,7 @@ impl Endpoint {
             namespace: empty.clone(),
             service: empty.clone(),
             pod: empty,
+            workload: crate::metrics::DstWorkload::none(),
         }
     }
 }

@@ -59,7 +59,7 @@ impl Done {
         };
         self.endpoint
             .http_metrics()
-            .response(self.status, classification);
+            .response(self.status, self.grpc_status, classification);
         if complete {
             if let Some((sender, pool)) = self.h1.take() {
                 self.endpoint.conns.put_h1(sender, &pool);

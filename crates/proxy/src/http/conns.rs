@@ -1,7 +1,11 @@
 //! Connections to one endpoint: a pool of idle HTTP/1 connections (bounded,
 //! expiring) and one shared, multiplexed HTTP/2 connection.
 
-use crate::config::{HttpLimits, OutboundConfig};
+use crate::{
+    config::{HttpLimits, OutboundConfig},
+    io::Counted,
+    metrics::TcpMetrics,
+};
 use hyper::{
     body::Incoming,
     client::conn::{http1, http2},
@@ -91,6 +95,18 @@ pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, C
     }
 }
 
+/// Connects, then counts the connection and its bytes.
+async fn connect_counted(
+    addr: SocketAddr,
+    timeout: Duration,
+    tcp: impl FnOnce() -> TcpMetrics,
+) -> Result<(Counted<TcpStream>, TcpMetrics), ConnectError> {
+    let stream = connect(addr, timeout).await?;
+    let tcp = tcp();
+    let stream = Counted::new(stream, tcp.read.clone(), tcp.write.clone());
+    Ok((stream, tcp))
+}
+
 impl EndpointConns {
     /// An idle HTTP/1 connection that is still open, if any.
     pub fn take_h1(&self, config: &PoolConfig) -> Option<http1::SendRequest<Incoming>> {
@@ -156,17 +172,19 @@ impl EndpointConns {
     /// Opens a new HTTP/1 connection, or waits until `deadline` for one to
     /// be returned when the endpoint is at its connection bound. The flag
     /// is true for a new connection.
+    /// `tcp` opens the new connection's metrics once it is connected.
     pub async fn connect_h1(
         &self,
         addr: SocketAddr,
         config: &PoolConfig,
         deadline: tokio::time::Instant,
+        tcp: impl FnOnce() -> TcpMetrics,
     ) -> Result<(http1::SendRequest<Incoming>, bool), ConnectError> {
         let slot = match self.h1_slot(addr, config, deadline).await? {
             Ok(slot) => slot,
             Err(pooled) => return Ok((pooled, false)),
         };
-        let stream = connect(addr, config.connect_timeout).await?;
+        let (stream, tcp) = connect_counted(addr, config.connect_timeout, tcp).await?;
         let limits = &config.limits;
         let mut builder = http1::Builder::new();
         builder
@@ -175,24 +193,31 @@ impl EndpointConns {
         if limits.h1_max_headers != crate::config::DEFAULT_HTTP1_MAX_HEADERS {
             builder.max_headers(limits.h1_max_headers);
         }
-        let (sender, conn) = builder
-            .handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| ConnectError::Handshake(addr, e))?;
+        let (sender, conn) = match builder.handshake(TokioIo::new(stream)).await {
+            Ok(handshaken) => handshaken,
+            Err(e) => {
+                tcp.close(false);
+                return Err(ConnectError::Handshake(addr, e));
+            }
+        };
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            let result = conn.await;
+            if let Err(e) = &result {
                 tracing::debug!(%addr, error = %e, "endpoint HTTP/1 connection ended");
             }
+            tcp.close(result.is_ok());
             drop(slot);
         });
         Ok((sender, true))
     }
 
-    /// The shared HTTP/2 connection, opened if there is none.
+    /// The shared HTTP/2 connection, opened if there is none; `tcp` opens a
+    /// new connection's metrics once it is connected.
     pub async fn h2(
         &self,
         addr: SocketAddr,
         config: &PoolConfig,
+        tcp: impl FnOnce() -> TcpMetrics,
     ) -> Result<http2::SendRequest<Incoming>, ConnectError> {
         if let Some(s) = self
             .h2
@@ -203,9 +228,9 @@ impl EndpointConns {
         {
             return Ok(s.clone());
         }
-        let stream = connect(addr, config.connect_timeout).await?;
+        let (stream, tcp) = connect_counted(addr, config.connect_timeout, tcp).await?;
         let limits = &config.limits;
-        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+        let handshake = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .max_header_list_size(limits.h2_max_header_list_bytes)
             .max_frame_size(limits.h2_max_frame_bytes)
@@ -213,12 +238,20 @@ impl EndpointConns {
             .initial_connection_window_size(limits.h2_initial_connection_window_bytes)
             .max_send_buf_size(limits.h2_max_send_buffer_bytes)
             .handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| ConnectError::Handshake(addr, e))?;
+            .await;
+        let (sender, conn) = match handshake {
+            Ok(handshaken) => handshaken,
+            Err(e) => {
+                tcp.close(false);
+                return Err(ConnectError::Handshake(addr, e));
+            }
+        };
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            let result = conn.await;
+            if let Err(e) = &result {
                 tracing::debug!(%addr, error = %e, "endpoint HTTP/2 connection ended");
             }
+            tcp.close(result.is_ok());
         });
         *self.h2.lock().unwrap_or_else(|e| e.into_inner()) = Some(sender.clone());
         Ok(sender)

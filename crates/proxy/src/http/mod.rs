@@ -12,7 +12,7 @@ pub use conns::{connect, ConnectError, EndpointConns, PoolConfig};
 
 use crate::{
     balance::{BalanceError, Balancer, EndpointState, MAX_CONNECT_ATTEMPTS},
-    metrics::{Direction, Metrics},
+    metrics::{BalancerProtocol, Direction, Metrics, Peer, TcpMetrics},
 };
 use body::Done;
 use bytes::Bytes;
@@ -119,6 +119,7 @@ impl Forwarder {
         mut req: Request<Incoming>,
     ) -> Response<ResponseBody> {
         let deadline = Instant::now() + balancer.failfast_timeout();
+        balancer.bind_protocol(BalancerProtocol::Http);
         let h2 = req.version() == Version::HTTP_2;
         if !h2 {
             strip_hop_by_hop(req.headers_mut());
@@ -165,8 +166,10 @@ impl Forwarder {
     ) -> Attempt {
         let addr = endpoint.endpoint.addr;
         let metrics = endpoint.http_metrics();
+        // Endpoint connections count like TCP forwarding's (`peer="dst"`).
+        let tcp = || TcpMetrics::open(&self.metrics, Peer::dst, endpoint.labels.clone());
         if h2 {
-            let mut sender = match endpoint.conns.h2(addr, &self.pool).await {
+            let mut sender = match endpoint.conns.h2(addr, &self.pool, tcp).await {
                 Ok(s) => s,
                 Err(e) => return Attempt::Unsent(req, Some(e)),
             };
@@ -183,7 +186,11 @@ impl Forwarder {
         }
         let (mut sender, fresh) = match endpoint.conns.take_h1(&self.pool) {
             Some(s) => (s, false),
-            None => match endpoint.conns.connect_h1(addr, &self.pool, deadline).await {
+            None => match endpoint
+                .conns
+                .connect_h1(addr, &self.pool, deadline, tcp)
+                .await
+            {
                 Ok((s, fresh)) => {
                     if fresh {
                         endpoint.connect_succeeded();
@@ -257,7 +264,7 @@ impl Forwarder {
         e: hyper::Error,
     ) -> Response<ResponseBody> {
         tracing::debug!(addr = %endpoint.endpoint.addr, error = %e, "endpoint request failed");
-        endpoint.http_metrics().response(502, "failure");
+        endpoint.http_metrics().response(502, None, "failure");
         self.metrics.error(self.direction, "upstream");
         error_response(StatusCode::BAD_GATEWAY, "upstream")
     }
