@@ -12,7 +12,6 @@ pub mod series;
 
 pub use series::{RetainedFamily, SeriesDrops, SeriesLimits};
 
-use crate::discovery::Endpoint;
 use prometheus_client::{
     encoding::{EncodeLabelSet, EncodeLabelValue, LabelSetEncoder},
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
@@ -120,18 +119,6 @@ impl DstLabels {
             dst_service: empty.clone(),
             dst_pod: empty,
             workload: DstWorkload::none(),
-        }
-    }
-
-    /// Labels for traffic to `endpoint` of the target `authority`.
-    pub fn endpoint(direction: Direction, authority: Arc<str>, endpoint: &Endpoint) -> Self {
-        Self {
-            direction,
-            authority,
-            dst_namespace: endpoint.namespace.clone(),
-            dst_service: endpoint.service.clone(),
-            dst_pod: endpoint.pod.clone(),
-            workload: endpoint.workload.clone(),
         }
     }
 }

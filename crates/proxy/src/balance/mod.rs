@@ -95,7 +95,7 @@ struct Failing {
 
 impl EndpointState {
     fn new(endpoint: Endpoint, authority: Arc<str>, direction: Direction, b: &Shared) -> Self {
-        let labels = DstLabels::endpoint(direction, authority, &endpoint);
+        let labels = endpoint.dst_labels(direction, authority);
         Self {
             endpoint,
             labels,

@@ -44,6 +44,22 @@ impl Endpoint {
             workload: crate::metrics::DstWorkload::none(),
         }
     }
+
+    /// Metric labels for traffic to this endpoint of the target `authority`.
+    pub fn dst_labels(
+        &self,
+        direction: crate::metrics::Direction,
+        authority: Arc<str>,
+    ) -> crate::metrics::DstLabels {
+        crate::metrics::DstLabels {
+            direction,
+            authority,
+            dst_namespace: self.namespace.clone(),
+            dst_service: self.service.clone(),
+            dst_pod: self.pod.clone(),
+            workload: self.workload.clone(),
+        }
+    }
 }
 
 /// What is known of a target's endpoints.
