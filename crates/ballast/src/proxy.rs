@@ -96,6 +96,16 @@ pub struct Args {
     #[arg(long, env = "BALLAST_PROXY_DISCOVERY_IDLE_TIMEOUT", default_value = "5s", value_parser = humantime_secs)]
     discovery_idle_timeout: Duration,
 
+    /// A traffic metric series (labelled by destination) unused this long is
+    /// no longer exported; scrapers must come more often than this.
+    #[arg(long, env = "BALLAST_PROXY_METRICS_RETENTION", default_value = "10m", value_parser = humantime_secs)]
+    metrics_retention: Duration,
+
+    /// Most series per traffic metric family; past it, the longest-unused
+    /// series is dropped (or a new one is not exported), and counted.
+    #[arg(long, env = "BALLAST_PROXY_METRICS_MAX_SERIES", default_value_t = defaults::DEFAULT_METRICS_MAX_SERIES)]
+    metrics_max_series: usize,
+
     /// Idle HTTP/1 connections to an endpoint close after this long.
     #[arg(long, env = "BALLAST_PROXY_HTTP1_POOL_IDLE_TIMEOUT", default_value = "3s", value_parser = humantime_secs)]
     http1_pool_idle_timeout: Duration,
@@ -311,7 +321,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     tracing::info!(destination = %args.destination_addr, "resolving through the destination controller");
 
     let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = ballast_proxy::Metrics::register(&mut registry);
+    let metrics = ballast_proxy::Metrics::register_with(
+        &mut registry,
+        ballast_proxy::metrics::SeriesLimits {
+            retention: args.metrics_retention,
+            max_series: args.metrics_max_series,
+        },
+    );
     ballast_admin::register_memory_metrics(&mut registry);
     let _sampler = ballast_admin::spawn_memory_sampler();
     // Listeners are bound: the proxy is ready to take traffic.

@@ -205,6 +205,22 @@ async fn grpc_unary_streaming_and_error_statuses_pass_through() {
         .or_else(|| a.headers.get("grpc-status"))
         .map(|v| v.as_bytes().to_vec());
     assert_eq!(status.as_deref(), Some(&b"5"[..]), "NOT_FOUND kept: {a:?}");
+
+    // response_total names gRPC's status, as Linkerd's dashboards read it.
+    let m = support::eventually("response_total with grpc_status_code 5", || async {
+        let m = proxy.metrics().await;
+        let not_found = m.sum(
+            "response_total",
+            &[("dst_service", "grpc"), ("grpc_status_code", "5")],
+        );
+        (not_found >= 2.0).then_some(m)
+    })
+    .await;
+    let ok = m.sum(
+        "response_total",
+        &[("grpc_status_code", "0"), ("classification", "success")],
+    );
+    assert!(ok >= 20.0, "grpc_status_code 0: {ok}\n{}", m.text);
 }
 
 async fn next(watch: &mut tonic::Streaming<HealthCheckResponse>) -> HealthCheckResponse {
@@ -279,4 +295,98 @@ async fn opaque_tcp_route_echoes_large_payloads_byte_for_byte() {
         "tcp bytes read {read}, written {written}; names: {:?}",
         metrics.names()
     );
+    // Each endpoint connection's lifetime is recorded when it closes.
+    support::eventually("six connection durations", || async {
+        let m = proxy.metrics().await;
+        let closed = m.sum(
+            "tcp_connection_duration_ms_count",
+            &[("peer", "dst"), ("dst_service", "echo")],
+        );
+        (closed == 6.0).then_some(())
+    })
+    .await;
+}
+
+/// Issue 9, defect 1: a Prometheus server scrapes every 10-30 s, so a
+/// service's counts must outlive the balancer that made them (dropped after
+/// `--discovery-idle-timeout`) and continue, not restart, when it comes back.
+#[tokio::test]
+async fn request_counts_outlive_the_idle_balancer_and_continue_after_it() {
+    let mesh = Mesh::start(1, &["--discovery-idle-timeout", "1s"]).await;
+    let web = [("dst_service", "web")];
+    let before = mesh.proxy.metrics().await.sum("request_total", &web);
+    assert!(before >= 1.0, "the route's first requests are counted");
+
+    // The balancer (and its resolution) goes once the target is idle.
+    support::eventually("the idle target's resolution to close", || async {
+        let m = mesh.proxy.metrics().await;
+        (m.sum("discovery_resolutions", &[]) == 0.0).then_some(())
+    })
+    .await;
+    let idle = mesh.proxy.metrics().await;
+    assert_eq!(
+        idle.sum("request_total", &web),
+        before,
+        "request_total for web is still exported, unchanged, after its balancer went:\n{}",
+        idle.text
+    );
+
+    let a = support::proxy::get(mesh.proxy.outbound, &mesh.web(), "/")
+        .await
+        .unwrap();
+    assert_eq!(a.status, StatusCode::OK, "{a:?}");
+    let after = mesh.proxy.metrics().await.sum("request_total", &web);
+    assert_eq!(after, before + 1.0, "a new balancer counts on from there");
+}
+
+/// Linkerd's dashboards group outbound traffic by the destination's
+/// workload: the controller's metric labels become `dst_*` labels on HTTP
+/// series and on the TCP series of the connections HTTP requests use.
+#[tokio::test]
+async fn outbound_series_carry_the_destination_workload_as_linkerd_labels() {
+    let cluster = Cluster::new();
+    let backends = support::proxy::start_backends("web", 1).await;
+    let addr = backends[0].addr();
+    support::write_atomic(
+        &cluster.path().join("pods-web.yaml"),
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web-5d8f9-x7k2p\n  namespace: {NS}\n\
+             \x20 labels: {{app: web, pod-template-hash: 5d8f9}}\n\
+             \x20 ownerReferences: [{{apiVersion: apps/v1, kind: ReplicaSet, name: web-5d8f9, uid: u-1, controller: true}}]\n\
+             spec:\n  serviceAccountName: web-sa\n\
+             \x20 containers: [{{name: main, ports: [{{name: http, containerPort: {port}}}]}}]\n\
+             status: {{phase: Running, podIP: {ip}, hostIP: 127.99.0.1}}\n",
+            port = addr.port(),
+            ip = addr.ip(),
+        ),
+    );
+    cluster.service("web", "web", "127.0.0.100", 80);
+    let controller = Controller::start(cluster.path(), &[]).await;
+    let proxy = Proxy::start(controller.grpc, &[]).await;
+    let web = authority("web", 80);
+    support::eventually("a 200 for web through the proxy", || async {
+        let a = support::proxy::get(proxy.outbound, &web, "/").await.ok()?;
+        (a.status == StatusCode::OK).then_some(())
+    })
+    .await;
+
+    let workload = [
+        ("dst_deployment", "web"),
+        ("dst_serviceaccount", "web-sa"),
+        ("dst_pod_template_hash", "5d8f9"),
+        ("dst_pod", "web-5d8f9-x7k2p"),
+    ];
+    let m = proxy.metrics().await;
+    for family in ["request_total", "response_total"] {
+        assert!(
+            m.sum(family, &workload) >= 1.0,
+            "{family} with {workload:?}:\n{}",
+            m.text
+        );
+    }
+    // The pool's connection to the pod counts as Linkerd's `peer="dst"`.
+    let mut dst = vec![("peer", "dst")];
+    dst.extend_from_slice(&workload);
+    assert!(m.sum("tcp_open_total", &dst) >= 1.0, "{}", m.text);
+    assert!(m.sum("tcp_write_bytes_total", &dst) >= 1.0, "{}", m.text);
 }

@@ -6,6 +6,7 @@ use prometheus_client::metrics::counter::Counter;
 use std::{
     io,
     pin::Pin,
+    sync::Arc,
     task::{Context, Poll},
 };
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -69,16 +70,17 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
     }
 }
 
-/// Counts bytes read from and written to a stream.
+/// Counts bytes read from and written to a stream. The counters are series
+/// handles: holding them keeps the series exported.
 #[derive(Debug)]
 pub struct Counted<T> {
     inner: T,
-    read: Counter,
-    written: Counter,
+    read: Arc<Counter>,
+    written: Arc<Counter>,
 }
 
 impl<T> Counted<T> {
-    pub fn new(inner: T, read: Counter, written: Counter) -> Self {
+    pub fn new(inner: T, read: Arc<Counter>, written: Arc<Counter>) -> Self {
         Self {
             inner,
             read,

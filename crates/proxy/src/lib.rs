@@ -79,6 +79,7 @@ pub async fn serve(
     );
     let (stop_tx, stop_rx) = watch::channel(false);
     let memory = MemoryLimit::start(config.memory_limit, metrics.clone());
+    let sweeper = spawn_metrics_sweeper(&metrics);
     let outbound = outbound::Outbound::new(
         config.outbound.clone(),
         discovery,
@@ -163,5 +164,19 @@ pub async fn serve(
     {
         tracing::info!("shutdown grace passed with connections still open; closing them");
     }
+    sweeper.abort();
     Ok(())
+}
+
+/// Drops the traffic metric series unused for the retention.
+fn spawn_metrics_sweeper(metrics: &Arc<Metrics>) -> tokio::task::JoinHandle<()> {
+    let metrics = metrics.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(metrics.sweep_period());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let now = tick.tick().await;
+            metrics.sweep(now);
+        }
+    })
 }

@@ -3,16 +3,25 @@
 //! that Linkerd's dashboards read them; the rest describe the control plane
 //! and the bounds.
 //!
-//! Cardinality is bounded: label sets name a target and an endpoint, and are
-//! removed when the endpoint leaves its target's set or the target is
-//! dropped.
+//! The traffic families (those labelled by destination) live as a
+//! Prometheus server expects: a series is never reset while it is exported,
+//! one nobody uses stays for `--metrics-retention`, and each family holds
+//! at most `--metrics-max-series` series ([`series`]).
+
+pub mod series;
+
+pub use series::{RetainedFamily, SeriesDrops, SeriesLimits};
 
 use prometheus_client::{
-    encoding::{EncodeLabelSet, EncodeLabelValue},
+    encoding::{EncodeLabelSet, EncodeLabelValue, LabelSetEncoder},
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
-use std::sync::{Arc, Mutex};
+use std::{
+    sync::{Arc, Mutex, OnceLock},
+    time::Duration,
+};
+use tokio::time::Instant;
 
 /// Linkerd's `response_latency_ms` buckets.
 const LATENCY_BUCKETS_MS: [f64; 25] = [
@@ -38,6 +47,49 @@ pub enum Peer {
     dst,
 }
 
+/// The workload of a destination pod, as Linkerd labels it: the pod's
+/// owner by kind, its service account and template hash. Shared, so that a
+/// copy of [`DstLabels`] costs one reference count, not seven.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct DstWorkload(pub Arc<WorkloadLabels>);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkloadLabels {
+    pub dst_deployment: Arc<str>,
+    pub dst_statefulset: Arc<str>,
+    pub dst_daemonset: Arc<str>,
+    pub dst_replicaset: Arc<str>,
+    pub dst_k8s_job: Arc<str>,
+    pub dst_serviceaccount: Arc<str>,
+    pub dst_pod_template_hash: Arc<str>,
+}
+
+impl DstWorkload {
+    /// No workload known: every label empty, made once.
+    pub fn none() -> Self {
+        static NONE: std::sync::OnceLock<DstWorkload> = std::sync::OnceLock::new();
+        NONE.get_or_init(|| {
+            let empty = empty_label();
+            DstWorkload(Arc::new(WorkloadLabels {
+                dst_deployment: empty.clone(),
+                dst_statefulset: empty.clone(),
+                dst_daemonset: empty.clone(),
+                dst_replicaset: empty.clone(),
+                dst_k8s_job: empty.clone(),
+                dst_serviceaccount: empty.clone(),
+                dst_pod_template_hash: empty,
+            }))
+        })
+        .clone()
+    }
+}
+
+impl EncodeLabelSet for DstWorkload {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+}
+
 /// The destination of traffic: Linkerd's `authority` and `dst_*` labels.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DstLabels {
@@ -46,6 +98,8 @@ pub struct DstLabels {
     pub dst_namespace: Arc<str>,
     pub dst_service: Arc<str>,
     pub dst_pod: Arc<str>,
+    #[prometheus(flatten)]
+    pub workload: DstWorkload,
 }
 
 /// The empty label value, shared: made once, not per connection.
@@ -64,6 +118,7 @@ impl DstLabels {
             dst_namespace: empty.clone(),
             dst_service: empty.clone(),
             dst_pod: empty,
+            workload: DstWorkload::none(),
         }
     }
 }
@@ -74,6 +129,9 @@ pub struct ResponseLabels {
     pub dst: DstLabels,
     pub classification: &'static str,
     pub status_code: u16,
+    /// gRPC's status (trailer, or header of a trailers-only answer); empty
+    /// for other responses.
+    pub grpc_status_code: Option<u32>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -105,61 +163,10 @@ pub struct BalancerLabels {
     pub endpoint_state: &'static str,
 }
 
-/// One balancer's share of the `balancer_endpoints` gauges: it adds and
-/// takes away its own endpoints, so that balancers sharing a series never
-/// overwrite each other.
-#[derive(Debug)]
-pub struct BalancerGauges {
-    ready: Gauge,
-    pending: Gauge,
-}
-
-impl BalancerGauges {
-    pub fn new(metrics: &Metrics, authority: Arc<str>, protocol: &'static str) -> Self {
-        let gauge = |endpoint_state| {
-            metrics
-                .balancer_endpoints
-                .get_or_create_owned(&BalancerLabels {
-                    authority: authority.clone(),
-                    protocol,
-                    endpoint_state,
-                })
-        };
-        Self {
-            ready: gauge("ready"),
-            pending: gauge("pending"),
-        }
-    }
-
-    fn of(&self, backing_off: bool) -> &Gauge {
-        if backing_off {
-            &self.pending
-        } else {
-            &self.ready
-        }
-    }
-
-    /// An endpoint joined the set.
-    pub fn joined(&self, backing_off: bool) {
-        self.of(backing_off).inc();
-    }
-
-    /// An endpoint left the set.
-    pub fn left(&self, backing_off: bool) {
-        self.of(backing_off).dec();
-    }
-
-    /// An endpoint in the set failed to connect.
-    pub fn became_pending(&self) {
-        self.ready.dec();
-        self.pending.inc();
-    }
-
-    /// An endpoint in the set connected again.
-    pub fn became_ready(&self) {
-        self.pending.dec();
-        self.ready.inc();
-    }
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SeriesDropLabels {
+    /// `retention` or `limit`.
+    pub reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -185,27 +192,46 @@ pub struct StreamLabels {
     pub rpc: &'static str,
 }
 
-type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
-
 fn latency_histogram() -> Histogram {
     Histogram::new(LATENCY_BUCKETS_MS)
+}
+
+/// Connection lifetimes, 1 ms to about a day, a bucket per decade.
+const DURATION_BUCKETS_MS: [f64; 9] = [
+    1.0,
+    10.0,
+    100.0,
+    1_000.0,
+    10_000.0,
+    100_000.0,
+    1_000_000.0,
+    10_000_000.0,
+    100_000_000.0,
+];
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(DURATION_BUCKETS_MS)
 }
 
 /// All of the proxy's metric families.
 #[derive(Debug)]
 pub struct Metrics {
-    pub request_total: Family<DstLabels, Counter>,
-    pub response_total: Family<ResponseLabels, Counter>,
-    pub response_latency_ms: HistogramFamily<DstLabels>,
-    pub tcp_open_total: Family<TcpLabels, Counter>,
-    pub tcp_open_connections: Family<TcpLabels, Gauge>,
-    pub tcp_read_bytes_total: Family<TcpLabels, Counter>,
-    pub tcp_write_bytes_total: Family<TcpLabels, Counter>,
-    pub tcp_close_total: Family<TcpCloseLabels, Counter>,
+    pub request_total: RetainedFamily<DstLabels, Counter>,
+    pub response_total: RetainedFamily<ResponseLabels, Counter>,
+    pub response_latency_ms: RetainedFamily<DstLabels, Histogram>,
+    pub tcp_open_total: RetainedFamily<TcpLabels, Counter>,
+    pub tcp_open_connections: RetainedFamily<TcpLabels, Gauge>,
+    pub tcp_read_bytes_total: RetainedFamily<TcpLabels, Counter>,
+    pub tcp_write_bytes_total: RetainedFamily<TcpLabels, Counter>,
+    pub tcp_close_total: RetainedFamily<TcpCloseLabels, Counter>,
+    /// Lifetimes of closed TCP connections.
+    pub tcp_connection_duration_ms: RetainedFamily<TcpCloseLabels, Histogram>,
     /// Proxy-made failures by reason: `failfast`, `queue_full`, `loop`, ...
     pub errors_total: Family<ErrorLabels, Counter>,
-    /// Endpoints per target, `ready` or `pending` (in connect backoff).
-    pub balancer_endpoints: Family<BalancerLabels, Gauge>,
+    /// Endpoints per target and protocol, `ready` or `pending` (in connect
+    /// backoff); balancers add and take back their own counts
+    /// ([`BalancerGauges`]).
+    pub balancer_endpoints: RetainedFamily<BalancerLabels, Gauge>,
     /// Targets currently in failfast.
     pub balancer_failfast: Gauge,
     /// Open resolutions (one per target in use or recently used).
@@ -246,22 +272,42 @@ pub struct Metrics {
     /// many streams reset by the proxy or by the client, and h2's other
     /// abuse limits).
     pub http2_calm_closed_total: Counter,
+    /// Series removed from the traffic families, by reason.
+    pub series_dropped_total: Family<SeriesDropLabels, Counter>,
+    limits: SeriesLimits,
 }
 
 impl Metrics {
-    /// Creates the families and registers them.
+    /// Creates the families with the default series limits and registers
+    /// them.
     pub fn register(registry: &mut Registry) -> Arc<Self> {
+        Self::register_with(registry, crate::config::default_series_limits())
+    }
+
+    /// Creates the families and registers them; `limits` bound the series of
+    /// the traffic families (those labelled by destination).
+    pub fn register_with(registry: &mut Registry, limits: SeriesLimits) -> Arc<Self> {
+        let series_dropped_total = Family::<SeriesDropLabels, Counter>::default();
+        let drops = SeriesDrops {
+            retention: series_dropped_total.get_or_create_owned(&SeriesDropLabels {
+                reason: "retention",
+            }),
+            limit: series_dropped_total.get_or_create_owned(&SeriesDropLabels { reason: "limit" }),
+        };
+        let counters = Counter::default;
+        let (l, d) = (limits, &drops);
         let m = Self {
-            request_total: Family::default(),
-            response_total: Family::default(),
-            response_latency_ms: Family::new_with_constructor(latency_histogram),
-            tcp_open_total: Family::default(),
-            tcp_open_connections: Family::default(),
-            tcp_read_bytes_total: Family::default(),
-            tcp_write_bytes_total: Family::default(),
-            tcp_close_total: Family::default(),
+            request_total: RetainedFamily::new(l, d.clone(), counters),
+            response_total: RetainedFamily::new(l, d.clone(), counters),
+            response_latency_ms: RetainedFamily::new(l, d.clone(), latency_histogram),
+            tcp_open_total: RetainedFamily::new(l, d.clone(), counters),
+            tcp_open_connections: RetainedFamily::new(l, d.clone(), Gauge::default),
+            tcp_read_bytes_total: RetainedFamily::new(l, d.clone(), counters),
+            tcp_write_bytes_total: RetainedFamily::new(l, d.clone(), counters),
+            tcp_close_total: RetainedFamily::new(l, d.clone(), counters),
+            tcp_connection_duration_ms: RetainedFamily::new(l, d.clone(), duration_histogram),
             errors_total: Family::default(),
-            balancer_endpoints: Family::default(),
+            balancer_endpoints: RetainedFamily::new(l, d.clone(), Gauge::default),
             balancer_failfast: Gauge::default(),
             resolutions: Gauge::default(),
             endpoints_dropped_total: Counter::default(),
@@ -280,6 +326,8 @@ impl Metrics {
             memory_shedding: Gauge::default(),
             http_idle_closed_total: Counter::default(),
             http2_calm_closed_total: Counter::default(),
+            series_dropped_total,
+            limits,
         };
         let r = registry;
         r.register("request", "Requests proxied", m.request_total.clone());
@@ -319,13 +367,18 @@ impl Metrics {
             m.tcp_close_total.clone(),
         );
         r.register(
+            "tcp_connection_duration_ms",
+            "Lifetimes of closed TCP connections, in milliseconds",
+            m.tcp_connection_duration_ms.clone(),
+        );
+        r.register(
             "proxy_errors",
             "Requests and connections failed by the proxy itself, by reason",
             m.errors_total.clone(),
         );
         r.register(
             "balancer_endpoints",
-            "Endpoints per target, ready or pending (in connect backoff)",
+            "Endpoints per target and protocol, ready or pending (in connect backoff)",
             m.balancer_endpoints.clone(),
         );
         r.register(
@@ -419,7 +472,33 @@ impl Metrics {
              --http2-max-local-error-resets or --http2-max-pending-accept-resets)",
             m.http2_calm_closed_total.clone(),
         );
+        r.register(
+            "metrics_series_dropped",
+            "Traffic metric series removed: unused for --metrics-retention, or past --metrics-max-series",
+            m.series_dropped_total.clone(),
+        );
         Arc::new(m)
+    }
+
+    /// Removes the traffic series nobody has used for the retention.
+    pub fn sweep(&self, now: Instant) {
+        self.request_total.sweep(now);
+        self.response_total.sweep(now);
+        self.response_latency_ms.sweep(now);
+        self.tcp_open_total.sweep(now);
+        self.tcp_open_connections.sweep(now);
+        self.tcp_read_bytes_total.sweep(now);
+        self.tcp_write_bytes_total.sweep(now);
+        self.tcp_close_total.sweep(now);
+        self.tcp_connection_duration_ms.sweep(now);
+        self.balancer_endpoints.sweep(now);
+    }
+
+    /// How often to [`sweep`](Self::sweep): often enough that a series goes
+    /// soon after its retention, rarely enough that walking every series
+    /// costs nothing to speak of.
+    pub fn sweep_period(&self) -> Duration {
+        (self.limits.retention / 60).clamp(Duration::from_secs(1), Duration::from_secs(10))
     }
 
     /// Counts a failure made by the proxy.
@@ -430,17 +509,33 @@ impl Metrics {
     }
 }
 
+/// Distinct responses (status, classification, gRPC status) whose handles
+/// one endpoint keeps; rarer ones are looked up per response.
+const CACHED_RESPONSES: usize = 16;
+
+/// gRPC's codes end at 16; a larger one from a peer is read as UNKNOWN (2),
+/// as gRPC itself reads it, so that a peer cannot make series without bound.
+fn grpc_code(code: u32) -> u32 {
+    if code <= 16 {
+        code
+    } else {
+        2
+    }
+}
+
+type ResponseKey = (u16, &'static str, Option<u32>);
+
 /// The per-request metric handles of one endpoint of one target, looked up
-/// once so that a request costs a few atomic adds. Dropping it removes its
-/// label sets.
+/// once so that a request costs a few atomic adds. The series outlive it
+/// (see [`series`]): a new balancer for the same endpoint counts on.
 #[derive(Debug)]
 pub struct HttpEndpointMetrics {
     metrics: Arc<Metrics>,
     labels: DstLabels,
-    requests: Counter,
-    latency: Histogram,
-    ok: Counter,
-    statuses: Mutex<Vec<(u16, &'static str)>>,
+    requests: Arc<Counter>,
+    latency: Arc<Histogram>,
+    ok: Arc<Counter>,
+    responses: Mutex<Vec<(ResponseKey, Arc<Counter>)>>,
 }
 
 /// Linkerd's classification of a response: 5xx and a non-zero `grpc-status`
@@ -454,12 +549,13 @@ pub fn classify(status: u16, grpc_status: Option<u32>) -> &'static str {
 
 impl HttpEndpointMetrics {
     pub fn new(metrics: Arc<Metrics>, labels: DstLabels) -> Self {
-        let requests = metrics.request_total.get_or_create_owned(&labels);
-        let latency = metrics.response_latency_ms.get_or_create_owned(&labels);
-        let ok = metrics.response_total.get_or_create_owned(&ResponseLabels {
+        let requests = metrics.request_total.get(&labels);
+        let latency = metrics.response_latency_ms.get(&labels);
+        let ok = metrics.response_total.get(&ResponseLabels {
             dst: labels.clone(),
             classification: "success",
             status_code: 200,
+            grpc_status_code: None,
         });
         Self {
             metrics,
@@ -467,7 +563,7 @@ impl HttpEndpointMetrics {
             requests,
             latency,
             ok,
-            statuses: Mutex::new(vec![(200, "success")]),
+            responses: Mutex::new(Vec::new()),
         }
     }
 
@@ -479,85 +575,205 @@ impl HttpEndpointMetrics {
         self.requests.inc();
     }
 
-    pub fn latency(&self, elapsed: std::time::Duration) {
+    pub fn latency(&self, elapsed: Duration) {
         self.latency.observe(elapsed.as_secs_f64() * 1000.0);
     }
 
-    pub fn response(&self, status: u16, classification: &'static str) {
-        if status == 200 && classification == "success" {
+    /// Counts a response that ended; `grpc_status` is `None` for one that
+    /// is not gRPC (or ended before its status came).
+    pub fn response(&self, status: u16, grpc_status: Option<u32>, classification: &'static str) {
+        let key = (status, classification, grpc_status.map(grpc_code));
+        if key == (200, "success", None) {
             self.ok.inc();
             return;
         }
-        {
-            let mut seen = self.statuses.lock().unwrap_or_else(|e| e.into_inner());
-            // Status codes are bounded (100..=999), and so is this list.
-            if !seen.contains(&(status, classification)) {
-                seen.push((status, classification));
-            }
+        let cached = |responses: &[(ResponseKey, Arc<Counter>)]| {
+            responses
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, c)| c.clone())
+        };
+        if let Some(c) = cached(&self.lock_responses()) {
+            c.inc();
+            return;
         }
-        self.metrics
-            .response_total
-            .get_or_create(&ResponseLabels {
-                dst: self.labels.clone(),
-                classification,
-                status_code: status,
-            })
-            .inc();
+        let counter = self.metrics.response_total.get(&ResponseLabels {
+            dst: self.labels.clone(),
+            classification,
+            status_code: status,
+            grpc_status_code: key.2,
+        });
+        counter.inc();
+        let mut responses = self.lock_responses();
+        if responses.len() < CACHED_RESPONSES && cached(&responses).is_none() {
+            responses.push((key, counter));
+        }
     }
-}
 
-impl Drop for HttpEndpointMetrics {
-    fn drop(&mut self) {
-        self.metrics.request_total.remove(&self.labels);
-        self.metrics.response_latency_ms.remove(&self.labels);
-        let seen = std::mem::take(self.statuses.get_mut().unwrap_or_else(|e| e.into_inner()));
-        for (status_code, classification) in seen {
-            self.metrics.response_total.remove(&ResponseLabels {
-                dst: self.labels.clone(),
-                classification,
-                status_code,
-            });
-        }
+    fn lock_responses(&self) -> std::sync::MutexGuard<'_, Vec<(ResponseKey, Arc<Counter>)>> {
+        self.responses.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 /// The TCP metric handles of one connection side.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct TcpMetrics {
     metrics: Arc<Metrics>,
     labels: TcpLabels,
-    pub read: Counter,
-    pub write: Counter,
-    open: Gauge,
+    pub read: Arc<Counter>,
+    pub write: Arc<Counter>,
+    open: Arc<Gauge>,
+    opened: Instant,
 }
 
 impl TcpMetrics {
     /// Counts a connection opened and returns its handles.
     pub fn open(metrics: &Arc<Metrics>, peer: Peer, dst: DstLabels) -> Self {
         let labels = TcpLabels { peer, dst };
-        metrics.tcp_open_total.get_or_create(&labels).inc();
-        let open = metrics.tcp_open_connections.get_or_create_owned(&labels);
+        metrics.tcp_open_total.get(&labels).inc();
+        let open = metrics.tcp_open_connections.get(&labels);
         open.inc();
         Self {
-            read: metrics.tcp_read_bytes_total.get_or_create_owned(&labels),
-            write: metrics.tcp_write_bytes_total.get_or_create_owned(&labels),
+            read: metrics.tcp_read_bytes_total.get(&labels),
+            write: metrics.tcp_write_bytes_total.get(&labels),
             metrics: metrics.clone(),
             labels,
             open,
+            opened: Instant::now(),
         }
     }
 
-    /// Counts the connection closed.
+    /// Counts the connection closed, and how long it lived.
     pub fn close(self, success: bool) {
         self.open.dec();
+        let labels = TcpCloseLabels {
+            peer: self.labels.peer,
+            dst: self.labels.dst,
+            classification: if success { "success" } else { "failure" },
+        };
+        self.metrics.tcp_close_total.get(&labels).inc();
+        let lived = self.opened.elapsed();
         self.metrics
-            .tcp_close_total
-            .get_or_create(&TcpCloseLabels {
-                peer: self.labels.peer,
-                dst: self.labels.dst.clone(),
-                classification: if success { "success" } else { "failure" },
-            })
-            .inc();
+            .tcp_connection_duration_ms
+            .get(&labels)
+            .observe(lived.as_secs_f64() * 1000.0);
+    }
+}
+
+/// What a balancer carries: Linkerd keeps HTTP and opaque balancers apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BalancerProtocol {
+    Http,
+    Tcp,
+}
+
+impl BalancerProtocol {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Http => "http",
+            Self::Tcp => "tcp",
+        }
+    }
+}
+
+/// One balancer's share of `balancer_endpoints`. Balancers of one target
+/// may live side by side (a new one made while connections still hold the
+/// old), so each adds and takes back only its own counts, and the gauge is
+/// their sum; dropping it takes its share back.
+#[derive(Debug)]
+pub struct BalancerGauges {
+    metrics: Arc<Metrics>,
+    authority: Arc<str>,
+    /// The exported gauges (ready, pending), once the protocol is known.
+    gauges: OnceLock<(Arc<Gauge>, Arc<Gauge>)>,
+    share: Mutex<Share>,
+}
+
+/// What one balancer has added to the gauges.
+#[derive(Debug, Default)]
+struct Share {
+    ready: i64,
+    pending: i64,
+}
+
+impl BalancerGauges {
+    pub fn new(metrics: Arc<Metrics>, authority: Arc<str>) -> Self {
+        Self {
+            metrics,
+            authority,
+            gauges: OnceLock::new(),
+            share: Mutex::new(Share::default()),
+        }
+    }
+
+    /// Names what the balancer carries; its counts are exported from then
+    /// on. The first call decides (a balancer carries one protocol).
+    pub fn bind(&self, protocol: BalancerProtocol) {
+        if self.gauges.get().is_some() {
+            return;
+        }
+        let share = self.lock();
+        let mut bound = false;
+        let (ready, pending) = self.gauges.get_or_init(|| {
+            bound = true;
+            let gauge = |endpoint_state| {
+                self.metrics.balancer_endpoints.get(&BalancerLabels {
+                    authority: self.authority.clone(),
+                    protocol: protocol.label(),
+                    endpoint_state,
+                })
+            };
+            (gauge("ready"), gauge("pending"))
+        });
+        if bound {
+            ready.inc_by(share.ready);
+            pending.inc_by(share.pending);
+        }
+    }
+
+    /// The balancer's endpoints now.
+    pub fn update(&self, ready: usize, pending: usize) {
+        let (ready, pending) = (ready as i64, pending as i64);
+        let mut share = self.lock();
+        self.add(ready - share.ready, pending - share.pending);
+        share.ready = ready;
+        share.pending = pending;
+    }
+
+    /// A ready endpoint went into connect backoff.
+    pub fn endpoint_pending(&self) {
+        let mut share = self.lock();
+        share.ready -= 1;
+        share.pending += 1;
+        self.add(-1, 1);
+    }
+
+    /// An endpoint in connect backoff connected.
+    pub fn endpoint_ready(&self) {
+        let mut share = self.lock();
+        share.ready += 1;
+        share.pending -= 1;
+        self.add(1, -1);
+    }
+
+    /// Called with the share locked, so that the gauges move in the order
+    /// the share does.
+    fn add(&self, ready: i64, pending: i64) {
+        if let Some((r, p)) = self.gauges.get() {
+            r.inc_by(ready);
+            p.inc_by(pending);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Share> {
+        self.share.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for BalancerGauges {
+    fn drop(&mut self) {
+        let share = std::mem::take(self.share.get_mut().unwrap_or_else(|e| e.into_inner()));
+        self.add(-share.ready, -share.pending);
     }
 }
 
@@ -574,22 +790,193 @@ mod tests {
         assert_eq!(classify(200, Some(14)), "failure");
     }
 
-    #[test]
-    fn endpoint_label_sets_leave_with_the_endpoint() {
-        let mut registry = Registry::default();
-        let metrics = Metrics::register(&mut registry);
+    fn scrape(registry: &Registry) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).expect("encode");
+        text
+    }
+
+    fn web_labels() -> DstLabels {
         let mut labels = DstLabels::unknown(Direction::outbound);
         labels.authority = Arc::from("web.shop.svc.cluster.local:80");
-        let ep = HttpEndpointMetrics::new(metrics.clone(), labels.clone());
+        labels
+    }
+
+    fn sample<'a>(text: &'a str, prefix: &str, containing: &[&str]) -> Option<&'a str> {
+        text.lines()
+            .find(|l| l.starts_with(prefix) && containing.iter().all(|c| l.contains(c)))
+    }
+
+    /// Issue 9, defect 1: a balancer dropped after the idle timeout took its
+    /// endpoints' series with it, and the next one counted from zero.
+    #[tokio::test(start_paused = true)]
+    async fn an_endpoints_series_outlive_it_and_the_next_one_counts_on() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let ep = HttpEndpointMetrics::new(metrics.clone(), web_labels());
         ep.request();
-        ep.response(503, "failure");
-        ep.response(200, "success");
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
-        assert!(text.contains("status_code=\"503\""), "{text}");
+        ep.response(503, None, "failure");
         drop(ep);
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        metrics.sweep(Instant::now());
+        let text = scrape(&registry);
+        assert!(
+            sample(&text, "request_total", &["web.shop"]).is_some_and(|l| l.ends_with(" 1")),
+            "{text}"
+        );
+        assert!(text.contains("status_code=\"503\""), "{text}");
+
+        let ep = HttpEndpointMetrics::new(metrics.clone(), web_labels());
+        ep.request();
+        let text = scrape(&registry);
+        assert!(
+            sample(&text, "request_total", &["web.shop"]).is_some_and(|l| l.ends_with(" 2")),
+            "{text}"
+        );
+        drop(ep);
+
+        // Unused for the whole retention, the series go, and say so.
+        let retention = crate::config::DEFAULT_METRICS_RETENTION;
+        metrics.sweep(Instant::now());
+        tokio::time::advance(retention).await;
+        metrics.sweep(Instant::now());
+        let text = scrape(&registry);
         assert!(!text.contains("web.shop"), "{text}");
+        assert!(
+            sample(&text, "metrics_series_dropped_total", &["retention"])
+                .is_some_and(|l| !l.ends_with(" 0")),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn grpc_responses_carry_their_status_code_and_others_none() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let ep = HttpEndpointMetrics::new(metrics.clone(), web_labels());
+        ep.response(200, Some(0), classify(200, Some(0)));
+        ep.response(200, Some(14), classify(200, Some(14)));
+        // A code gRPC does not define is read as UNKNOWN.
+        ep.response(200, Some(99_999), classify(200, Some(99_999)));
+        ep.response(200, None, classify(200, None));
+        let text = scrape(&registry);
+        let grpc = |code: &str| {
+            sample(
+                &text,
+                "response_total",
+                &[&format!("grpc_status_code=\"{code}\"")],
+            )
+            .unwrap_or_else(|| panic!("no response_total with grpc_status_code {code}:\n{text}"))
+        };
+        assert!(grpc("0").contains("classification=\"success\""));
+        assert!(grpc("14").contains("classification=\"failure\""));
+        assert!(grpc("2").ends_with(" 1"));
+        assert!(grpc("").contains("classification=\"success\""), "{text}");
+        assert!(!text.contains("99999"), "{text}");
+    }
+
+    #[test]
+    fn workload_labels_are_exported_as_linkerd_names_them() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let mut labels = web_labels();
+        let mut w = (*DstWorkload::none().0).clone();
+        w.dst_deployment = Arc::from("web");
+        w.dst_serviceaccount = Arc::from("web-sa");
+        w.dst_pod_template_hash = Arc::from("5d8f9");
+        labels.workload = DstWorkload(Arc::new(w));
+        TcpMetrics::open(&metrics, Peer::dst, labels.clone()).close(true);
+        HttpEndpointMetrics::new(metrics, labels).request();
+        let text = scrape(&registry);
+        for family in ["request_total", "tcp_open_total", "tcp_close_total"] {
+            let line = sample(&text, family, &["web.shop"])
+                .unwrap_or_else(|| panic!("no {family}:\n{text}"));
+            for label in [
+                "dst_deployment=\"web\"",
+                "dst_serviceaccount=\"web-sa\"",
+                "dst_pod_template_hash=\"5d8f9\"",
+                "dst_statefulset=\"\"",
+                "dst_daemonset=\"\"",
+                "dst_replicaset=\"\"",
+                "dst_k8s_job=\"\"",
+            ] {
+                assert!(line.contains(label), "{family} lacks {label}: {line}");
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_connection_records_how_long_it_lived() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let tcp = TcpMetrics::open(&metrics, Peer::dst, web_labels());
+        tokio::time::advance(Duration::from_millis(1500)).await;
+        tcp.close(false);
+        let text = scrape(&registry);
+        let count = sample(
+            &text,
+            "tcp_connection_duration_ms_count",
+            &["peer=\"dst\"", "classification=\"failure\""],
+        );
+        assert!(count.is_some_and(|l| l.ends_with(" 1")), "{text}");
+        let sum = sample(&text, "tcp_connection_duration_ms_sum", &["web.shop"]);
+        assert!(sum.is_some_and(|l| l.ends_with(" 1500.0")), "{text}");
+        let open = sample(&text, "tcp_open_connections", &["web.shop"]);
+        assert!(open.is_some_and(|l| l.ends_with(" 0")), "{text}");
+    }
+
+    fn gauge(metrics: &Metrics, protocol: &'static str, endpoint_state: &'static str) -> i64 {
+        metrics
+            .balancer_endpoints
+            .get(&BalancerLabels {
+                authority: Arc::from("web.shop.svc.cluster.local:80"),
+                protocol,
+                endpoint_state,
+            })
+            .get()
+    }
+
+    #[test]
+    fn balancers_of_one_authority_add_up_and_take_back_only_their_own() {
+        let metrics = Metrics::register(&mut Registry::default());
+        let authority: Arc<str> = Arc::from("web.shop.svc.cluster.local:80");
+        let http = BalancerGauges::new(metrics.clone(), authority.clone());
+        let tcp = BalancerGauges::new(metrics.clone(), authority.clone());
+        // Counts made before the protocol is known are exported with it.
+        http.update(3, 0);
+        http.bind(BalancerProtocol::Http);
+        tcp.bind(BalancerProtocol::Tcp);
+        tcp.update(2, 1);
+        assert_eq!(gauge(&metrics, "http", "ready"), 3);
+        assert_eq!(gauge(&metrics, "tcp", "ready"), 2);
+        assert_eq!(gauge(&metrics, "tcp", "pending"), 1);
+
+        // A second HTTP balancer of the same target (made while the first is
+        // still held) adds to the same series.
+        let http2 = BalancerGauges::new(metrics.clone(), authority);
+        http2.bind(BalancerProtocol::Http);
+        http2.update(3, 0);
+        http2.endpoint_pending();
+        assert_eq!(gauge(&metrics, "http", "ready"), 5);
+        assert_eq!(gauge(&metrics, "http", "pending"), 1);
+
+        drop(http);
+        assert_eq!(gauge(&metrics, "http", "ready"), 2);
+        assert_eq!(gauge(&metrics, "http", "pending"), 1);
+        assert_eq!(
+            gauge(&metrics, "tcp", "ready"),
+            2,
+            "the TCP balancer's share stays"
+        );
+        http2.endpoint_ready();
+        drop(http2);
+        drop(tcp);
+        for (protocol, state) in [
+            ("http", "ready"),
+            ("http", "pending"),
+            ("tcp", "ready"),
+            ("tcp", "pending"),
+        ] {
+            assert_eq!(gauge(&metrics, protocol, state), 0, "{protocol} {state}");
+        }
     }
 }

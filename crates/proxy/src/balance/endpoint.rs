@@ -42,13 +42,7 @@ pub struct EndpointState<C> {
 
 impl<C> EndpointState<C> {
     pub(super) fn new(endpoint: Endpoint, target: Arc<Target>, conns: C) -> Self {
-        let labels = DstLabels {
-            direction: target.direction,
-            authority: target.authority.clone(),
-            dst_namespace: endpoint.namespace.clone(),
-            dst_service: endpoint.service.clone(),
-            dst_pod: endpoint.pod.clone(),
-        };
+        let labels = endpoint.dst_labels(target.direction, target.authority.clone());
         Self {
             endpoint,
             labels,
@@ -108,7 +102,7 @@ impl<C> EndpointState<C> {
         let at = t.epoch_ms(Instant::now() + delay) + 1;
         let was = self.retry_at.swap(at, Ordering::Relaxed);
         if was == 0 && self.in_set.load(Ordering::Relaxed) {
-            t.gauges.became_pending();
+            t.gauges.endpoint_pending();
         }
     }
 
@@ -124,7 +118,7 @@ impl<C> EndpointState<C> {
             .unwrap_or_else(|e| e.into_inner())
             .reset();
         if self.retry_at.swap(0, Ordering::Relaxed) != 0 && self.in_set.load(Ordering::Relaxed) {
-            t.gauges.became_ready();
+            t.gauges.endpoint_ready();
         }
     }
 

@@ -22,7 +22,7 @@ pub use ewma::{decay_for, PeakEwma};
 
 use crate::{
     discovery::{EndpointSet, Resolution, SetState},
-    metrics::{BalancerGauges, Direction, Metrics},
+    metrics::{BalancerGauges, BalancerProtocol, Direction, Metrics},
     own::OwnListeners,
 };
 use arc_swap::ArcSwap;
@@ -136,8 +136,7 @@ struct Snapshot<C> {
 pub struct TargetName {
     pub authority: Arc<str>,
     pub direction: Direction,
-    /// `http` or `tcp`.
-    pub protocol: &'static str,
+    pub protocol: BalancerProtocol,
 }
 
 /// Makes the connection state of a new endpoint.
@@ -182,7 +181,7 @@ impl<C: Send + Sync + 'static> Balancer<C> {
     ) -> Self {
         let waiting = Semaphore::new(config.queue_capacity.min(Semaphore::MAX_PERMITS));
         let target = Arc::new(Target {
-            gauges: BalancerGauges::new(&metrics, name.authority.clone(), name.protocol),
+            gauges: BalancerGauges::new(metrics.clone(), name.authority.clone()),
             authority: name.authority,
             direction: name.direction,
             config,
@@ -190,6 +189,7 @@ impl<C: Send + Sync + 'static> Balancer<C> {
             typical: Typical::default(),
             gauges_lock: Mutex::new(()),
         });
+        target.gauges.bind(name.protocol);
         let mut changes = resolution.watch();
         let first = rebuild(
             &target,
@@ -239,14 +239,9 @@ async fn publish_changes<C>(
     let last = published.current.load_full();
     let _gauges = target.gauges_lock();
     for e in &last.endpoints {
-        leave_set(&target, e);
+        e.in_set.store(false, Ordering::Relaxed);
     }
-}
-
-fn leave_set<C>(target: &Target, e: &EndpointState<C>) {
-    if e.in_set.swap(false, Ordering::Relaxed) {
-        target.gauges.left(e.is_backing_off());
-    }
+    target.gauges.update(0, 0);
 }
 
 /// The next snapshot: endpoint state (latency, backoff, connections) carries
@@ -287,13 +282,14 @@ fn rebuild<C>(
     }
     let _gauges = target.gauges_lock();
     for gone in kept.values() {
-        leave_set(target, gone);
+        gone.in_set.store(false, Ordering::Relaxed);
     }
+    let mut pending = 0;
     for e in &endpoints {
-        if !e.in_set.swap(true, Ordering::Relaxed) {
-            target.gauges.joined(e.is_backing_off());
-        }
+        e.in_set.store(true, Ordering::Relaxed);
+        pending += usize::from(e.is_backing_off());
     }
+    target.gauges.update(endpoints.len() - pending, pending);
     Snapshot {
         endpoints,
         loops,

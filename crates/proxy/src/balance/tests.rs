@@ -45,7 +45,7 @@ fn balancer(initial: EndpointSet, config: BalanceConfig) -> Fixture {
         TargetName {
             authority: Arc::from("web.shop.svc.cluster.local:80"),
             direction: Direction::outbound,
-            protocol: "http",
+            protocol: BalancerProtocol::Http,
         },
         resolution,
         config,

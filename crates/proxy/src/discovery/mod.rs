@@ -29,6 +29,8 @@ pub struct Endpoint {
     pub namespace: Arc<str>,
     pub service: Arc<str>,
     pub pod: Arc<str>,
+    /// The pod's owner, service account and template hash, as metric labels.
+    pub workload: crate::metrics::DstWorkload,
 }
 
 impl Endpoint {
@@ -41,6 +43,23 @@ impl Endpoint {
             namespace: empty.clone(),
             service: empty.clone(),
             pod: empty,
+            workload: crate::metrics::DstWorkload::none(),
+        }
+    }
+
+    /// Metric labels for traffic to this endpoint of the target `authority`.
+    pub fn dst_labels(
+        &self,
+        direction: crate::metrics::Direction,
+        authority: Arc<str>,
+    ) -> crate::metrics::DstLabels {
+        crate::metrics::DstLabels {
+            direction,
+            authority,
+            dst_namespace: self.namespace.clone(),
+            dst_service: self.service.clone(),
+            dst_pod: self.pod.clone(),
+            workload: self.workload.clone(),
         }
     }
 }

@@ -33,6 +33,7 @@ impl Profile {
                 namespace: get("namespace"),
                 service: get("service"),
                 pod: get("pod"),
+                workload: crate::metrics::DstWorkload::none(),
             })
         });
         Self {

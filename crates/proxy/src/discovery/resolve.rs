@@ -3,6 +3,7 @@
 use super::{
     control::ControlPlane, stream, AbortOnDrop, Endpoint, EndpointSet, LastKnown, SetState,
 };
+use crate::metrics::{empty_label, DstWorkload, WorkloadLabels};
 use linkerd2_proxy_api::destination::{
     destination_client::DestinationClient, update, GetDestination, Update, WeightedAddr,
 };
@@ -109,13 +110,34 @@ impl ResolveState {
 }
 
 fn label(labels: &HashMap<String, String>, key: &str, default: Option<&String>) -> Arc<str> {
-    Arc::from(
-        labels
-            .get(key)
-            .or(default)
-            .map(String::as_str)
-            .unwrap_or(""),
-    )
+    match labels.get(key).or(default) {
+        Some(v) if !v.is_empty() => Arc::from(v.as_str()),
+        _ => empty_label(),
+    }
+}
+
+/// The workload labels of an endpoint, from the keys the controller sends
+/// (Linkerd's: the owner's kind, `serviceaccount`, `pod_template_hash`).
+fn workload(labels: &HashMap<String, String>) -> DstWorkload {
+    let get = |key| label(labels, key, None);
+    let w = WorkloadLabels {
+        dst_deployment: get("deployment"),
+        dst_statefulset: get("statefulset"),
+        dst_daemonset: get("daemonset"),
+        dst_replicaset: get("replicaset"),
+        // Linkerd's controller says `k8s_job` (`job` is Prometheus' own
+        // label); older ones said `job`.
+        dst_k8s_job: label(labels, "k8s_job", labels.get("job")),
+        dst_serviceaccount: get("serviceaccount"),
+        dst_pod_template_hash: get("pod_template_hash"),
+    };
+    let none = DstWorkload::none();
+    if w == *none.0 {
+        // Shares the one empty set: most endpoints outside Kubernetes.
+        none
+    } else {
+        DstWorkload(Arc::new(w))
+    }
 }
 
 /// The usable address of an endpoint from the wire.
@@ -137,6 +159,7 @@ fn endpoint(
         namespace: label(&addr.metric_labels, "namespace", namespace),
         service: label(&addr.metric_labels, "service", service),
         pod: label(&addr.metric_labels, "pod", None),
+        workload: workload(&addr.metric_labels),
     })
 }
 
@@ -396,6 +419,43 @@ mod tests {
         assert_eq!(&*e.namespace, "shop");
         assert_eq!(&*e.service, "web");
         assert_eq!(e.weight, 10_000);
+    }
+
+    #[test]
+    fn workload_labels_come_from_the_keys_the_controller_sends() {
+        let with = |pairs: &[(&str, &str)]| {
+            let mut u = add(&["10.0.0.1:80"]);
+            if let Some(update::Update::Add(set)) = &mut u.update {
+                for (k, v) in pairs {
+                    set.addrs[0]
+                        .metric_labels
+                        .insert(k.to_string(), v.to_string());
+                }
+            }
+            let mut s = ResolveState::new(10);
+            s.apply(u, true);
+            s.snapshot().endpoints[0].workload.clone()
+        };
+        let w = with(&[
+            ("deployment", "web"),
+            ("serviceaccount", "web-sa"),
+            ("pod_template_hash", "5d8f9"),
+            ("zone", ""),
+        ]);
+        assert_eq!(&*w.0.dst_deployment, "web");
+        assert_eq!(&*w.0.dst_serviceaccount, "web-sa");
+        assert_eq!(&*w.0.dst_pod_template_hash, "5d8f9");
+        assert_eq!(&*w.0.dst_statefulset, "");
+        assert_eq!(&*with(&[("statefulset", "db")]).0.dst_statefulset, "db");
+        assert_eq!(&*with(&[("daemonset", "agent")]).0.dst_daemonset, "agent");
+        assert_eq!(
+            &*with(&[("replicaset", "bare-rs")]).0.dst_replicaset,
+            "bare-rs"
+        );
+        assert_eq!(&*with(&[("k8s_job", "migrate")]).0.dst_k8s_job, "migrate");
+        assert_eq!(&*with(&[("job", "migrate")]).0.dst_k8s_job, "migrate");
+        // No workload labels: the one shared empty set, no allocation.
+        assert!(Arc::ptr_eq(&with(&[]).0, &DstWorkload::none().0));
     }
 
     #[test]

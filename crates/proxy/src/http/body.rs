@@ -57,10 +57,11 @@ impl Done {
         } else {
             "failure"
         };
-        self.endpoint
-            .conns
-            .metrics(&self.endpoint.labels)
-            .response(self.status, classification);
+        self.endpoint.conns.metrics(&self.endpoint.labels).response(
+            self.status,
+            self.grpc_status,
+            classification,
+        );
         if complete {
             if let Some((sender, pool)) = self.h1.take() {
                 self.endpoint.conns.put_h1(sender, &pool);

@@ -5,7 +5,8 @@
 use crate::{
     config::{HttpLimits, OutboundConfig},
     connect::{connect, ConnectError},
-    metrics::{DstLabels, HttpEndpointMetrics, Metrics},
+    io::Counted,
+    metrics::{DstLabels, HttpEndpointMetrics, Metrics, TcpMetrics},
 };
 use hyper::{
     body::Incoming,
@@ -20,7 +21,7 @@ use std::{
     },
     time::{Duration, Instant},
 };
-use tokio::sync::Notify;
+use tokio::{net::TcpStream, sync::Notify};
 
 /// Pool limits and timeouts.
 #[derive(Clone, Copy, Debug)]
@@ -80,6 +81,18 @@ impl Drop for Slot {
         self.open.fetch_sub(1, Ordering::AcqRel);
         self.freed.notify_one();
     }
+}
+
+/// Connects, then counts the connection and its bytes.
+async fn connect_counted(
+    addr: SocketAddr,
+    timeout: Duration,
+    tcp: impl FnOnce() -> TcpMetrics,
+) -> Result<(Counted<TcpStream>, TcpMetrics), ConnectError> {
+    let stream = connect(addr, timeout).await?;
+    let tcp = tcp();
+    let stream = Counted::new(stream, tcp.read.clone(), tcp.write.clone());
+    Ok((stream, tcp))
 }
 
 impl EndpointConns {
@@ -165,17 +178,19 @@ impl EndpointConns {
     /// Opens a new HTTP/1 connection, or waits until `deadline` for one to
     /// be returned when the endpoint is at its connection bound. The flag
     /// is true for a new connection.
+    /// `tcp` opens the new connection's metrics once it is connected.
     pub async fn connect_h1(
         &self,
         addr: SocketAddr,
         config: &PoolConfig,
         deadline: tokio::time::Instant,
+        tcp: impl FnOnce() -> TcpMetrics,
     ) -> Result<(http1::SendRequest<Incoming>, bool), ConnectError> {
         let slot = match self.h1_slot(addr, config, deadline).await? {
             Ok(slot) => slot,
             Err(pooled) => return Ok((pooled, false)),
         };
-        let stream = connect(addr, config.connect_timeout).await?;
+        let (stream, tcp) = connect_counted(addr, config.connect_timeout, tcp).await?;
         let limits = &config.limits;
         let mut builder = http1::Builder::new();
         builder
@@ -184,14 +199,19 @@ impl EndpointConns {
         if limits.h1_max_headers != crate::config::DEFAULT_HTTP1_MAX_HEADERS {
             builder.max_headers(limits.h1_max_headers);
         }
-        let (sender, conn) = builder
-            .handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| ConnectError::Handshake(addr, e))?;
+        let (sender, conn) = match builder.handshake(TokioIo::new(stream)).await {
+            Ok(handshaken) => handshaken,
+            Err(e) => {
+                tcp.close(false);
+                return Err(ConnectError::Handshake(addr, e));
+            }
+        };
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            let result = conn.await;
+            if let Err(e) = &result {
                 tracing::debug!(%addr, error = %e, "endpoint HTTP/1 connection ended");
             }
+            tcp.close(result.is_ok());
             drop(slot);
         });
         Ok((sender, true))
@@ -214,6 +234,7 @@ impl EndpointConns {
         addr: SocketAddr,
         config: &PoolConfig,
         deadline: tokio::time::Instant,
+        tcp: impl FnOnce() -> TcpMetrics,
     ) -> Result<http2::SendRequest<Incoming>, ConnectError> {
         if let Some(s) = self.open_h2() {
             return Ok(s);
@@ -231,8 +252,10 @@ impl EndpointConns {
             return Err(ConnectError::SharedAttemptFailed(addr));
         }
         attempts.made += 1;
-        let connected = tokio::time::timeout_at(deadline, self.connect_h2(addr, config)).await;
-        let result = connected.unwrap_or(Err(ConnectError::Deadline(addr)));
+        let connect = self.connect_h2(addr, config, tcp);
+        let result = tokio::time::timeout_at(deadline, connect)
+            .await
+            .unwrap_or(Err(ConnectError::Deadline(addr)));
         attempts.last_failed = result.is_err();
         result
     }
@@ -241,10 +264,11 @@ impl EndpointConns {
         &self,
         addr: SocketAddr,
         config: &PoolConfig,
+        tcp: impl FnOnce() -> TcpMetrics,
     ) -> Result<http2::SendRequest<Incoming>, ConnectError> {
-        let stream = connect(addr, config.connect_timeout).await?;
+        let (stream, tcp) = connect_counted(addr, config.connect_timeout, tcp).await?;
         let limits = &config.limits;
-        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+        let handshake = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .max_header_list_size(limits.h2_max_header_list_bytes)
             .max_frame_size(limits.h2_max_frame_bytes)
@@ -252,12 +276,20 @@ impl EndpointConns {
             .initial_connection_window_size(limits.h2_initial_connection_window_bytes)
             .max_send_buf_size(limits.h2_max_send_buffer_bytes)
             .handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| ConnectError::Handshake(addr, e))?;
+            .await;
+        let (sender, conn) = match handshake {
+            Ok(handshaken) => handshaken,
+            Err(e) => {
+                tcp.close(false);
+                return Err(ConnectError::Handshake(addr, e));
+            }
+        };
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            let result = conn.await;
+            if let Err(e) = &result {
                 tracing::debug!(%addr, error = %e, "endpoint HTTP/2 connection ended");
             }
+            tcp.close(result.is_ok());
         });
         *self.h2.lock().unwrap_or_else(|e| e.into_inner()) = Some(sender.clone());
         Ok(sender)

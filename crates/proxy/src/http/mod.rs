@@ -13,7 +13,7 @@ pub use conns::{EndpointConns, PoolConfig};
 use crate::{
     balance::{BalanceError, Balancer, EndpointState, InFlight, MAX_CONNECT_ATTEMPTS},
     connect::ConnectError,
-    metrics::{Direction, Metrics},
+    metrics::{Direction, Metrics, Peer, TcpMetrics},
 };
 use body::Done;
 use bytes::Bytes;
@@ -195,8 +195,10 @@ impl Forwarder {
     ) -> Attempt {
         let addr = endpoint.endpoint.addr;
         let metrics = endpoint.conns.metrics(&endpoint.labels);
+        // Endpoint connections count like TCP forwarding's (`peer="dst"`).
+        let tcp = || TcpMetrics::open(&self.metrics, Peer::dst, endpoint.labels.clone());
         if h2 {
-            let mut sender = match endpoint.conns.h2(addr, &self.pool, deadline).await {
+            let mut sender = match endpoint.conns.h2(addr, &self.pool, deadline, tcp).await {
                 Ok(s) => s,
                 Err(e) => return Attempt::Unsent(req, Some(e)),
             };
@@ -213,7 +215,11 @@ impl Forwarder {
         }
         let (mut sender, fresh) = match endpoint.conns.take_h1(&self.pool) {
             Some(s) => (s, false),
-            None => match endpoint.conns.connect_h1(addr, &self.pool, deadline).await {
+            None => match endpoint
+                .conns
+                .connect_h1(addr, &self.pool, deadline, tcp)
+                .await
+            {
                 Ok((s, fresh)) => {
                     if fresh {
                         endpoint.connect_succeeded();
@@ -286,7 +292,7 @@ impl Forwarder {
         endpoint
             .conns
             .metrics(&endpoint.labels)
-            .response(502, "failure");
+            .response(502, None, "failure");
         self.metrics.error(self.direction, "upstream");
         error_response(StatusCode::BAD_GATEWAY, "upstream")
     }

@@ -19,7 +19,7 @@ use crate::{
     http::{error_response, server, EndpointConns, Forwarder, HttpBalancer, Naming, PoolConfig},
     io::{read_prefix, Counted, Prefixed},
     memory::MemoryLimit,
-    metrics::{Direction, DstLabels, Metrics, Peer, TcpMetrics},
+    metrics::{BalancerProtocol, Direction, DstLabels, Metrics, Peer, TcpMetrics},
     orig_dst::original_dst,
     own::OwnListeners,
     tcp::{self, TcpBalancer},
@@ -99,7 +99,7 @@ impl Inbound {
         &self,
         target: SocketAddr,
         orig: SocketAddr,
-        protocol: &'static str,
+        protocol: BalancerProtocol,
         failfast_timeout: std::time::Duration,
         conns: MakeConns<C>,
     ) -> Balancer<C> {
@@ -140,14 +140,20 @@ impl Inbound {
         let conns: MakeConns<EndpointConns> = Arc::new(move || EndpointConns::new(metrics.clone()));
         let timeout = self.shared.http_failfast_timeout;
         self.refused(self.http_balancers.get_or_insert_with(&(target, orig), || {
-            self.make_balancer(target, orig, "http", timeout, conns)
+            self.make_balancer(target, orig, BalancerProtocol::Http, timeout, conns)
         }))
     }
 
     fn tcp_balancer(&self, target: SocketAddr, orig: SocketAddr) -> Option<Arc<TcpBalancer>> {
         let timeout = self.shared.tcp_failfast_timeout;
         self.refused(self.tcp_balancers.get_or_insert_with(&(target, orig), || {
-            self.make_balancer(target, orig, "tcp", timeout, Arc::new(|| ()))
+            self.make_balancer(
+                target,
+                orig,
+                BalancerProtocol::Tcp,
+                timeout,
+                Arc::new(|| ()),
+            )
         }))
     }
 

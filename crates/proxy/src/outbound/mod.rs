@@ -25,7 +25,7 @@ use crate::{
     },
     io::{read_prefix, Counted, Prefixed},
     memory::MemoryLimit,
-    metrics::{Direction, DstLabels, Metrics, Peer, TcpMetrics},
+    metrics::{BalancerProtocol, Direction, DstLabels, Metrics, Peer, TcpMetrics},
     orig_dst::original_dst,
     own::OwnListeners,
     tcp::{self, TcpBalancer},
@@ -145,7 +145,12 @@ impl Outbound {
         let metrics = self.metrics.clone();
         let conns: MakeConns<EndpointConns> = Arc::new(move || EndpointConns::new(metrics.clone()));
         self.http_balancers.get_or_insert_with(&target.key(), || {
-            self.make_balancer(target, "http", self.config.http_failfast_timeout, conns)
+            self.make_balancer(
+                target,
+                BalancerProtocol::Http,
+                self.config.http_failfast_timeout,
+                conns,
+            )
         })
     }
 
@@ -153,7 +158,7 @@ impl Outbound {
         self.tcp_balancers.get_or_insert_with(&target.key(), || {
             self.make_balancer(
                 target,
-                "tcp",
+                BalancerProtocol::Tcp,
                 self.config.tcp_failfast_timeout,
                 Arc::new(|| ()),
             )
@@ -163,7 +168,7 @@ impl Outbound {
     fn make_balancer<C: Send + Sync + 'static>(
         &self,
         target: &Target,
-        protocol: &'static str,
+        protocol: BalancerProtocol,
         failfast_timeout: std::time::Duration,
         conns: MakeConns<C>,
     ) -> Balancer<C> {
