@@ -2,9 +2,9 @@
 //! backends, steady traffic, and the controller killed while a backend is
 //! removed. Flags only; the scenario lives in `ballast-demo`.
 
-use crate::diagnostics::humantime_secs;
 use anyhow::Context;
 use ballast_demo::{DemoConfig, ViewMode};
+use ballast_flags::humantime_secs;
 use clap::Args as ClapArgs;
 use std::time::Duration;
 
@@ -63,7 +63,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // and the proxy it started rather than leaving them running.
     let outcome = tokio::select! {
         outcome = ballast_demo::run(config) => outcome?,
-        () = crate::signal::shutdown() => anyhow::bail!("the demo was interrupted"),
+        () = ballast_sidecar::signal::shutdown() => anyhow::bail!("the demo was interrupted"),
     };
     anyhow::ensure!(
         outcome.passed,

@@ -1,6 +1,5 @@
 //! `ballast destination`: flags, then wiring of source, store, gRPC and admin.
 
-use crate::diagnostics::humantime_secs;
 use anyhow::Context;
 use ballast_admin::{AdminServer, AdminState, Readiness};
 use ballast_destination::{
@@ -13,6 +12,7 @@ use ballast_destination::{
     },
     store::Store,
 };
+use ballast_flags::humantime_secs;
 use clap::Args as ClapArgs;
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use tokio::{net::TcpListener, sync::watch};
@@ -224,7 +224,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut grpc_task = tokio::spawn(server::serve(grpc, service, stopped(stop_rx.clone())));
 
     let outcome: anyhow::Result<()> = tokio::select! {
-        _ = crate::signal::shutdown() => Ok(()),
+        _ = ballast_sidecar::signal::shutdown() => Ok(()),
         r = &mut source => match r {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(e.context("source failed")),

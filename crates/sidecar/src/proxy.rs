@@ -1,9 +1,10 @@
-//! `ballast proxy`: flags, then wiring of listeners, admin and the proxy.
+//! `ballast proxy` (and `ballast-proxy`): flags, then wiring of listeners,
+//! admin and the proxy.
 
-use crate::diagnostics::humantime_secs;
 use anyhow::Context;
 use ballast_admin::{AdminServer, AdminState, Readiness};
 use ballast_backoff::BackoffConfig;
+use ballast_flags::{humantime_secs, parse_bytes};
 use ballast_proxy::config::{
     self as defaults, ControlConfig, HttpLimits, InboundConfig, OutboundConfig,
 };
@@ -226,27 +227,6 @@ pub struct Args {
     memory_limit: u64,
 }
 
-/// `1048576`, `512K`, `64M`, `1G`.
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (digits, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => t.split_at(i),
-        None => (t, ""),
-    };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{s:?} is not a byte count (e.g. 268435456, 256M, 1G)"))?;
-    let scale: u64 = match unit.trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 1,
-        "K" | "KI" | "KIB" => 1 << 10,
-        "M" | "MI" | "MIB" => 1 << 20,
-        "G" | "GI" | "GIB" => 1 << 30,
-        other => return Err(format!("unknown unit {other:?} in {s:?} (use K, M or G)")),
-    };
-    n.checked_mul(scale)
-        .ok_or_else(|| format!("{s:?} is too large"))
-}
-
 fn parse_tcp_route(s: &str) -> Result<(SocketAddr, String), String> {
     let (listen, authority) = s
         .split_once('=')
@@ -262,6 +242,23 @@ fn parse_tcp_route(s: &str) -> Result<(SocketAddr, String), String> {
         ));
     }
     Ok((listen, authority.to_string()))
+}
+
+/// Runs the proxy on a runtime of its own size: one thread by default, as a
+/// sidecar with one core.
+pub fn run_blocking(args: Args) -> anyhow::Result<()> {
+    let built = if args.workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(usize::from(args.workers))
+            .enable_all()
+            .build()
+    };
+    let runtime = built.context("cannot start the async runtime")?;
+    runtime.block_on(run(args))
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
