@@ -1,5 +1,5 @@
 use ballast_destination::diagnostics as diag;
-use ballast_flags::humantime_secs;
+use ballast_flags::TIMEOUT;
 use clap::{Args as ClapArgs, Subcommand, ValueEnum};
 use std::time::Duration;
 
@@ -22,7 +22,7 @@ pub struct Query {
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
     output: Output,
     /// How long to wait for the controller's first answer.
-    #[arg(long, default_value = "5s", value_parser = humantime_secs)]
+    #[arg(long, default_value = "5s", value_parser = TIMEOUT)]
     timeout: Duration,
 }
 
