@@ -148,6 +148,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
     ballast_admin::register_memory_metrics(&mut registry);
+    ballast_admin::register_process_metrics(&mut registry);
     let _sampler = ballast_admin::spawn_memory_sampler();
 
     let store = Store::new(

@@ -2,7 +2,7 @@
 //! admin and the proxy.
 
 use anyhow::Context;
-use ballast_admin::{AdminServer, AdminState, Readiness};
+use ballast_admin::{AdminServer, AdminState, Readiness, ShutdownRequest};
 use ballast_backoff::BackoffConfig;
 use ballast_flags::{bytes, fraction, BACKOFF, GIB, GRACE, KIB, MIB, TIMEOUT};
 use ballast_proxy::config::{
@@ -297,12 +297,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = ballast_proxy::Metrics::register(&mut registry);
     ballast_admin::register_memory_metrics(&mut registry);
+    ballast_admin::register_process_metrics(&mut registry);
+    ballast_admin::register_build_info(&mut registry, "proxy", env!("CARGO_PKG_VERSION"));
     let _sampler = ballast_admin::spawn_memory_sampler();
     // Listeners are bound: the proxy is ready to take traffic.
     let ready = Arc::new(AtomicBool::new(true));
     let (stop_tx, stop_rx) = watch::channel(false);
     let admin_addr = admin.local_addr()?;
-    let admin_state = AdminState::new(Arc::new(registry), Readiness::from_flag(ready));
+    // POST /shutdown (loopback only) stops the proxy as SIGTERM does: a Job's
+    // workload can end its sidecar when it is done.
+    let shutdown_request = ShutdownRequest::new();
+    let admin_state = AdminState::new(Arc::new(registry), Readiness::from_flag(ready))
+        .with_shutdown(shutdown_request.clone());
     let mut admin_stop = stop_rx.clone();
     let admin_task = tokio::spawn(AdminServer::new(admin_state).serve(admin, async move {
         let _ = admin_stop.wait_for(|s| *s).await;
@@ -372,7 +378,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         tcp_routes,
         admin: admin_addr,
     };
-    let result = ballast_proxy::serve(config, listeners, metrics, crate::signal::shutdown()).await;
+    let shutdown = async move {
+        tokio::select! {
+            () = crate::signal::shutdown() => {}
+            () = shutdown_request.requested() => {}
+        }
+    };
+    let result = ballast_proxy::serve(config, listeners, metrics, shutdown).await;
     let _ = stop_tx.send(true);
     let _ = admin_task.await;
     result.map_err(|e| anyhow::anyhow!(e))
