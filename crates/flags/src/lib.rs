@@ -128,7 +128,7 @@ pub fn show_duration(d: Duration) -> String {
     if d.is_zero() {
         return "0s".to_string();
     }
-    if d.subsec_nanos() % 1_000_000 != 0 {
+    if !d.subsec_nanos().is_multiple_of(1_000_000) {
         return format!("{d:?}");
     }
     for (unit, size) in [
@@ -137,7 +137,7 @@ pub fn show_duration(d: Duration) -> String {
         ("m", 60_000),
         ("s", 1000),
     ] {
-        if ms >= size && ms % size == 0 {
+        if ms >= size && ms.is_multiple_of(size) {
             return format!("{}{unit}", ms / size);
         }
     }
@@ -148,7 +148,7 @@ pub fn show_duration(d: Duration) -> String {
 /// with the count itself when that is not whole (`16777215`).
 pub fn show_bytes(n: u64) -> String {
     for (unit, size) in [("G", GIB), ("M", MIB), ("K", KIB)] {
-        if n >= size && n % size == 0 {
+        if n >= size && n.is_multiple_of(size) {
             return format!("{}{unit}", n / size);
         }
     }
