@@ -1,5 +1,6 @@
 //! The admin side of every Ballast process: a small HTTP/1.1 server answering
-//! `/live`, `/ready` and `/metrics`, and the process memory metrics it exports.
+//! `/live`, `/ready` and `/metrics` (and `POST /shutdown` where its owner
+//! enables it), and the process memory and process metrics it exports.
 //!
 //! ```no_run
 //! use std::sync::atomic::AtomicBool;
@@ -33,16 +34,19 @@
 #![warn(missing_docs)]
 
 mod memory;
+mod process;
 mod readiness;
 mod server;
 
 pub use memory::{
     register_memory_metrics, release_unused_memory, spawn_memory_sampler, MEMORY_SAMPLE_INTERVAL,
 };
+pub use process::{register_build_info, register_process_metrics};
 pub use readiness::Readiness;
 pub use server::{
-    serve, AdminServer, AdminState, DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_CONNECTION_AGE, DEFAULT_SHUTDOWN_GRACE, METRICS_CONTENT_TYPE,
+    serve, AdminServer, AdminState, ShutdownRequest, DEFAULT_HEADER_READ_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTION_AGE, DEFAULT_SHUTDOWN_GRACE,
+    METRICS_CONTENT_TYPE,
 };
 
 // The unit tests measure the allocator, so they run on jemalloc as the binary does.

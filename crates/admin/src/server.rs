@@ -1,4 +1,5 @@
-//! The admin HTTP/1.1 server: `/live`, `/ready`, `/metrics`.
+//! The admin HTTP/1.1 server: `/live`, `/ready`, `/metrics`, and where the
+//! owner enables it, `POST /shutdown`.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -19,7 +20,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::Readiness;
@@ -45,21 +46,55 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
 
-/// What the admin server serves: the metrics registry behind `/metrics` and
-/// the readiness check behind `/ready`. Cloning is cheap.
+/// What the admin server serves: the metrics registry behind `/metrics`,
+/// the readiness check behind `/ready` and, if enabled, the shutdown request
+/// behind `/shutdown`. Cloning is cheap.
 #[derive(Clone, Debug)]
 pub struct AdminState {
     registry: Arc<Registry>,
     readiness: Readiness,
+    shutdown: Option<ShutdownRequest>,
 }
 
 impl AdminState {
-    /// Serves `registry` on `/metrics` and asks `readiness` on `/ready`.
+    /// Serves `registry` on `/metrics` and asks `readiness` on `/ready`;
+    /// `/shutdown` is not served (404).
     pub fn new(registry: Arc<Registry>, readiness: Readiness) -> Self {
         Self {
             registry,
             readiness,
+            shutdown: None,
         }
+    }
+
+    /// Also serves `POST /shutdown`, which fires `request` (for a process
+    /// that should stop when its workload is done, as a Job's sidecar).
+    pub fn with_shutdown(mut self, request: ShutdownRequest) -> Self {
+        self.shutdown = Some(request);
+        self
+    }
+}
+
+/// A request to shut the process down, made by `POST /shutdown`; the owner
+/// waits on [`ShutdownRequest::requested`] beside its signal handlers.
+/// Clones share one request.
+#[derive(Clone, Debug, Default)]
+pub struct ShutdownRequest(Arc<Notify>);
+
+impl ShutdownRequest {
+    /// A request not made yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Resolves once the request is made (at once if it was made before).
+    pub async fn requested(&self) {
+        self.0.notified().await;
+    }
+
+    fn make(&self) {
+        // A stored permit: a waiter that starts waiting later still wakes.
+        self.0.notify_one();
     }
 }
 
@@ -71,7 +106,12 @@ impl AdminState {
 /// | `/ready` | `200 ready` when the [`Readiness`] says so, else `503 not ready` |
 /// | `/metrics` | `200`, the registry in OpenMetrics text ([`METRICS_CONTENT_TYPE`]) |
 ///
-/// Other methods on these paths get `405` (with `Allow: GET`), other paths
+/// With [`AdminState::with_shutdown`], `POST /shutdown` from a loopback peer
+/// answers `200 shutting down` and fires the [`ShutdownRequest`]; from any
+/// other peer it gets `403`, and other methods `405` (with `Allow: POST`).
+/// Without it, `/shutdown` is `404`.
+///
+/// Other methods on the GET paths get `405` (with `Allow: GET`), other paths
 /// `404`. Request bodies are never read.
 ///
 /// Besides the caller's registry, `/metrics` reports the server's own
@@ -258,7 +298,7 @@ async fn serve_connection(
     let connection = bounds.http.serve_connection(
         TokioIo::new(stream),
         service_fn(move |request: Request<Incoming>| {
-            std::future::ready(Ok::<_, Infallible>(service.respond(&request)))
+            std::future::ready(Ok::<_, Infallible>(service.respond(&request, peer)))
         }),
     );
     let mut connection = pin!(connection);
@@ -365,8 +405,11 @@ impl AdminService {
         }
     }
 
-    fn respond<B>(&self, request: &Request<B>) -> Response<Full<Bytes>> {
+    fn respond<B>(&self, request: &Request<B>, peer: SocketAddr) -> Response<Full<Bytes>> {
         let path = request.uri().path();
+        if path == "/shutdown" {
+            return self.shutdown(request.method(), peer);
+        }
         if !matches!(path, "/live" | "/ready" | "/metrics") {
             return text(StatusCode::NOT_FOUND, "not found\n");
         }
@@ -383,6 +426,31 @@ impl AdminService {
             "/ready" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
             _ => self.metrics(),
         }
+    }
+
+    /// `/shutdown`: only where enabled, only POST, only from this host (the
+    /// pod's own containers), so nothing off the pod can stop the proxy.
+    fn shutdown(&self, method: &Method, peer: SocketAddr) -> Response<Full<Bytes>> {
+        let Some(request) = &self.state.shutdown else {
+            return text(StatusCode::NOT_FOUND, "not found\n");
+        };
+        if method != Method::POST {
+            let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+            response
+                .headers_mut()
+                .insert(ALLOW, HeaderValue::from_static("POST"));
+            return response;
+        }
+        if !peer.ip().to_canonical().is_loopback() {
+            tracing::info!(%peer, "POST /shutdown refused: not from a loopback address");
+            return text(
+                StatusCode::FORBIDDEN,
+                "shutdown is only accepted from localhost\n",
+            );
+        }
+        tracing::info!(%peer, "POST /shutdown received; shutting down");
+        request.make();
+        text(StatusCode::OK, "shutting down\n")
     }
 
     fn metrics(&self) -> Response<Full<Bytes>> {
@@ -414,4 +482,77 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(TEXT_PLAIN));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(shutdown: Option<ShutdownRequest>) -> AdminService {
+        let mut state = AdminState::new(Arc::new(Registry::default()), Readiness::always());
+        if let Some(request) = shutdown {
+            state = state.with_shutdown(request);
+        }
+        AdminService::new(state)
+    }
+
+    fn request(method: Method) -> Request<()> {
+        let mut request = Request::new(());
+        *request.method_mut() = method;
+        *request.uri_mut() = http::Uri::from_static("/shutdown");
+        request
+    }
+
+    fn peer(addr: &str) -> SocketAddr {
+        addr.parse().expect("a socket address")
+    }
+
+    /// Whether `request` has been made, without waiting.
+    fn made(request: &ShutdownRequest) -> bool {
+        let waiting = request.requested();
+        let mut waiting = pin!(waiting);
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        waiting.as_mut().poll(&mut cx).is_ready()
+    }
+
+    #[test]
+    fn shutdown_from_a_non_loopback_peer_is_forbidden_and_not_made() {
+        let request = ShutdownRequest::new();
+        let svc = service(Some(request.clone()));
+        for from in ["10.1.2.3:5555", "[2001:db8::1]:5555", "[::ffff:10.0.0.1]:1"] {
+            let answer = svc.respond(&request_post(), peer(from));
+            assert_eq!(answer.status(), StatusCode::FORBIDDEN, "{from}");
+        }
+        assert!(!made(&request));
+    }
+
+    fn request_post() -> Request<()> {
+        request(Method::POST)
+    }
+
+    #[test]
+    fn shutdown_from_loopback_is_made_and_other_methods_are_405() {
+        let request = ShutdownRequest::new();
+        let svc = service(Some(request.clone()));
+        for method in [Method::GET, Method::PUT, Method::DELETE] {
+            let answer = svc.respond(&self::request(method.clone()), peer("127.0.0.1:1"));
+            assert_eq!(answer.status(), StatusCode::METHOD_NOT_ALLOWED, "{method}");
+            assert_eq!(answer.headers()[ALLOW], "POST");
+        }
+        assert!(!made(&request));
+        for from in ["127.0.0.1:40000", "[::1]:40000", "[::ffff:127.0.0.1]:40000"] {
+            let request = ShutdownRequest::new();
+            let svc = service(Some(request.clone()));
+            let answer = svc.respond(&request_post(), peer(from));
+            assert_eq!(answer.status(), StatusCode::OK, "{from}");
+            assert!(made(&request), "{from}");
+        }
+    }
+
+    #[test]
+    fn without_a_shutdown_request_the_path_does_not_exist() {
+        let answer = service(None).respond(&request_post(), peer("127.0.0.1:1"));
+        assert_eq!(answer.status(), StatusCode::NOT_FOUND);
+    }
 }

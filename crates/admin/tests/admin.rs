@@ -528,3 +528,93 @@ async fn shutdown_lets_a_request_in_flight_finish() {
         .expect("join")
         .expect("clean stop");
 }
+
+/// The value of the first sample of `name` (labelled or not) as a float.
+fn float(body: &str, name: &str) -> f64 {
+    body.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            let rest = match rest.strip_prefix('{') {
+                Some(labelled) => labelled.split_once("} ")?.1,
+                None => rest.strip_prefix(' ')?,
+            };
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no sample {name} in:\n{body}"))
+}
+
+#[tokio::test]
+async fn process_metrics_and_build_info_follow_prometheus_conventions() {
+    let mut registry = Registry::default();
+    ballast_admin::register_memory_metrics(&mut registry);
+    ballast_admin::register_process_metrics(&mut registry);
+    ballast_admin::register_build_info(&mut registry, "proxy", "1.2.3");
+    let server = Running::start(AdminServer::new(state(registry, Readiness::always()))).await;
+    let body = get(server.addr, "/metrics").await.body;
+
+    assert!(
+        body.contains("# TYPE process_cpu_seconds counter\n"),
+        "{body}"
+    );
+    assert!(float(&body, "process_cpu_seconds_total") >= 0.0);
+    let open = float(&body, "process_open_fds");
+    let max = float(&body, "process_max_fds");
+    assert!(open >= 3.0 && open <= max, "open {open}, max {max}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64();
+    let start = float(&body, "process_start_time_seconds");
+    assert!(
+        start > now - 3600.0 && start <= now + 60.0,
+        "started at {start}, now {now}"
+    );
+    assert!(
+        body.contains("\nproxy_build_info{version=\"1.2.3\"} 1\n"),
+        "{body}"
+    );
+
+    // Valid exposition: every metric family is described once, and no
+    // sample belongs to two families.
+    let mut families = std::collections::BTreeSet::new();
+    for line in body.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let name = rest.split_whitespace().next().expect("a name");
+            assert!(families.insert(name.to_string()), "{name} twice:\n{body}");
+        }
+    }
+    for family in &families {
+        let clashing: Vec<_> = families
+            .iter()
+            .filter(|other| {
+                *other != family
+                    && ["_total", "_created", "_bucket", "_count", "_sum", "_info"]
+                        .iter()
+                        .any(|suffix| **other == format!("{family}{suffix}"))
+            })
+            .collect();
+        assert!(clashing.is_empty(), "{family} clashes with {clashing:?}");
+    }
+    assert!(body.ends_with("# EOF\n"));
+    server.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn post_shutdown_from_loopback_makes_the_request_and_the_controller_has_none() {
+    let shutdown = ballast_admin::ShutdownRequest::new();
+    let with = state(Registry::default(), Readiness::always()).with_shutdown(shutdown.clone());
+    let server = Running::start(AdminServer::new(with)).await;
+    assert_eq!(get(server.addr, "/shutdown").await.status, 405);
+    let reply = request(server.addr, "POST", "/shutdown").await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    timeout(DEADLINE, shutdown.requested())
+        .await
+        .expect("POST /shutdown fires the request");
+    server.stop().await.expect("clean stop");
+
+    // An admin server without a shutdown request (the controller's) has no such path.
+    let server = Running::start(plain_server()).await;
+    assert_eq!(request(server.addr, "POST", "/shutdown").await.status, 404);
+    server.stop().await.expect("clean stop");
+}

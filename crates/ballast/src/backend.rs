@@ -28,7 +28,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot start backend {:?} on {}", args.name, args.addr))?;
     tracing::info!("backend {} listening on {}", backend.name(), backend.addr());
-    crate::signal::shutdown().await;
+    ballast_sidecar::signal::shutdown().await;
     tracing::info!(
         requests = backend.requests(),
         "backend {} stopped",

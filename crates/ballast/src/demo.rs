@@ -2,11 +2,14 @@
 //! backends, steady traffic, and the controller killed while a backend is
 //! removed. Flags only; the scenario lives in `ballast-demo`.
 
-use crate::diagnostics::humantime_secs;
 use anyhow::Context;
 use ballast_demo::{DemoConfig, ViewMode};
-use clap::Args as ClapArgs;
+use ballast_flags::{duration, HOUR};
+use clap::{builder::TypedValueParser, Args as ClapArgs};
 use std::time::Duration;
+
+/// Demo steps: long enough to see traffic, short enough to watch.
+const DEMO_STEP: ballast_flags::DurationRange = duration(Duration::from_millis(100), HOUR);
 
 #[derive(ClapArgs)]
 #[command(
@@ -18,24 +21,26 @@ Every flag can also be set by the environment variable shown."
 )]
 pub struct Args {
     /// Requests per second sent through the proxy.
-    #[arg(long, env = "BALLAST_DEMO_RPS", default_value_t = 200)]
+    #[arg(long, env = "BALLAST_DEMO_RPS", default_value_t = 200,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(ballast_demo::load::MAX_RPS)))]
     rps: u32,
 
     /// Keep-alive connections the requests are spread over.
-    #[arg(long, env = "BALLAST_DEMO_CONNECTIONS", default_value_t = 4)]
+    #[arg(long, env = "BALLAST_DEMO_CONNECTIONS", default_value_t = 4,
+          value_parser = clap::value_parser!(u64).range(1..=1024).map(|v| v as usize))]
     connections: usize,
 
     /// How long the controller stays down.
-    #[arg(long, env = "BALLAST_DEMO_DOWN_FOR", default_value = "10s", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_DEMO_DOWN_FOR", default_value = "10s", value_parser = DEMO_STEP)]
     down_for: Duration,
 
     /// Length of the steady steps (before the outage, and once converged).
-    #[arg(long, env = "BALLAST_DEMO_STEADY_FOR", default_value = "5s", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_DEMO_STEADY_FOR", default_value = "5s", value_parser = DEMO_STEP)]
     steady_for: Duration,
 
     /// Deadline for the proxy to stop sending to the removed backend once
     /// the controller is back.
-    #[arg(long, env = "BALLAST_DEMO_CONVERGE_WITHIN", default_value = "20s", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_DEMO_CONVERGE_WITHIN", default_value = "20s", value_parser = DEMO_STEP)]
     converge_within: Duration,
 
     /// Plain progress lines even on a terminal.
@@ -63,7 +68,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // and the proxy it started rather than leaving them running.
     let outcome = tokio::select! {
         outcome = ballast_demo::run(config) => outcome?,
-        () = crate::signal::shutdown() => anyhow::bail!("the demo was interrupted"),
+        () = ballast_sidecar::signal::shutdown() => anyhow::bail!("the demo was interrupted"),
     };
     anyhow::ensure!(
         outcome.passed,

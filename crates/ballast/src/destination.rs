@@ -1,6 +1,5 @@
 //! `ballast destination`: flags, then wiring of source, store, gRPC and admin.
 
-use crate::diagnostics::humantime_secs;
 use anyhow::Context;
 use ballast_admin::{AdminServer, AdminState, Readiness};
 use ballast_destination::{
@@ -13,6 +12,7 @@ use ballast_destination::{
     },
     store::Store,
 };
+use ballast_flags::{bytes, BACKOFF, GIB, GRACE, KIB, TIMEOUT};
 use clap::{builder::TypedValueParser, Args as ClapArgs};
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use tokio::{net::TcpListener, sync::watch};
@@ -58,23 +58,24 @@ pub struct Args {
 
     /// Objects per LIST page when listing the Kubernetes API.
     #[arg(long, env = "BALLAST_DESTINATION_KUBE_PAGE_SIZE", default_value_t = kube_source::DEFAULT_PAGE_SIZE,
-          value_parser = clap::value_parser!(u32).range(1..))]
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
     kube_page_size: u32,
 
     /// First retry delay after a Kubernetes API error; doubles per failure, with jitter.
-    #[arg(long, env = "BALLAST_DESTINATION_KUBE_BACKOFF_INITIAL", default_value = "800ms", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_DESTINATION_KUBE_BACKOFF_INITIAL", default_value = "800ms", value_parser = BACKOFF)]
     kube_backoff_initial: Duration,
 
     /// Longest retry delay after Kubernetes API errors.
-    #[arg(long, env = "BALLAST_DESTINATION_KUBE_BACKOFF_MAX", default_value = "30s", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_DESTINATION_KUBE_BACKOFF_MAX", default_value = "30s", value_parser = BACKOFF)]
     kube_backoff_max: Duration,
 
     /// Longest wait honoured from the API server's `429 Retry-After`.
-    #[arg(long, env = "BALLAST_DESTINATION_KUBE_MAX_RETRY_AFTER", default_value = "60s", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_DESTINATION_KUBE_MAX_RETRY_AFTER", default_value = "60s", value_parser = BACKOFF)]
     kube_max_retry_after: Duration,
 
     /// Largest manifest file read; larger files are refused with an error.
-    #[arg(long, env = "BALLAST_DESTINATION_MANIFESTS_MAX_FILE_BYTES", default_value_t = 16 * 1024 * 1024)]
+    #[arg(long, env = "BALLAST_DESTINATION_MANIFESTS_MAX_FILE_BYTES", default_value_t = 16 * 1024 * 1024,
+          value_parser = bytes::<u64>(KIB, GIB))]
     manifests_max_file_bytes: u64,
 
     /// The cluster's DNS domain, as in NAME.NS.svc.CLUSTER_DOMAIN.
@@ -118,12 +119,12 @@ pub struct Args {
 
     /// How long a stream with a full queue waits for its client to read
     /// before it is cut off.
-    #[arg(long, env = "BALLAST_DESTINATION_STREAM_SEND_WAIT", default_value = "1s", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_DESTINATION_STREAM_SEND_WAIT", default_value = "1s", value_parser = TIMEOUT)]
     stream_send_wait: Duration,
 
     /// Concurrent Get and GetProfile streams; past it new streams get RESOURCE_EXHAUSTED.
     #[arg(long, env = "BALLAST_DESTINATION_MAX_STREAMS", default_value_t = server::DEFAULT_MAX_STREAMS,
-          value_parser = clap::value_parser!(u32).range(1..))]
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     max_streams: u32,
 
     /// HTTP/2 streams one client connection may have open at once
@@ -152,7 +153,7 @@ pub struct Args {
     http2_max_header_list_bytes: u32,
 
     /// On SIGTERM, how long open streams and connections get to close before exit.
-    #[arg(long, env = "BALLAST_DESTINATION_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_DESTINATION_SHUTDOWN_GRACE", default_value = "10s", value_parser = GRACE)]
     shutdown_grace: Duration,
 }
 
@@ -172,6 +173,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
     ballast_admin::register_memory_metrics(&mut registry);
+    ballast_admin::register_process_metrics(&mut registry);
     let _sampler = ballast_admin::spawn_memory_sampler();
 
     let store = Store::new(
@@ -253,7 +255,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut grpc_task = tokio::spawn(server::serve(grpc, service, stopped(stop_rx.clone())));
 
     let outcome: anyhow::Result<()> = tokio::select! {
-        _ = crate::signal::shutdown() => Ok(()),
+        _ = ballast_sidecar::signal::shutdown() => Ok(()),
         r = &mut source => match r {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(e.context("source failed")),

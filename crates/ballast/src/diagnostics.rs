@@ -1,4 +1,5 @@
 use ballast_destination::diagnostics as diag;
+use ballast_flags::TIMEOUT;
 use clap::{Args as ClapArgs, Subcommand, ValueEnum};
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ pub struct Query {
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
     output: Output,
     /// How long to wait for the controller's first answer.
-    #[arg(long, default_value = "5s", value_parser = humantime_secs)]
+    #[arg(long, default_value = "5s", value_parser = TIMEOUT)]
     timeout: Duration,
 }
 
@@ -29,23 +30,6 @@ pub struct Query {
 enum Output {
     Table,
     Json,
-}
-
-pub fn humantime_secs(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .map(|i| s.split_at(i))
-        .unwrap_or((s, "s"));
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (e.g. 500ms, 5s, 2m)"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        _ => return Err(format!("{s:?}: unit must be ms, s or m")),
-    };
-    Duration::try_from_secs_f64(secs).map_err(|e| format!("{s:?}: {e}"))
 }
 
 pub async fn run(cmd: Command) -> anyhow::Result<()> {

@@ -6,11 +6,8 @@ mod backend;
 mod demo;
 mod destination;
 mod diagnostics;
-mod init;
-mod logging;
-mod proxy;
-mod signal;
 
+use ballast_sidecar::{init, logging, proxy};
 use clap::{Parser, Subcommand};
 
 // jemalloc bounds fragmentation and lets /metrics report allocated/resident.
@@ -60,43 +57,27 @@ fn main() -> std::process::ExitCode {
         eprintln!("ballast: {e}");
         return std::process::ExitCode::from(2);
     }
-    // Init only runs iptables: no runtime.
-    let command = match cli.command {
-        Command::Init(args) => return exit(init::run(*args)),
-        other => other,
+    let result = match cli.command {
+        Command::Destination(args) => on_runtime(destination::run(*args)),
+        // The proxy sizes its own runtime; init only runs iptables.
+        Command::Proxy(args) => proxy::run_blocking(*args),
+        Command::Init(args) => init::run(*args),
+        Command::Diagnostics(cmd) => on_runtime(diagnostics::run(cmd)),
+        Command::Backend(args) => on_runtime(backend::run(args)),
+        Command::Demo(args) => on_runtime(demo::run(args)),
     };
-    // The proxy sizes its own runtime: one thread by default, as a sidecar
-    // with one core.
-    let built = match &command {
-        Command::Proxy(args) if args.workers == 1 => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build(),
-        Command::Proxy(args) => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(usize::from(args.workers))
-            .enable_all()
-            .build(),
-        _ => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build(),
-    };
-    let runtime = match built {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("ballast: cannot start the async runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let result = runtime.block_on(async {
-        match command {
-            Command::Destination(args) => destination::run(*args).await,
-            Command::Proxy(args) => proxy::run(*args).await,
-            Command::Diagnostics(cmd) => diagnostics::run(cmd).await,
-            Command::Backend(args) => backend::run(args).await,
-            Command::Demo(args) => demo::run(args).await,
-            Command::Init(args) => init::run(*args),
-        }
-    });
     exit(result)
+}
+
+/// Runs `command` on a multi-threaded runtime.
+fn on_runtime(
+    command: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))?
+        .block_on(command)
 }
 
 fn exit(result: anyhow::Result<()>) -> std::process::ExitCode {

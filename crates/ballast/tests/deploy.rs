@@ -1,5 +1,7 @@
 //! The manifests in deploy/ parse, and grant the controller exactly what its
 //! watchers read: get, list and watch on the kinds they watch, nothing more.
+//! (The sidecar example is checked against `ballast-proxy` in
+//! crates/sidecar/tests/deploy.rs.)
 
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -142,112 +144,4 @@ fn the_deployment_is_probed_bounded_and_unprivileged() {
             "{flag} is not a flag of ballast destination"
         );
     }
-}
-
-fn sidecar_pod() -> Value {
-    let path =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/examples/sidecar.yaml");
-    let text = std::fs::read_to_string(&path).unwrap();
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
-    docs[0]["spec"]["template"]["spec"].clone()
-}
-
-/// The container of `list` (e.g. `containers`) whose first arg is `command`.
-fn container<'a>(pod: &'a Value, list: &str, command: &str) -> &'a Value {
-    pod[list]
-        .as_array()
-        .unwrap_or_else(|| panic!("the sidecar example has no {list}"))
-        .iter()
-        .find(|c| c["args"][0] == command)
-        .unwrap_or_else(|| panic!("no `ballast {command}` in {list}"))
-}
-
-/// Every flag and environment variable `c` passes is one `ballast COMMAND` has.
-fn assert_flags_exist(c: &Value, command: &str) {
-    let help = std::process::Command::new(env!("CARGO_BIN_EXE_ballast"))
-        .args([command, "--help"])
-        .output()
-        .unwrap();
-    let help = String::from_utf8_lossy(&help.stdout);
-    for arg in c["args"].as_array().unwrap().iter().skip(1) {
-        let flag = arg.as_str().unwrap().split('=').next().unwrap();
-        assert!(
-            help.contains(&format!("{flag} ")) || help.contains(&format!("{flag}\n")),
-            "`ballast {command}` has no flag {flag}"
-        );
-    }
-    for env in c["env"].as_array().into_iter().flatten() {
-        let name = env["name"].as_str().unwrap();
-        assert!(
-            name == "BALLAST_LOG" || help.contains(name),
-            "`ballast {command}` reads no {name}"
-        );
-    }
-}
-
-/// The value of `--NAME=VALUE` in `c`'s args.
-fn flag<'a>(c: &'a Value, name: &str) -> Option<&'a str> {
-    c["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|a| a.as_str()?.strip_prefix(name)?.strip_prefix('='))
-        .next_back()
-}
-
-fn port_of(addr: &str) -> &str {
-    addr.rsplit(':').next().unwrap()
-}
-
-#[test]
-fn the_sidecar_example_passes_flags_the_proxy_has_and_is_probed() {
-    let pod = sidecar_pod();
-    let proxy = container(&pod, "containers", "proxy");
-    assert_eq!(proxy["livenessProbe"]["httpGet"]["path"], "/live");
-    assert_eq!(proxy["readinessProbe"]["httpGet"]["path"], "/ready");
-    assert!(proxy["resources"]["limits"]["memory"].is_string());
-    assert_flags_exist(proxy, "proxy");
-}
-
-#[test]
-fn the_sidecar_example_redirects_to_the_proxys_ports_and_exempts_its_uid() {
-    let pod = sidecar_pod();
-    let init = container(&pod, "initContainers", "init");
-    assert_flags_exist(init, "init");
-    let security = &init["securityContext"];
-    assert_eq!(security["runAsUser"], 0, "iptables needs root");
-    let added: BTreeSet<&str> = security["capabilities"]["add"]
-        .as_array()
-        .expect("capabilities added")
-        .iter()
-        .map(|c| c.as_str().unwrap())
-        .collect();
-    assert_eq!(added, BTreeSet::from(["NET_ADMIN", "NET_RAW"]));
-    assert_eq!(security["capabilities"]["drop"][0], "ALL");
-    assert_eq!(security["privileged"], false);
-
-    // The init container's ports and uid are the proxy's.
-    let proxy = container(&pod, "containers", "proxy");
-    assert_eq!(
-        proxy["securityContext"]["runAsUser"]
-            .as_u64()
-            .map(|u| u.to_string()),
-        Some(flag(init, "--proxy-uid").unwrap_or("2102").to_string()),
-        "the proxy runs as the uid init exempts"
-    );
-    assert_eq!(
-        flag(init, "--outgoing-proxy-port").unwrap_or("4140"),
-        port_of(flag(proxy, "--outbound-addr").unwrap_or("127.0.0.1:4140"))
-    );
-    assert_eq!(
-        flag(init, "--incoming-proxy-port").unwrap_or("4143"),
-        port_of(flag(proxy, "--inbound-addr").unwrap_or("0.0.0.0:4143"))
-    );
-    // The probes reach the admin port directly, not through the inbound proxy.
-    let admin = port_of(flag(proxy, "--admin-addr").unwrap_or("127.0.0.1:4191"));
-    let ignored = flag(init, "--inbound-ports-to-ignore").unwrap_or("4190,4191,4567,4568");
-    assert!(
-        ignored.split(',').any(|p| p == admin),
-        "admin port {admin} not in --inbound-ports-to-ignore {ignored}"
-    );
 }

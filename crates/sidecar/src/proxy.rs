@@ -1,9 +1,10 @@
-//! `ballast proxy`: flags, then wiring of listeners, admin and the proxy.
+//! `ballast proxy` (and `ballast-proxy`): flags, then wiring of listeners,
+//! admin and the proxy.
 
-use crate::diagnostics::humantime_secs;
 use anyhow::Context;
-use ballast_admin::{AdminServer, AdminState, Readiness};
+use ballast_admin::{AdminServer, AdminState, Readiness, ShutdownRequest};
 use ballast_backoff::BackoffConfig;
+use ballast_flags::{bytes, fraction, BACKOFF, GIB, GRACE, KIB, MIB, TIMEOUT};
 use ballast_proxy::config::{
     self as defaults, ControlConfig, HttpLimits, InboundConfig, OutboundConfig,
 };
@@ -64,93 +65,101 @@ pub struct Args {
     pod_namespace: String,
 
     /// How long to wait for a client's first bytes to tell HTTP from opaque TCP.
-    #[arg(long, env = "BALLAST_PROXY_DETECT_TIMEOUT", default_value = "10s", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_PROXY_DETECT_TIMEOUT", default_value = "10s", value_parser = TIMEOUT)]
     detect_timeout: Duration,
 
     /// Timeout of one connect to an endpoint.
-    #[arg(long, env = "BALLAST_PROXY_CONNECT_TIMEOUT", default_value = "1s", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_PROXY_CONNECT_TIMEOUT", default_value = "1s", value_parser = TIMEOUT)]
     connect_timeout: Duration,
 
     /// First delay before an endpoint whose connect failed is tried again.
-    #[arg(long, env = "BALLAST_PROXY_CONNECT_BACKOFF_MIN", default_value = "100ms", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_PROXY_CONNECT_BACKOFF_MIN", default_value = "100ms", value_parser = BACKOFF)]
     connect_backoff_min: Duration,
 
     /// Longest delay before an endpoint whose connects fail is tried again.
-    #[arg(long, env = "BALLAST_PROXY_CONNECT_BACKOFF_MAX", default_value = "500ms", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_PROXY_CONNECT_BACKOFF_MAX", default_value = "500ms", value_parser = BACKOFF)]
     connect_backoff_max: Duration,
 
     /// How long an HTTP request waits for a ready endpoint before a 503.
-    #[arg(long, env = "BALLAST_PROXY_HTTP_FAILFAST_TIMEOUT", default_value = "3s", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_PROXY_HTTP_FAILFAST_TIMEOUT", default_value = "3s", value_parser = TIMEOUT)]
     http_failfast_timeout: Duration,
 
     /// How long a TCP connection waits for a ready endpoint before it is closed.
-    #[arg(long, env = "BALLAST_PROXY_TCP_FAILFAST_TIMEOUT", default_value = "3s", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_PROXY_TCP_FAILFAST_TIMEOUT", default_value = "3s", value_parser = TIMEOUT)]
     tcp_failfast_timeout: Duration,
 
     /// Requests (or connections) that may wait for an endpoint, per target;
     /// more get a 503 (or are closed) at once.
-    #[arg(long, env = "BALLAST_PROXY_QUEUE_CAPACITY", default_value_t = defaults::DEFAULT_QUEUE_CAPACITY)]
+    #[arg(long, env = "BALLAST_PROXY_QUEUE_CAPACITY", default_value_t = defaults::DEFAULT_QUEUE_CAPACITY,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
     queue_capacity: usize,
 
     /// A target unused this long loses its resolution and connections.
-    #[arg(long, env = "BALLAST_PROXY_DISCOVERY_IDLE_TIMEOUT", default_value = "5s", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_PROXY_DISCOVERY_IDLE_TIMEOUT", default_value = "5s", value_parser = TIMEOUT)]
     discovery_idle_timeout: Duration,
 
     /// A traffic metric series (labelled by destination) unused this long is
     /// no longer exported; scrapers must come more often than this.
-    #[arg(long, env = "BALLAST_PROXY_METRICS_RETENTION", default_value = "10m", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_PROXY_METRICS_RETENTION", default_value = "10m", value_parser = TIMEOUT)]
     metrics_retention: Duration,
 
     /// Most series per traffic metric family; past it, the longest-unused
     /// series is dropped (or a new one is not exported), and counted.
-    #[arg(long, env = "BALLAST_PROXY_METRICS_MAX_SERIES", default_value_t = defaults::DEFAULT_METRICS_MAX_SERIES)]
+    #[arg(long, env = "BALLAST_PROXY_METRICS_MAX_SERIES", default_value_t = defaults::DEFAULT_METRICS_MAX_SERIES,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
     metrics_max_series: usize,
 
     /// Idle HTTP/1 connections to an endpoint close after this long.
-    #[arg(long, env = "BALLAST_PROXY_HTTP1_POOL_IDLE_TIMEOUT", default_value = "3s", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_PROXY_HTTP1_POOL_IDLE_TIMEOUT", default_value = "3s", value_parser = TIMEOUT)]
     http1_pool_idle_timeout: Duration,
 
     /// Idle HTTP/1 connections kept per endpoint.
-    #[arg(long, env = "BALLAST_PROXY_HTTP1_POOL_MAX_IDLE", default_value_t = defaults::DEFAULT_HTTP1_POOL_MAX_IDLE)]
+    #[arg(long, env = "BALLAST_PROXY_HTTP1_POOL_MAX_IDLE", default_value_t = defaults::DEFAULT_HTTP1_POOL_MAX_IDLE,
+          value_parser = clap::value_parser!(u64).range(0..=100_000).map(|v| v as usize))]
     http1_pool_max_idle: usize,
 
     /// Endpoints kept per target; the controller's further adds are dropped and counted.
-    #[arg(long, env = "BALLAST_PROXY_MAX_ENDPOINTS_PER_TARGET", default_value_t = defaults::DEFAULT_MAX_ENDPOINTS_PER_TARGET)]
+    #[arg(long, env = "BALLAST_PROXY_MAX_ENDPOINTS_PER_TARGET", default_value_t = defaults::DEFAULT_MAX_ENDPOINTS_PER_TARGET,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
     max_endpoints_per_target: usize,
 
     /// Targets (services, pods, addresses) resolved at once.
-    #[arg(long, env = "BALLAST_PROXY_MAX_TARGETS", default_value_t = defaults::DEFAULT_MAX_TARGETS)]
+    #[arg(long, env = "BALLAST_PROXY_MAX_TARGETS", default_value_t = defaults::DEFAULT_MAX_TARGETS,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
     max_targets: usize,
 
     /// How long the last-known endpoints of a target stay usable while the
     /// controller cannot confirm them: a target used again while the
     /// controller is away starts from them (see discovery_stale_seconds).
-    #[arg(long, env = "BALLAST_PROXY_STALE_ENDPOINTS_GRACE", default_value = "60m", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_PROXY_STALE_ENDPOINTS_GRACE", default_value = "60m", value_parser = TIMEOUT)]
     stale_endpoints_grace: Duration,
 
     /// Connections open at once per listener; more are closed at accept.
-    #[arg(long, env = "BALLAST_PROXY_MAX_CONNECTIONS", default_value_t = defaults::DEFAULT_MAX_CONNECTIONS)]
+    #[arg(long, env = "BALLAST_PROXY_MAX_CONNECTIONS", default_value_t = defaults::DEFAULT_MAX_CONNECTIONS,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
     max_connections: usize,
 
     /// First delay between attempts to reach the controller.
-    #[arg(long, env = "BALLAST_PROXY_CONTROL_BACKOFF_MIN", default_value = "100ms", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_PROXY_CONTROL_BACKOFF_MIN", default_value = "100ms", value_parser = BACKOFF)]
     control_backoff_min: Duration,
 
     /// Longest delay between attempts to reach the controller.
-    #[arg(long, env = "BALLAST_PROXY_CONTROL_BACKOFF_MAX", default_value = "10s", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_PROXY_CONTROL_BACKOFF_MAX", default_value = "10s", value_parser = BACKOFF)]
     control_backoff_max: Duration,
 
     /// Fraction of each control-plane delay that is random (0 to 1).
-    #[arg(long, env = "BALLAST_PROXY_CONTROL_BACKOFF_JITTER", default_value_t = defaults::DEFAULT_CONTROL_BACKOFF_JITTER)]
+    #[arg(long, env = "BALLAST_PROXY_CONTROL_BACKOFF_JITTER", default_value_t = defaults::DEFAULT_CONTROL_BACKOFF_JITTER,
+          value_parser = fraction)]
     control_backoff_jitter: f64,
 
     /// Largest message accepted from the controller, in bytes.
-    #[arg(long, env = "BALLAST_PROXY_CONTROL_MAX_MESSAGE_BYTES", default_value_t = defaults::DEFAULT_CONTROL_MAX_MESSAGE_BYTES)]
+    #[arg(long, env = "BALLAST_PROXY_CONTROL_MAX_MESSAGE_BYTES", default_value_t = defaults::DEFAULT_CONTROL_MAX_MESSAGE_BYTES,
+          value_parser = bytes::<usize>(16 * KIB, GIB))]
     control_max_message_bytes: usize,
 
     /// How long a new transparent connection waits for its profile before it
     /// is routed to its original destination without one.
-    #[arg(long, env = "BALLAST_PROXY_PROFILE_TIMEOUT", default_value = "500ms", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_PROXY_PROFILE_TIMEOUT", default_value = "500ms", value_parser = TIMEOUT)]
     profile_timeout: Duration,
 
     /// Worker threads (1: a single-threaded runtime, as a sidecar with one core).
@@ -159,7 +168,7 @@ pub struct Args {
     pub workers: u16,
 
     /// On SIGTERM, how long open connections get to finish before exit.
-    #[arg(long, env = "BALLAST_PROXY_SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_PROXY_SHUTDOWN_GRACE", default_value = "30s", value_parser = GRACE)]
     shutdown_grace: Duration,
 
     /// Workload port for inbound connections that were not redirected by
@@ -178,7 +187,7 @@ pub struct Args {
     /// bytes; a larger request gets 431 and the connection closes. Also
     /// bounds each connection's read buffer.
     #[arg(long, env = "BALLAST_PROXY_HTTP1_MAX_HEADER_BYTES", default_value_t = defaults::DEFAULT_HTTP1_MAX_HEADER_BYTES,
-          value_parser = clap::value_parser!(u64).range(1024..=16 * 1024 * 1024).map(|v| v as usize))]
+          value_parser = bytes::<usize>(8 * KIB, 16 * MIB))]
     http1_max_header_bytes: usize,
 
     /// Most headers in one HTTP/1 head; more gets 431.
@@ -189,39 +198,39 @@ pub struct Args {
     /// Time for a whole HTTP/1 request head to arrive once the connection is
     /// ready for one (new, or idle between requests); then it is closed.
     /// Cuts slowloris heads, and bounds keep-alive idle time.
-    #[arg(long, env = "BALLAST_PROXY_HTTP1_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_PROXY_HTTP1_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = TIMEOUT)]
     http1_header_read_timeout: Duration,
 
     /// Concurrent streams a client may open on one HTTP/2 connection.
     #[arg(long, env = "BALLAST_PROXY_HTTP2_MAX_CONCURRENT_STREAMS", default_value_t = defaults::DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
-          value_parser = clap::value_parser!(u32).range(1..))]
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     http2_max_concurrent_streams: u32,
 
     /// Largest HTTP/2 header list (decoded), in bytes.
     #[arg(long, env = "BALLAST_PROXY_HTTP2_MAX_HEADER_LIST_BYTES", default_value_t = defaults::DEFAULT_HTTP2_MAX_HEADER_LIST_BYTES,
-          value_parser = clap::value_parser!(u32).range(1024..))]
+          value_parser = bytes::<u32>(KIB, 16 * MIB))]
     http2_max_header_list_bytes: u32,
 
     /// Largest HTTP/2 frame accepted, in bytes (16384 to 16777215).
     #[arg(long, env = "BALLAST_PROXY_HTTP2_MAX_FRAME_BYTES", default_value_t = defaults::DEFAULT_HTTP2_MAX_FRAME_BYTES,
-          value_parser = clap::value_parser!(u32).range(16_384..=16_777_215))]
+          value_parser = bytes::<u32>(16 * KIB, 16 * MIB - 1))]
     http2_max_frame_bytes: u32,
 
     /// HTTP/2 flow-control window per stream: bytes a peer may send on one
     /// stream before the proxy has passed them on.
     #[arg(long, env = "BALLAST_PROXY_HTTP2_INITIAL_STREAM_WINDOW_BYTES", default_value_t = defaults::DEFAULT_HTTP2_INITIAL_STREAM_WINDOW_BYTES,
-          value_parser = clap::value_parser!(u32).range(1..=2_147_483_647))]
+          value_parser = bytes::<u32>(1, (1 << 31) - 1))]
     http2_initial_stream_window_bytes: u32,
 
     /// HTTP/2 flow-control window per connection (all streams together).
     #[arg(long, env = "BALLAST_PROXY_HTTP2_INITIAL_CONNECTION_WINDOW_BYTES", default_value_t = defaults::DEFAULT_HTTP2_INITIAL_CONNECTION_WINDOW_BYTES,
-          value_parser = clap::value_parser!(u32).range(1..=2_147_483_647))]
+          value_parser = bytes::<u32>(65_535, (1 << 31) - 1))]
     http2_initial_connection_window_bytes: u32,
 
     /// Bytes buffered for sending per HTTP/2 stream; a peer that does not
     /// read makes the proxy wait, not buffer.
     #[arg(long, env = "BALLAST_PROXY_HTTP2_MAX_SEND_BUFFER_BYTES", default_value_t = defaults::DEFAULT_HTTP2_MAX_SEND_BUFFER_BYTES,
-          value_parser = clap::value_parser!(u64).range(1024..=64 * 1024 * 1024).map(|v| v as usize))]
+          value_parser = bytes::<usize>(KIB, 64 * MIB))]
     http2_max_send_buffer_bytes: usize,
 
     /// Streams one client HTTP/2 connection may make the proxy reset
@@ -240,41 +249,20 @@ pub struct Args {
 
     /// A client HTTP/2 connection with no request for this long gets GOAWAY
     /// and closes (HTTP/1 is bounded by --http1-header-read-timeout).
-    #[arg(long, env = "BALLAST_PROXY_HTTP_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime_secs)]
+    #[arg(long, env = "BALLAST_PROXY_HTTP_IDLE_TIMEOUT", default_value = "60s", value_parser = TIMEOUT)]
     http_idle_timeout: Duration,
 
     /// HTTP/1 connections open at once to one endpoint; a request that finds
     /// none free waits until its failfast deadline, then gets 503.
     #[arg(long, env = "BALLAST_PROXY_MAX_CONNECTIONS_PER_ENDPOINT", default_value_t = defaults::DEFAULT_MAX_CONNECTIONS_PER_ENDPOINT,
-          value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
     max_connections_per_endpoint: usize,
 
     /// Allocated memory (bytes; K, M, G suffixes as powers of 1024) at which
     /// new connections are closed at accept and new requests get 503, until
     /// it falls back. 0: no limit.
-    #[arg(long, env = "BALLAST_PROXY_MEMORY_LIMIT", default_value = "0", value_parser = parse_bytes)]
+    #[arg(long, env = "BALLAST_PROXY_MEMORY_LIMIT", default_value = "0", value_parser = bytes::<u64>(MIB, 1 << 40).or_zero())]
     memory_limit: u64,
-}
-
-/// `1048576`, `512K`, `64M`, `1G`.
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (digits, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => t.split_at(i),
-        None => (t, ""),
-    };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{s:?} is not a byte count (e.g. 268435456, 256M, 1G)"))?;
-    let scale: u64 = match unit.trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 1,
-        "K" | "KI" | "KIB" => 1 << 10,
-        "M" | "MI" | "MIB" => 1 << 20,
-        "G" | "GI" | "GIB" => 1 << 30,
-        other => return Err(format!("unknown unit {other:?} in {s:?} (use K, M or G)")),
-    };
-    n.checked_mul(scale)
-        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 fn parse_tcp_route(s: &str) -> Result<(SocketAddr, String), String> {
@@ -292,6 +280,23 @@ fn parse_tcp_route(s: &str) -> Result<(SocketAddr, String), String> {
         ));
     }
     Ok((listen, authority.to_string()))
+}
+
+/// Runs the proxy on a runtime of its own size: one thread by default, as a
+/// sidecar with one core.
+pub fn run_blocking(args: Args) -> anyhow::Result<()> {
+    let built = if args.workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(usize::from(args.workers))
+            .enable_all()
+            .build()
+    };
+    let runtime = built.context("cannot start the async runtime")?;
+    runtime.block_on(run(args))
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -329,12 +334,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         },
     );
     ballast_admin::register_memory_metrics(&mut registry);
+    ballast_admin::register_process_metrics(&mut registry);
+    ballast_admin::register_build_info(&mut registry, "proxy", env!("CARGO_PKG_VERSION"));
     let _sampler = ballast_admin::spawn_memory_sampler();
     // Listeners are bound: the proxy is ready to take traffic.
     let ready = Arc::new(AtomicBool::new(true));
     let (stop_tx, stop_rx) = watch::channel(false);
     let admin_addr = admin.local_addr()?;
-    let admin_state = AdminState::new(Arc::new(registry), Readiness::from_flag(ready));
+    // POST /shutdown (loopback only) stops the proxy as SIGTERM does: a Job's
+    // workload can end its sidecar when it is done.
+    let shutdown_request = ShutdownRequest::new();
+    let admin_state = AdminState::new(Arc::new(registry), Readiness::from_flag(ready))
+        .with_shutdown(shutdown_request.clone());
     let mut admin_stop = stop_rx.clone();
     let admin_task = tokio::spawn(AdminServer::new(admin_state).serve(admin, async move {
         let _ = admin_stop.wait_for(|s| *s).await;
@@ -407,7 +418,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         tcp_routes,
         admin: admin_addr,
     };
-    let result = ballast_proxy::serve(config, listeners, metrics, crate::signal::shutdown()).await;
+    let shutdown = async move {
+        tokio::select! {
+            () = crate::signal::shutdown() => {}
+            () = shutdown_request.requested() => {}
+        }
+    };
+    let result = ballast_proxy::serve(config, listeners, metrics, shutdown).await;
     let _ = stop_tx.send(true);
     let _ = admin_task.await;
     result.map_err(|e| anyhow::anyhow!(e))

@@ -1,142 +1,27 @@
-//! `ballast init`: the iptables nat rules that send a pod's TCP through its
-//! sidecar proxy, set in the current network namespace.
-//!
-//! Two chains of our own, `BALLAST_INBOUND` (jumped to from PREROUTING) and
-//! `BALLAST_OUTBOUND` (from OUTPUT), are flushed and refilled on every run in
-//! one `iptables-restore --noflush` transaction; the jumps to them are added
-//! only when missing, so running it again leaves exactly one set of rules.
-//! What to write is decided by pure functions ([`Rules::restore_input`]);
-//! only [`run`] reads or changes the kernel's tables.
+//! The rule model: what to redirect and what to leave alone, and the
+//! `iptables-restore` input that brings a nat table to exactly that. Pure:
+//! no IO, so every rule is unit-tested here.
 
-use anyhow::{bail, Context};
-use clap::{Args as ClapArgs, ValueEnum};
-use std::{
-    fmt,
-    io::Write,
-    net::Ipv4Addr,
-    path::{Path, PathBuf},
-    process::{Command, Stdio},
-    str::FromStr,
-};
+use std::{fmt, net::Ipv4Addr, str::FromStr};
 
+/// Our chain for TCP arriving at the pod, jumped to from PREROUTING.
 pub const INBOUND_CHAIN: &str = "BALLAST_INBOUND";
+/// Our chain for TCP the pod opens, jumped to from OUTPUT.
 pub const OUTBOUND_CHAIN: &str = "BALLAST_OUTBOUND";
+
+/// The proxy's inbound listener port (Linkerd's).
+pub const DEFAULT_INCOMING_PROXY_PORT: u16 = 4143;
+/// The proxy's outbound listener port (Linkerd's).
+pub const DEFAULT_OUTGOING_PROXY_PORT: u16 = 4140;
+/// The uid the proxy runs as (Linkerd's).
+pub const DEFAULT_PROXY_UID: u32 = 2102;
+/// The proxy's own control and admin ports, and 4567,4568, as Linkerd ignores them.
+pub const DEFAULT_INBOUND_PORTS_TO_IGNORE: &str = "4190,4191,4567,4568";
+/// Outbound ports Linkerd leaves alone by default.
+pub const DEFAULT_OUTBOUND_PORTS_TO_IGNORE: &str = "4567,4568";
 
 /// iptables' multiport match takes at most 15 ports (a range counts two).
 const MULTIPORT_LIMIT: usize = 15;
-
-/// CAP_NET_ADMIN's bit in /proc/self/status `CapEff`.
-const CAP_NET_ADMIN: u32 = 12;
-
-#[derive(ClapArgs, Debug)]
-#[command(
-    after_help = "Inbound: TCP arriving at the pod (PREROUTING) goes to the proxy's \
-incoming port, except the --inbound-ports-to-ignore and sources in --subnets-to-ignore. \
-Outbound: TCP the pod opens (OUTPUT) goes to the proxy's outgoing port, except the proxy's \
-own (--proxy-uid, --proxy-gid), anything leaving through loopback, the \
---outbound-ports-to-ignore and destinations in --outbound-subnets-to-ignore.\n\
-Needs root or CAP_NET_ADMIN (and CAP_NET_RAW for legacy iptables); --dry-run needs neither.\n\
-Every flag can also be set by the environment variable shown."
-)]
-pub struct Args {
-    /// Port of the proxy's inbound listener: incoming TCP is redirected there.
-    #[arg(
-        long,
-        env = "BALLAST_INIT_INCOMING_PROXY_PORT",
-        default_value_t = 4143,
-        value_parser = clap::value_parser!(u16).range(1..)
-    )]
-    incoming_proxy_port: u16,
-
-    /// Port of the proxy's outbound listener: the workload's TCP is redirected there.
-    #[arg(
-        long,
-        env = "BALLAST_INIT_OUTGOING_PROXY_PORT",
-        default_value_t = 4140,
-        value_parser = clap::value_parser!(u16).range(1..)
-    )]
-    outgoing_proxy_port: u16,
-
-    /// User id the proxy runs as: its connections are never redirected (no loops).
-    #[arg(long, env = "BALLAST_INIT_PROXY_UID", default_value_t = 2102)]
-    proxy_uid: u32,
-
-    /// Group id whose connections are never redirected either (unset: none).
-    #[arg(long, env = "BALLAST_INIT_PROXY_GID")]
-    proxy_gid: Option<u32>,
-
-    /// Inbound ports redirected to the proxy, comma-separated, ranges as
-    /// LOW-HIGH (empty: every port).
-    #[arg(long, env = "BALLAST_INIT_PORTS_TO_REDIRECT", default_value = "")]
-    ports_to_redirect: PortList,
-
-    /// Inbound ports (and LOW-HIGH ranges) never redirected, comma-separated;
-    /// the defaults are the proxy's own control and admin ports and 4567,4568.
-    #[arg(
-        long,
-        env = "BALLAST_INIT_INBOUND_PORTS_TO_IGNORE",
-        default_value = "4190,4191,4567,4568"
-    )]
-    inbound_ports_to_ignore: PortList,
-
-    /// Outbound destination ports (and LOW-HIGH ranges) never redirected, comma-separated.
-    #[arg(
-        long,
-        env = "BALLAST_INIT_OUTBOUND_PORTS_TO_IGNORE",
-        default_value = "4567,4568"
-    )]
-    outbound_ports_to_ignore: PortList,
-
-    /// Source networks (IPv4 CIDRs, comma-separated) whose incoming TCP is not redirected.
-    #[arg(long, env = "BALLAST_INIT_SUBNETS_TO_IGNORE", default_value = "")]
-    subnets_to_ignore: SubnetList,
-
-    /// Destination networks (IPv4 CIDRs, comma-separated) the workload reaches
-    /// directly, not through the proxy.
-    #[arg(
-        long,
-        env = "BALLAST_INIT_OUTBOUND_SUBNETS_TO_IGNORE",
-        default_value = ""
-    )]
-    outbound_subnets_to_ignore: SubnetList,
-
-    /// Print the rules a first run applies (iptables-restore input) and change nothing.
-    #[arg(long, visible_alias = "simulate", env = "BALLAST_INIT_DRY_RUN")]
-    dry_run: bool,
-
-    /// Which iptables to run: `plain` (iptables-save/-restore on PATH, whatever
-    /// their backend), `legacy` (iptables-legacy-*) or `nft` (iptables-nft-*).
-    /// Use the backend the node's kube-proxy uses.
-    #[arg(
-        long,
-        env = "BALLAST_INIT_IPTABLES_MODE",
-        value_enum,
-        default_value_t = IptablesMode::Plain
-    )]
-    iptables_mode: IptablesMode,
-
-    /// Wait for the xtables lock instead of failing when another process holds it.
-    #[arg(long, env = "BALLAST_INIT_USE_WAIT_FLAG")]
-    use_wait_flag: bool,
-}
-
-#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-pub enum IptablesMode {
-    Plain,
-    Legacy,
-    Nft,
-}
-
-impl IptablesMode {
-    /// The save and restore programs of this mode.
-    fn programs(self) -> (&'static str, &'static str) {
-        match self {
-            IptablesMode::Plain => ("iptables-save", "iptables-restore"),
-            IptablesMode::Legacy => ("iptables-legacy-save", "iptables-legacy-restore"),
-            IptablesMode::Nft => ("iptables-nft-save", "iptables-nft-restore"),
-        }
-    }
-}
 
 /// A port or an inclusive range of ports.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -193,7 +78,7 @@ impl FromStr for PortRange {
 
 /// Comma-separated ports and ranges; the empty string is the empty list.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PortList(Vec<PortRange>);
+pub struct PortList(pub Vec<PortRange>);
 
 impl FromStr for PortList {
     type Err = String;
@@ -250,7 +135,7 @@ impl FromStr for Subnet {
 
 /// Comma-separated networks; the empty string is the empty list.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SubnetList(Vec<Subnet>);
+pub struct SubnetList(pub Vec<Subnet>);
 
 impl FromStr for SubnetList {
     type Err = String;
@@ -279,26 +164,24 @@ pub struct Rules {
     pub outbound_subnets_to_ignore: Vec<Subnet>,
 }
 
+/// Rules that cannot work together.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RulesError {
+    /// Both redirects would go to one listener.
+    #[error(
+        "--incoming-proxy-port and --outgoing-proxy-port are both {0}; \
+         the proxy's inbound and outbound listeners need different ports"
+    )]
+    SamePorts(u16),
+}
+
 impl Rules {
-    fn from_args(args: &Args) -> anyhow::Result<Rules> {
-        if args.incoming_proxy_port == args.outgoing_proxy_port {
-            bail!(
-                "--incoming-proxy-port and --outgoing-proxy-port are both {}; \
-                 the proxy's inbound and outbound listeners need different ports",
-                args.incoming_proxy_port
-            );
+    /// These rules, if they can work: both directions need their own listener.
+    pub fn check(self) -> Result<Rules, RulesError> {
+        if self.incoming_proxy_port == self.outgoing_proxy_port {
+            return Err(RulesError::SamePorts(self.incoming_proxy_port));
         }
-        Ok(Rules {
-            incoming_proxy_port: args.incoming_proxy_port,
-            outgoing_proxy_port: args.outgoing_proxy_port,
-            proxy_uid: args.proxy_uid,
-            proxy_gid: args.proxy_gid,
-            ports_to_redirect: args.ports_to_redirect.0.clone(),
-            inbound_ports_to_ignore: args.inbound_ports_to_ignore.0.clone(),
-            outbound_ports_to_ignore: args.outbound_ports_to_ignore.0.clone(),
-            subnets_to_ignore: args.subnets_to_ignore.0.clone(),
-            outbound_subnets_to_ignore: args.outbound_subnets_to_ignore.0.clone(),
-        })
+        Ok(self)
     }
 
     /// The rules of our two chains, in order, as `-A CHAIN ...` lines.
@@ -446,151 +329,36 @@ fn multiport_groups(ports: &[PortRange]) -> Vec<String> {
     groups.into_iter().map(|g| g.join(",")).collect()
 }
 
-/// `program` as found on PATH.
-fn on_path(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(program))
-        .find(|p| is_executable(p))
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-/// Whether this process may change the network configuration.
-fn has_net_admin() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            let line = status.lines().find(|l| l.starts_with("CapEff:"))?;
-            u64::from_str_radix(line.split_whitespace().nth(1)?, 16).ok()
-        })
-        .is_some_and(|caps| caps & (1 << CAP_NET_ADMIN) != 0)
-}
-
-const NEEDS_PRIVILEGE: &str = "ballast init needs CAP_NET_ADMIN / root to change iptables rules \
-     (in Kubernetes: runAsUser 0 with capabilities NET_ADMIN and NET_RAW); --dry-run needs neither";
-
-pub fn run(args: Args) -> anyhow::Result<()> {
-    let rules = Rules::from_args(&args)?;
-    if args.dry_run {
-        let mut stdout = std::io::stdout().lock();
-        writeln!(
-            stdout,
-            "# ballast init --dry-run: the nat rules a first run applies \
-             (iptables-restore --noflush input); nothing was changed"
-        )?;
-        stdout.write_all(rules.restore_input("").as_bytes())?;
-        return Ok(());
-    }
-
-    let (save_name, restore_name) = args.iptables_mode.programs();
-    let (save, restore) = match (on_path(save_name), on_path(restore_name)) {
-        (Some(s), Some(r)) => (s, r),
-        _ => bail!(
-            "iptables not found on PATH (looked for {save_name} and {restore_name}); install \
-             iptables (Debian/Ubuntu: apt-get install iptables; Alpine: apk add iptables) \
-             or choose another --iptables-mode"
-        ),
-    };
-    if !has_net_admin() {
-        bail!("{NEEDS_PRIVILEGE}");
-    }
-
-    let current = capture(&save, &["-t", "nat"])?;
-    let input = rules.restore_input(&current);
-    tracing::debug!("iptables-restore input:\n{input}");
-    let mut cmd = Command::new(&restore);
-    cmd.arg("--noflush");
-    if args.use_wait_flag {
-        cmd.arg("--wait");
-    }
-    feed(cmd, &input).with_context(|| format!("applying the rules:\n{input}"))?;
-
-    let after = capture(&save, &["-t", "nat"])?;
-    let ours = after
-        .lines()
-        .filter(|l| l.contains(INBOUND_CHAIN) || l.contains(OUTBOUND_CHAIN))
-        .count();
-    tracing::info!(
-        inbound = rules.incoming_proxy_port,
-        outbound = rules.outgoing_proxy_port,
-        proxy_uid = rules.proxy_uid,
-        "nat rules in place ({ours} lines in {INBOUND_CHAIN}, {OUTBOUND_CHAIN} and their jumps)"
-    );
-    Ok(())
-}
-
-/// Explains a failed iptables run; permission problems get the privilege hint.
-fn failure(program: &Path, status: std::process::ExitStatus, stderr: &[u8]) -> anyhow::Error {
-    let stderr = String::from_utf8_lossy(stderr);
-    let stderr = stderr.trim();
-    let lower = stderr.to_lowercase();
-    if lower.contains("permission denied") || lower.contains("operation not permitted") {
-        anyhow::anyhow!(
-            "{} failed ({status}): {stderr}\n{NEEDS_PRIVILEGE}",
-            program.display()
-        )
-    } else {
-        anyhow::anyhow!("{} failed ({status}): {stderr}", program.display())
-    }
-}
-
-fn capture(program: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("cannot run {}", program.display()))?;
-    if !out.status.success() {
-        return Err(failure(program, out.status, &out.stderr));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn feed(mut cmd: Command, input: &str) -> anyhow::Result<()> {
-    let program = PathBuf::from(cmd.get_program());
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("cannot run {}", program.display()))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(input.as_bytes())
-            .with_context(|| format!("writing to {}", program.display()))?;
-    }
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        return Err(failure(&program, out.status, &out.stderr));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: Args,
+    /// The rules `ballast init` applies with no flags.
+    fn defaults() -> Rules {
+        Rules {
+            incoming_proxy_port: DEFAULT_INCOMING_PROXY_PORT,
+            outgoing_proxy_port: DEFAULT_OUTGOING_PROXY_PORT,
+            proxy_uid: DEFAULT_PROXY_UID,
+            proxy_gid: None,
+            ports_to_redirect: Vec::new(),
+            inbound_ports_to_ignore: ports(DEFAULT_INBOUND_PORTS_TO_IGNORE),
+            outbound_ports_to_ignore: ports(DEFAULT_OUTBOUND_PORTS_TO_IGNORE),
+            subnets_to_ignore: Vec::new(),
+            outbound_subnets_to_ignore: Vec::new(),
+        }
     }
 
-    fn rules(flags: &[&str]) -> Rules {
-        let mut argv = vec!["init"];
-        argv.extend_from_slice(flags);
-        let cli = Cli::try_parse_from(argv).expect("flags parse");
-        Rules::from_args(&cli.args).expect("flags are consistent")
+    fn ports(s: &str) -> Vec<PortRange> {
+        s.parse::<PortList>().expect("test ports parse").0
+    }
+
+    fn subnets(s: &str) -> Vec<Subnet> {
+        s.parse::<SubnetList>().expect("test subnets parse").0
     }
 
     #[test]
     fn defaults_redirect_both_ways_and_leave_the_proxy_alone() {
-        let r = rules(&[]);
+        let r = defaults();
         let c = "-m comment --comment";
         assert_eq!(
             r.chain_rules(),
@@ -607,7 +375,7 @@ mod tests {
 
     #[test]
     fn a_fresh_table_gets_chains_rules_and_jumps() {
-        let input = rules(&[]).restore_input("");
+        let input = defaults().restore_input("");
         let lines: Vec<&str> = input.lines().collect();
         assert_eq!(lines[0], "*nat");
         assert_eq!(lines[1], ":BALLAST_INBOUND - [0:0]");
@@ -645,7 +413,7 @@ mod tests {
 
     #[test]
     fn a_second_run_refills_the_chains_and_adds_no_jump() {
-        let r = rules(&[]);
+        let r = defaults();
         let input = r.restore_input(&saved_after(&r, &[]));
         assert!(!input.contains("PREROUTING"), "{input}");
         assert!(!input.contains("OUTPUT "), "{input}");
@@ -664,7 +432,7 @@ mod tests {
 
     #[test]
     fn stray_or_changed_jumps_are_replaced_by_exactly_one() {
-        let r = rules(&[]);
+        let r = defaults();
         let saved = saved_after(
             &r,
             &[
@@ -692,17 +460,17 @@ mod tests {
 
     #[test]
     fn ignored_ports_subnets_and_ids_come_before_the_redirects() {
-        let r = rules(&[
-            "--incoming-proxy-port=5143",
-            "--outgoing-proxy-port=5140",
-            "--proxy-uid=65534",
-            "--proxy-gid=65533",
-            "--inbound-ports-to-ignore=22,8000-8100",
-            "--outbound-ports-to-ignore=",
-            "--subnets-to-ignore=10.1.0.0/16",
-            "--outbound-subnets-to-ignore=10.96.0.0/12, 192.168.1.7",
-            "--ports-to-redirect=80,8080",
-        ]);
+        let r = Rules {
+            incoming_proxy_port: 5143,
+            outgoing_proxy_port: 5140,
+            proxy_uid: 65534,
+            proxy_gid: Some(65533),
+            ports_to_redirect: ports("80,8080"),
+            inbound_ports_to_ignore: ports("22,8000-8100"),
+            outbound_ports_to_ignore: ports(""),
+            subnets_to_ignore: subnets("10.1.0.0/16"),
+            outbound_subnets_to_ignore: subnets("10.96.0.0/12, 192.168.1.7"),
+        };
         let rules = r.chain_rules();
         let specs: Vec<String> = rules
             .iter()
@@ -750,29 +518,29 @@ mod tests {
 
     #[test]
     fn bad_values_are_refused_with_the_reason() {
-        for (flag, needle) in [
-            ("--inbound-ports-to-ignore=0", "not a port"),
-            ("--inbound-ports-to-ignore=70000", "not a port"),
-            ("--outbound-ports-to-ignore=90-80", "backwards"),
-            ("--outbound-subnets-to-ignore=10.0.0.0/33", "prefix"),
-            ("--outbound-subnets-to-ignore=fd00::/8", "IPv6"),
-            ("--subnets-to-ignore=ten", "not an IPv4 CIDR"),
-            ("--iptables-mode=iptables", "invalid value"),
+        for (value, needle) in [
+            ("0", "not a port"),
+            ("70000", "not a port"),
+            ("90-80", "backwards"),
         ] {
-            let err = match Cli::try_parse_from(["init", flag]) {
-                Ok(_) => panic!("{flag} was accepted"),
-                Err(e) => e.to_string(),
-            };
-            assert!(err.contains(needle), "{flag}: {err}");
+            let err = value.parse::<PortList>().expect_err(value);
+            assert!(err.contains(needle), "{value}: {err}");
         }
-        let cli = Cli::try_parse_from([
-            "init",
-            "--incoming-proxy-port=4140",
-            "--outgoing-proxy-port=4140",
-        ])
-        .unwrap();
-        let err = Rules::from_args(&cli.args).unwrap_err().to_string();
+        for (value, needle) in [
+            ("10.0.0.0/33", "prefix"),
+            ("fd00::/8", "IPv6"),
+            ("ten", "not an IPv4 CIDR"),
+        ] {
+            let err = value.parse::<SubnetList>().expect_err(value);
+            assert!(err.contains(needle), "{value}: {err}");
+        }
+        let same = Rules {
+            outgoing_proxy_port: DEFAULT_INCOMING_PROXY_PORT,
+            ..defaults()
+        };
+        let err = same.check().expect_err("same ports").to_string();
         assert!(err.contains("different ports"), "{err}");
+        assert!(defaults().check().is_ok());
     }
 
     #[test]
@@ -784,18 +552,6 @@ mod tests {
         assert_eq!(
             "0.0.0.0/0".parse::<Subnet>().unwrap().to_string(),
             "0.0.0.0/0"
-        );
-    }
-
-    #[test]
-    fn every_mode_names_its_programs() {
-        assert_eq!(
-            IptablesMode::Nft.programs(),
-            ("iptables-nft-save", "iptables-nft-restore")
-        );
-        assert_eq!(
-            IptablesMode::Legacy.programs(),
-            ("iptables-legacy-save", "iptables-legacy-restore")
         );
     }
 }

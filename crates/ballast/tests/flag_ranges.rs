@@ -1,0 +1,102 @@
+//! Defect 7: a configured value can never panic a process later. Every
+//! duration and size flag is range-checked at start: an extreme value is
+//! refused by the flag parser (exit code 2) with the flag, the value and the
+//! allowed range, before anything is bound or started.
+
+use std::process::{Command, Output};
+
+fn ballast(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ballast"))
+        .args(args)
+        // A stray setting in the environment must not decide the outcome.
+        .env_remove("BALLAST_PROXY_HTTP_FAILFAST_TIMEOUT")
+        .output()
+        .expect("ballast runs")
+}
+
+/// `args` is refused at start with exit code 2 and a message naming `flag`,
+/// `value` and `range`, and nothing panicked.
+fn assert_refused(args: &[&str], flag: &str, value: &str, range: &str) {
+    let out = ballast(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
+    for needle in [flag, value, range] {
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: {needle:?} not in {stderr}"
+        );
+    }
+}
+
+#[test]
+fn an_overflowing_failfast_timeout_is_refused_at_start_not_on_the_first_request() {
+    assert_refused(
+        &["proxy", "--http-failfast-timeout", "18000000000000000000s"],
+        "--http-failfast-timeout",
+        "18000000000000000000s",
+        "allowed 1ms to 1d",
+    );
+}
+
+#[test]
+fn extreme_sizes_and_durations_of_every_command_are_refused_naming_the_flag() {
+    for (args, flag, value, range) in [
+        (
+            &["proxy", "--memory-limit", "99999999999999999999G"][..],
+            "--memory-limit",
+            "99999999999999999999G",
+            "0 (off) or 1M to 1024G",
+        ),
+        (
+            &["proxy", "--http2-max-frame-bytes", "16M"][..],
+            "--http2-max-frame-bytes",
+            "16M",
+            "16K to 16777215",
+        ),
+        (
+            &["proxy", "--http1-max-header-bytes", "1024"][..],
+            "--http1-max-header-bytes",
+            "1024",
+            "8K to 16M",
+        ),
+        (
+            &["proxy", "--control-backoff-jitter", "NaN"][..],
+            "--control-backoff-jitter",
+            "NaN",
+            "0 to 1",
+        ),
+        (
+            &["destination", "--shutdown-grace", "400d"][..],
+            "--shutdown-grace",
+            "400d",
+            "0s to 1d",
+        ),
+        (
+            &["destination", "--manifests-max-file-bytes", "0"][..],
+            "--manifests-max-file-bytes",
+            "0",
+            "1K to 1G",
+        ),
+        (
+            &[
+                "diagnostics",
+                "endpoints",
+                "web.shop:80",
+                "--timeout",
+                "0ms",
+            ][..],
+            "--timeout",
+            "0ms",
+            "1ms to 1d",
+        ),
+        (
+            &["demo", "--down-for", "5000h"][..],
+            "--down-for",
+            "5000h",
+            "100ms to 1h",
+        ),
+    ] {
+        assert_refused(args, flag, value, range);
+    }
+}

@@ -1,0 +1,61 @@
+//! `ballast-proxy`: the sidecar image's binary. With no subcommand it runs
+//! the proxy (the flags of `ballast proxy`); `ballast-proxy init` sets up
+//! the pod's iptables rules (the flags of `ballast init`).
+
+#![forbid(unsafe_code)]
+
+use ballast_sidecar::{init, logging, proxy};
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+// jemalloc bounds fragmentation and lets /metrics report allocated/resident.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+#[derive(Parser)]
+#[command(
+    name = "ballast-proxy",
+    version,
+    about = "Ballast's sidecar proxy: carry a workload's traffic, resolved through the \
+destination controller and balanced across endpoints",
+    args_conflicts_with_subcommands = true,
+    propagate_version = true
+)]
+struct Cli {
+    /// Log filter, in `tracing` EnvFilter syntax (e.g. `info`, `ballast=debug`).
+    #[arg(long, global = true, env = "BALLAST_LOG", default_value = "info")]
+    log: String,
+
+    #[command(subcommand)]
+    command: Option<Command>,
+
+    #[command(flatten)]
+    proxy: Box<proxy::Args>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Set up the iptables nat rules that send a pod's TCP through its proxy
+    /// (run once per pod, as an init container, in the pod's network namespace).
+    Init(Box<init::Args>),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = logging::init(&cli.log) {
+        eprintln!("ballast-proxy: {e}");
+        return ExitCode::from(2);
+    }
+    let result = match cli.command {
+        // Init only runs iptables: no runtime.
+        Some(Command::Init(args)) => init::run(*args),
+        None => proxy::run_blocking(*cli.proxy),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ballast-proxy: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
