@@ -28,6 +28,7 @@ pub mod metrics;
 mod orig_dst;
 mod outbound;
 mod own;
+mod pipeline;
 mod tcp;
 
 pub use config::Config;
@@ -37,6 +38,7 @@ use discovery::{ControlPlane, Discovery};
 use listen::{accept_loop, Connections, Listener};
 use memory::MemoryLimit;
 use own::OwnListeners;
+use pipeline::Pipeline;
 use std::{future::Future, net::SocketAddr, sync::Arc};
 use tokio::{net::TcpListener, sync::watch};
 
@@ -85,17 +87,20 @@ pub async fn serve(
         discovery,
         metrics.clone(),
         own.clone(),
-        config.http,
-        memory.clone(),
-        stop_rx.clone(),
+        &config.http,
     );
     let inbound = inbound::Inbound::new(inbound::InboundParts {
         config: config.inbound.clone(),
         shared: config.outbound.clone(),
         limits: config.http,
-        memory: memory.clone(),
         metrics: metrics.clone(),
         own,
+    });
+    let pipeline = Arc::new(Pipeline {
+        detect_timeout: config.outbound.detect_timeout,
+        limits: config.http,
+        metrics: metrics.clone(),
+        memory: memory.clone(),
         shutdown: stop_rx.clone(),
     });
 
@@ -116,36 +121,38 @@ pub async fn serve(
         "outbound",
         config.outbound.max_connections,
     );
-    let o = outbound.clone();
+    let (o, p) = (outbound.clone(), pipeline.clone());
     tasks.push(tokio::spawn(accept_loop(
         l,
         metrics.clone(),
         memory.clone(),
         stop_rx.clone(),
-        move |s| o.clone().serve(s),
+        move |s| p.clone().serve(o.clone(), s),
     )));
 
     for (listener, authority) in listeners.tcp_routes {
         let l = listen(listener, "outbound_tcp", config.outbound.max_connections);
-        let o = outbound.clone();
+        let (o, p) = (outbound.clone(), pipeline.clone());
         let authority: Arc<str> = Arc::from(authority);
         tasks.push(tokio::spawn(accept_loop(
             l,
             metrics.clone(),
             memory.clone(),
             stop_rx.clone(),
-            move |s| o.clone().serve_tcp_route(s, authority.clone()),
+            move |s| {
+                let route = outbound::Outbound::tcp_route(authority.clone());
+                p.clone().serve_routed(o.clone(), s, route)
+            },
         )));
     }
 
     let l = listen(listeners.inbound, "inbound", config.inbound.max_connections);
-    let i = inbound.clone();
     tasks.push(tokio::spawn(accept_loop(
         l,
         metrics.clone(),
         memory,
         stop_rx,
-        move |s| i.clone().serve(s),
+        move |s| pipeline.clone().serve(inbound.clone(), s),
     )));
 
     shutdown.await;

@@ -14,22 +14,26 @@ use crate::{
     balance::{BalanceConfig, Balancer, MakeConns, TargetName},
     cache::{spawn_sweeper, IdleCache},
     config::{HttpLimits, InboundConfig, OutboundConfig},
-    detect::Protocol,
     discovery::{Endpoint, EndpointSet, Resolution, SetState},
-    http::{error_response, server, EndpointConns, Forwarder, HttpBalancer, Naming, PoolConfig},
-    io::{read_prefix, Counted, Prefixed},
-    memory::MemoryLimit,
-    metrics::{BalancerProtocol, Direction, DstLabels, Metrics, Peer, TcpMetrics},
+    http::{
+        error_response, EndpointConns, Forwarder, HttpBalancer, Naming, PoolConfig, ResponseBody,
+    },
+    metrics::{BalancerProtocol, Direction, DstLabels, Metrics},
     orig_dst::original_dst,
     own::OwnListeners,
+    pipeline::{Accepted, Side},
     tcp::{self, TcpBalancer},
 };
-use http::StatusCode;
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
 use std::{
     net::{Ipv4Addr, SocketAddr},
     sync::Arc,
 };
-use tokio::{net::TcpStream, sync::watch};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::TcpStream,
+};
 
 const DIRECTION: Direction = Direction::inbound;
 
@@ -45,9 +49,13 @@ pub struct Inbound {
     metrics: Arc<Metrics>,
     own: Arc<OwnListeners>,
     forwarder: Forwarder,
-    limits: HttpLimits,
-    memory: MemoryLimit,
-    shutdown: watch::Receiver<bool>,
+}
+
+/// Where an inbound connection goes: the workload port, and the original
+/// destination that names it in metrics.
+pub struct Route {
+    target: SocketAddr,
+    orig: SocketAddr,
 }
 
 /// Everything the inbound side is built from.
@@ -55,10 +63,8 @@ pub struct InboundParts {
     pub config: InboundConfig,
     pub shared: OutboundConfig,
     pub limits: HttpLimits,
-    pub memory: MemoryLimit,
     pub metrics: Arc<Metrics>,
     pub own: Arc<OwnListeners>,
-    pub shutdown: watch::Receiver<bool>,
 }
 
 impl Inbound {
@@ -77,9 +83,6 @@ impl Inbound {
             metrics: p.metrics,
             own: p.own,
             forwarder,
-            limits: p.limits,
-            memory: p.memory,
-            shutdown: p.shutdown,
         });
         // Balancers of workload ports no longer in use are dropped, and idle
         // connections to the workload closed.
@@ -156,10 +159,15 @@ impl Inbound {
             )
         }))
     }
+}
 
-    /// Serves one connection accepted on the inbound listener.
-    pub async fn serve(self: Arc<Self>, stream: TcpStream) {
-        let orig = match (original_dst(&stream), self.config.forward_port) {
+impl Side for Inbound {
+    type Route = Route;
+    /// The workload port's balancer, or `None` past `--max-targets`.
+    type Http = Option<Arc<HttpBalancer>>;
+
+    async fn route(self: &Arc<Self>, stream: &TcpStream) -> Option<Accepted<Route>> {
+        let orig = match (original_dst(stream), self.config.forward_port) {
             (Some(orig), _) => orig,
             (None, Some(port)) => {
                 let local = stream
@@ -170,77 +178,46 @@ impl Inbound {
             (None, None) => {
                 // Not redirected: there is no workload port to go to.
                 self.metrics.error(DIRECTION, "no_original_dst");
-                return;
+                return None;
             }
         };
         let target = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), orig.port());
         if self.own.is_own(target) {
             self.metrics.error(DIRECTION, "loop");
             tracing::debug!(%orig, "refused an inbound connection to the proxy's own listener");
-            return;
+            return None;
         }
         let mut labels = DstLabels::unknown(DIRECTION);
         labels.authority = Arc::from(orig.to_string());
-        let src = TcpMetrics::open(&self.metrics, Peer::src, labels);
-        let mut client = Counted::new(stream, src.read.clone(), src.write.clone());
-        let ok = if self.config.opaque_ports.contains(&orig.port()) {
-            Box::pin(self.forward_tcp(client, target, orig)).await
-        } else {
-            match read_prefix(&mut client, self.shared.detect_timeout).await {
-                Err(_) => false,
-                Ok((protocol, prefix)) => {
-                    let io = Prefixed::new(prefix, client);
-                    match protocol {
-                        Protocol::Http1 | Protocol::H2 => {
-                            self.clone().serve_http(io, protocol, target, orig).await
-                        }
-                        Protocol::Opaque => Box::pin(self.forward_tcp(io, target, orig)).await,
-                    }
-                }
-            }
-        };
-        src.close(ok);
+        Some(Accepted {
+            route: Route { target, orig },
+            labels,
+            opaque: self.config.opaque_ports.contains(&orig.port()),
+        })
     }
 
-    async fn forward_tcp<C>(&self, client: C, target: SocketAddr, orig: SocketAddr) -> bool
+    async fn forward_tcp<C>(self: &Arc<Self>, client: C, route: Route) -> bool
     where
-        C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+        C: AsyncRead + AsyncWrite + Unpin + Send,
     {
-        match self.tcp_balancer(target, orig) {
+        match self.tcp_balancer(route.target, route.orig) {
             Some(b) => tcp::forward(client, &b, self.shared.connect_timeout, &self.metrics).await,
             None => false,
         }
     }
 
-    async fn serve_http<I>(
+    fn bind_http(self: &Arc<Self>, route: Route) -> Self::Http {
+        self.http_balancer(route.target, route.orig)
+    }
+
+    async fn request(
         self: Arc<Self>,
-        io: I,
-        protocol: Protocol,
-        target: SocketAddr,
-        orig: SocketAddr,
-    ) -> bool
-    where
-        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    {
-        let Some(balancer) = self.http_balancer(target, orig) else {
-            return false;
-        };
-        let shutdown = self.shutdown.clone();
-        let metrics = self.metrics.clone();
-        let limits = self.limits;
-        server::serve(io, protocol, &limits, &metrics, shutdown, move |req| {
-            let inbound = self.clone();
-            let balancer = balancer.clone();
-            async move {
-                if inbound.memory.shed("request") {
-                    return error_response(StatusCode::SERVICE_UNAVAILABLE, "memory_limit");
-                }
-                inbound
-                    .forwarder
-                    .forward(&balancer, req, Naming::Exact)
-                    .await
-            }
-        })
-        .await
+        http: Arc<Self::Http>,
+        req: Request<Incoming>,
+    ) -> Response<ResponseBody> {
+        match &*http {
+            Some(b) => self.forwarder.forward(b, req, Naming::Exact).await,
+            None => error_response(StatusCode::SERVICE_UNAVAILABLE, "too_many_targets"),
+        }
     }
 }

@@ -15,25 +15,24 @@ use crate::{
     authority::{is_short_name, parse_host, HostTarget},
     balance::{BalanceConfig, Balancer, MakeConns, TargetName},
     cache::{spawn_sweeper, CacheFull, IdleCache},
-    config::HttpLimits,
-    config::OutboundConfig,
-    detect::Protocol,
+    config::{HttpLimits, OutboundConfig},
     discovery::{Discovery, Endpoint, EndpointSet, ProfileWatch, Resolution, SetState},
     http::{
-        error_response, server, EndpointConns, Forwarder, HttpBalancer, Naming, PoolConfig,
-        ResponseBody,
+        error_response, EndpointConns, Forwarder, HttpBalancer, Naming, PoolConfig, ResponseBody,
     },
-    io::{read_prefix, Counted, Prefixed},
-    memory::MemoryLimit,
-    metrics::{BalancerProtocol, Direction, DstLabels, Metrics, Peer, TcpMetrics},
+    metrics::{BalancerProtocol, Direction, DstLabels, Metrics},
     orig_dst::original_dst,
     own::OwnListeners,
+    pipeline::{Accepted, Side},
     tcp::{self, TcpBalancer},
 };
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use std::{net::SocketAddr, sync::Arc};
-use tokio::{net::TcpStream, sync::watch};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::TcpStream,
+};
 
 const DIRECTION: Direction = Direction::outbound;
 
@@ -45,7 +44,7 @@ enum TargetKey {
 
 /// Where a connection (or request) goes.
 #[derive(Clone, Debug)]
-enum Target {
+pub enum Target {
     /// A service, by its canonical authority.
     Logical(Arc<str>),
     /// One address (a pod, or anything outside the mesh).
@@ -61,25 +60,37 @@ impl Target {
     }
 
     fn labels(&self) -> DstLabels {
-        let mut labels = DstLabels::unknown(DIRECTION);
         match self {
-            Target::Logical(a) => labels.authority = a.clone(),
-            Target::Endpoint(e) => {
-                labels.authority = Arc::from(e.addr.to_string());
-                labels.dst_namespace = e.namespace.clone();
-                labels.dst_service = e.service.clone();
-                labels.dst_pod = e.pod.clone();
+            Target::Logical(a) => {
+                let mut labels = DstLabels::unknown(DIRECTION);
+                labels.authority = a.clone();
+                labels
             }
+            Target::Endpoint(e) => e.dst_labels(DIRECTION, Arc::from(e.addr.to_string())),
         }
-        labels
     }
 }
 
 /// A connection's route: one target, or per-request by authority.
-#[derive(Clone, Debug)]
-enum Route {
-    Target(Target),
+pub enum Route {
+    /// With the profile watch that named the target, kept in use while the
+    /// connection lives.
+    Target(Target, Option<Arc<ProfileWatch>>),
     ByAuthority,
+}
+
+/// How a connection's HTTP requests are routed.
+pub enum HttpRoute {
+    /// To one target's balancer, bound when the connection was found to
+    /// speak HTTP (transparent mode, TCP routes).
+    Bound {
+        balancer: Arc<HttpBalancer>,
+        _profile: Option<Arc<ProfileWatch>>,
+    },
+    /// Request by request, by `Host` / `:authority` (explicit mode).
+    ByAuthority(std::sync::Mutex<Option<LastRoute>>),
+    /// The target could not be had (`--max-targets`).
+    Refused,
 }
 
 pub struct Outbound {
@@ -91,10 +102,6 @@ pub struct Outbound {
     metrics: Arc<Metrics>,
     own: Arc<OwnListeners>,
     forwarder: Forwarder,
-    limits: HttpLimits,
-    memory: MemoryLimit,
-    /// Turns true at shutdown: HTTP connections finish their requests and close.
-    shutdown: watch::Receiver<bool>,
 }
 
 impl Outbound {
@@ -103,13 +110,11 @@ impl Outbound {
         discovery: Discovery,
         metrics: Arc<Metrics>,
         own: Arc<OwnListeners>,
-        limits: HttpLimits,
-        memory: MemoryLimit,
-        shutdown: watch::Receiver<bool>,
+        limits: &HttpLimits,
     ) -> Arc<Self> {
         let idle = config.discovery_idle_timeout;
         let forwarder = Forwarder {
-            pool: Arc::new(PoolConfig::new(&config, &limits)),
+            pool: Arc::new(PoolConfig::new(&config, limits)),
             metrics: metrics.clone(),
             direction: DIRECTION,
         };
@@ -122,9 +127,6 @@ impl Outbound {
             metrics,
             own,
             forwarder,
-            limits,
-            memory,
-            shutdown,
         });
         // Idle balancers and profiles (and so their streams to the
         // controller) are dropped, and idle endpoint connections closed.
@@ -226,185 +228,178 @@ impl Outbound {
         (target, profile.opaque, Some(watch))
     }
 
-    /// Serves one connection accepted on the outbound listener.
-    pub async fn serve(self: Arc<Self>, stream: TcpStream) {
-        let (route, opaque, _profile) = match original_dst(&stream) {
-            None => (Route::ByAuthority, false, None),
-            Some(dst) if self.own.is_own(dst) => {
+    /// The route of a connection accepted on a `--outbound-tcp` listener.
+    pub fn tcp_route(authority: Arc<str>) -> Accepted<Route> {
+        let target = Target::Logical(authority);
+        Accepted {
+            labels: target.labels(),
+            route: Route::Target(target, None),
+            opaque: true,
+        }
+    }
+
+    fn too_many_targets(&self, e: &CacheFull) {
+        self.metrics.error(DIRECTION, "too_many_targets");
+        tracing::warn!(error = %e, "connection refused");
+    }
+
+    /// The target a request's authority names, or the answer refusing it.
+    async fn target_of(
+        &self,
+        authority: Option<&str>,
+    ) -> Result<(Target, Option<Arc<ProfileWatch>>), Response<ResponseBody>> {
+        let Some(authority) = authority else {
+            self.metrics.error(DIRECTION, "no_authority");
+            return Err(error_response(StatusCode::BAD_REQUEST, "no_authority"));
+        };
+        match parse_host(authority, &self.config.cluster_domain) {
+            HostTarget::Service(a) => Ok((Target::Logical(Arc::from(a)), None)),
+            HostTarget::Addr(addr) if self.own.is_own(addr) => {
                 self.metrics.error(DIRECTION, "loop");
-                tracing::debug!(%dst, "refused a connection to the proxy's own listener");
-                return;
+                Err(error_response(StatusCode::BAD_GATEWAY, "loop"))
             }
-            Some(dst) => {
-                let (target, opaque, watch) = Box::pin(self.route_for(dst)).await;
-                (Route::Target(target), opaque, watch)
+            HostTarget::Addr(addr) => {
+                let (target, _, watch) = self.route_for(addr).await;
+                Ok((target, watch))
             }
-        };
-        self.serve_route(stream, route, opaque).await;
-    }
-
-    /// Serves one connection accepted on a `--outbound-tcp` listener.
-    pub async fn serve_tcp_route(self: Arc<Self>, stream: TcpStream, authority: Arc<str>) {
-        self.serve_route(stream, Route::Target(Target::Logical(authority)), true)
-            .await;
-    }
-
-    // The rarely long-lived paths (routing lookups, TCP forwarding) are
-    // boxed where they are awaited: a connection's task is sized for its
-    // largest state for its whole life, and most connections are idle HTTP.
-    async fn serve_route(self: Arc<Self>, stream: TcpStream, route: Route, opaque: bool) {
-        let labels = match &route {
-            Route::Target(t) => t.labels(),
-            Route::ByAuthority => DstLabels::unknown(DIRECTION),
-        };
-        let src = TcpMetrics::open(&self.metrics, Peer::src, labels);
-        let mut client = Counted::new(stream, src.read.clone(), src.write.clone());
-        let ok = if opaque {
-            Box::pin(self.forward_tcp(client, &route)).await
-        } else {
-            match read_prefix(&mut client, self.config.detect_timeout).await {
-                Err(_) => false,
-                Ok((protocol, prefix)) => {
-                    let io = Prefixed::new(prefix, client);
-                    match protocol {
-                        Protocol::Http1 | Protocol::H2 => {
-                            self.clone().serve_http(io, route, protocol).await
-                        }
-                        Protocol::Opaque => Box::pin(self.forward_tcp(io, &route)).await,
-                    }
-                }
-            }
-        };
-        src.close(ok);
-    }
-
-    async fn forward_tcp<C>(&self, client: C, route: &Route) -> bool
-    where
-        C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-    {
-        let Route::Target(target) = route else {
-            // Not HTTP, and no destination to send it to.
-            self.metrics.error(DIRECTION, "no_route");
-            return false;
-        };
-        match self.tcp_balancer(target) {
-            Ok(b) => tcp::forward(client, &b, self.config.connect_timeout, &self.metrics).await,
-            Err(e) => {
-                self.metrics.error(DIRECTION, "too_many_targets");
-                tracing::warn!(error = %e, "connection refused");
-                false
+            HostTarget::Other => {
+                self.metrics.error(DIRECTION, "not_a_mesh_authority");
+                Err(error_response(
+                    StatusCode::BAD_REQUEST,
+                    "not_a_mesh_authority",
+                ))
             }
         }
     }
 
-    async fn serve_http<I>(self: Arc<Self>, io: I, route: Route, protocol: Protocol) -> bool
-    where
-        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    {
-        let shutdown = self.shutdown.clone();
-        let metrics = self.metrics.clone();
-        let limits = self.limits;
-        let router = Arc::new(Router {
-            outbound: self,
-            route,
-            last: std::sync::Mutex::new(None),
+    async fn by_authority(
+        &self,
+        last: &std::sync::Mutex<Option<LastRoute>>,
+        req: Request<Incoming>,
+    ) -> Response<ResponseBody> {
+        let authority = req.uri().authority().map(|a| a.as_str()).or_else(|| {
+            req.headers()
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok())
         });
-        server::serve(io, protocol, &limits, &metrics, shutdown, move |req| {
-            let router = router.clone();
-            async move { router.route(req).await }
-        })
-        .await
-    }
-}
-
-/// The authority a connection's last request named, and where it went.
-struct LastRoute {
-    authority: Box<str>,
-    balancer: Arc<HttpBalancer>,
-    naming: Naming,
-}
-
-struct Router {
-    outbound: Arc<Outbound>,
-    route: Route,
-    /// The authority this connection's last request named, and its
-    /// balancer: clients send the same one again and again.
-    last: std::sync::Mutex<Option<LastRoute>>,
-}
-
-impl Router {
-    fn remembered(&self, authority: &str) -> Option<(Arc<HttpBalancer>, Naming)> {
-        let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        last.as_ref()
-            .filter(|l| &*l.authority == authority)
-            .map(|l| (l.balancer.clone(), l.naming))
-    }
-
-    async fn route(&self, req: Request<Incoming>) -> Response<ResponseBody> {
-        let o = &self.outbound;
-        if o.memory.shed("request") {
-            return error_response(StatusCode::SERVICE_UNAVAILABLE, "memory_limit");
-        }
-        let authority = match &self.route {
-            Route::ByAuthority => req.uri().authority().map(|a| a.as_str()).or_else(|| {
-                req.headers()
-                    .get(http::header::HOST)
-                    .and_then(|h| h.to_str().ok())
-            }),
-            Route::Target(_) => None,
-        };
-        if let Some((b, naming)) = authority.and_then(|a| self.remembered(a)) {
-            return o.forwarder.forward(&b, req, naming).await;
+        let remembered = authority.and_then(|a| {
+            let last = last.lock().unwrap_or_else(|e| e.into_inner());
+            last.as_ref()
+                .filter(|l| &*l.authority == a)
+                .map(|l| (l.balancer.clone(), l.naming))
+        });
+        if let Some((b, naming)) = remembered {
+            return self.forwarder.forward(&b, req, naming).await;
         }
         let remember: Option<Box<str>> = authority.map(Box::from);
         let naming = match authority {
             Some(a) if is_short_name(a) => Naming::Short,
             _ => Naming::Exact,
         };
-        let (target, _profile) = match &self.route {
-            Route::Target(t) => (t.clone(), None),
-            Route::ByAuthority => {
-                let authority = req.uri().authority().map(|a| a.as_str()).or_else(|| {
-                    req.headers()
-                        .get(http::header::HOST)
-                        .and_then(|h| h.to_str().ok())
-                });
-                let Some(authority) = authority else {
-                    o.metrics.error(DIRECTION, "no_authority");
-                    return error_response(StatusCode::BAD_REQUEST, "no_authority");
-                };
-                match parse_host(authority, &o.config.cluster_domain) {
-                    HostTarget::Service(a) => (Target::Logical(Arc::from(a)), None),
-                    HostTarget::Addr(addr) if o.own.is_own(addr) => {
-                        o.metrics.error(DIRECTION, "loop");
-                        return error_response(StatusCode::BAD_GATEWAY, "loop");
-                    }
-                    HostTarget::Addr(addr) => {
-                        let (target, _, watch) = o.route_for(addr).await;
-                        (target, watch)
-                    }
-                    HostTarget::Other => {
-                        o.metrics.error(DIRECTION, "not_a_mesh_authority");
-                        return error_response(StatusCode::BAD_REQUEST, "not_a_mesh_authority");
-                    }
-                }
-            }
+        let (target, _profile) = match self.target_of(authority).await {
+            Ok(t) => t,
+            Err(refused) => return refused,
         };
-        match o.http_balancer(&target) {
+        match self.http_balancer(&target) {
             Ok(b) => {
                 if let Some(a) = remember {
-                    *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(LastRoute {
+                    *last.lock().unwrap_or_else(|e| e.into_inner()) = Some(LastRoute {
                         authority: a,
                         balancer: b.clone(),
                         naming,
                     });
                 }
-                o.forwarder.forward(&b, req, naming).await
+                self.forwarder.forward(&b, req, naming).await
             }
-            Err(_) => {
-                o.metrics.error(DIRECTION, "too_many_targets");
+            Err(e) => {
+                self.too_many_targets(&e);
                 error_response(StatusCode::SERVICE_UNAVAILABLE, "too_many_targets")
             }
         }
     }
+}
+
+impl Side for Outbound {
+    type Route = Route;
+    type Http = HttpRoute;
+
+    async fn route(self: &Arc<Self>, stream: &TcpStream) -> Option<Accepted<Route>> {
+        let Some(dst) = original_dst(stream) else {
+            return Some(Accepted {
+                route: Route::ByAuthority,
+                labels: DstLabels::unknown(DIRECTION),
+                opaque: false,
+            });
+        };
+        if self.own.is_own(dst) {
+            self.metrics.error(DIRECTION, "loop");
+            tracing::debug!(%dst, "refused a connection to the proxy's own listener");
+            return None;
+        }
+        let (target, opaque, watch) = self.route_for(dst).await;
+        Some(Accepted {
+            labels: target.labels(),
+            route: Route::Target(target, watch),
+            opaque,
+        })
+    }
+
+    async fn forward_tcp<C>(self: &Arc<Self>, client: C, route: Route) -> bool
+    where
+        C: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let Route::Target(target, _profile) = route else {
+            // Not HTTP, and no destination to send it to.
+            self.metrics.error(DIRECTION, "no_route");
+            return false;
+        };
+        match self.tcp_balancer(&target) {
+            Ok(b) => tcp::forward(client, &b, self.config.connect_timeout, &self.metrics).await,
+            Err(e) => {
+                self.too_many_targets(&e);
+                false
+            }
+        }
+    }
+
+    fn bind_http(self: &Arc<Self>, route: Route) -> HttpRoute {
+        match route {
+            Route::ByAuthority => HttpRoute::ByAuthority(std::sync::Mutex::new(None)),
+            Route::Target(target, profile) => match self.http_balancer(&target) {
+                Ok(balancer) => HttpRoute::Bound {
+                    balancer,
+                    _profile: profile,
+                },
+                Err(e) => {
+                    self.too_many_targets(&e);
+                    HttpRoute::Refused
+                }
+            },
+        }
+    }
+
+    async fn request(
+        self: Arc<Self>,
+        http: Arc<HttpRoute>,
+        req: Request<Incoming>,
+    ) -> Response<ResponseBody> {
+        match &*http {
+            HttpRoute::Bound { balancer, .. } => {
+                self.forwarder.forward(balancer, req, Naming::Exact).await
+            }
+            HttpRoute::ByAuthority(last) => self.by_authority(last, req).await,
+            HttpRoute::Refused => {
+                self.metrics.error(DIRECTION, "too_many_targets");
+                error_response(StatusCode::SERVICE_UNAVAILABLE, "too_many_targets")
+            }
+        }
+    }
+}
+
+/// The authority a connection's last request named, and where it went:
+/// clients send the same one again and again.
+pub struct LastRoute {
+    authority: Box<str>,
+    balancer: Arc<HttpBalancer>,
+    naming: Naming,
 }
