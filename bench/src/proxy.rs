@@ -53,7 +53,7 @@
 //! and `prlimit` (util-linux), and `cargo build --release -p ballast` for
 //! the Ballast targets. Run it from the workspace root.
 //!
-//! Usage: proxy-bench [--ballast PATH] [--oha PATH] [--rounds N]
+//! Usage: proxy-bench [--ballast PATH] [--proxy PATH] [--oha PATH] [--rounds N]
 //!        [--duration SECS] [--rates 1000,5000,20000] [--connections N]
 //!        [--wrk-connections N] [--idle-connections 1000,10000]
 //!        [--targets direct,ballast,ballast-2hop,haproxy,haproxy-2hop]
@@ -80,6 +80,8 @@ use system::{cpu_ticks, rss_anon, Foreign, ForeignMonitor};
 
 pub struct Opts {
     ballast: PathBuf,
+    /// The proxy's binary: `ballast` (as `ballast proxy`) or `ballast-proxy`.
+    proxy: Option<PathBuf>,
     oha: PathBuf,
     rounds: usize,
     duration: Duration,
@@ -143,7 +145,8 @@ impl Target {
     }
 }
 
-const USAGE: &str = "Usage: proxy-bench [--ballast PATH] [--oha PATH] [--rounds N] \
+const USAGE: &str =
+    "Usage: proxy-bench [--ballast PATH] [--proxy PATH (ballast-proxy)] [--oha PATH] [--rounds N] \
 [--duration SECS] [--rates 1000,5000,20000] [--connections N] [--wrk-connections N] \
 [--idle-connections 1000,10000] [--targets direct,ballast,ballast-2hop,haproxy,haproxy-2hop] \
 [--max-foreign CORES] [--retries N] [--quiet-wait SECS] [--proxy-core N] [--load-core N] \
@@ -171,9 +174,16 @@ fn list<T: std::str::FromStr>(value: &str) -> Result<Vec<T>, T::Err> {
         .collect()
 }
 
+impl Opts {
+    fn proxy_binary(&self) -> &std::path::Path {
+        self.proxy.as_deref().unwrap_or(&self.ballast)
+    }
+}
+
 fn opts() -> anyhow::Result<Opts> {
     let mut o = Opts {
         ballast: PathBuf::from("target/release/ballast"),
+        proxy: None,
         oha: default_oha(),
         rounds: 3,
         duration: Duration::from_secs(10),
@@ -210,6 +220,7 @@ fn opts() -> anyhow::Result<Opts> {
             .ok_or_else(|| anyhow::anyhow!("{flag} needs a value\n{USAGE}"))?;
         match flag.as_str() {
             "--ballast" => o.ballast = value.into(),
+            "--proxy" => o.proxy = Some(value.into()),
             "--oha" => o.oha = value.into(),
             "--rounds" => o.rounds = value.parse()?,
             "--duration" => o.duration = Duration::from_secs(value.parse()?),
@@ -322,7 +333,7 @@ async fn start_ballast(
         .map(|c| c.grpc.clone())
         .ok_or_else(|| anyhow::anyhow!("no controller"))?;
     servers::ballast(&BallastArgs {
-        ballast: &o.ballast,
+        ballast: o.proxy_binary(),
         destination: &grpc,
         core: o.proxy_core,
         inbound,
@@ -583,7 +594,7 @@ async fn run(o: Opts) -> anyhow::Result<()> {
     let mut targets = o.targets.clone();
     let mut ballast_extra = Vec::new();
     if targets.iter().any(|t| t.is_ballast()) {
-        let help = servers::ballast_proxy_help(&o.ballast).await;
+        let help = servers::ballast_proxy_help(o.proxy_binary()).await;
         // The header read timeout also ends idle keep-alive connections
         // (10 s by default); opening 10,000 of them can take longer. A
         // longer timeout arms the same timer, so costs the same memory.

@@ -162,10 +162,21 @@ pub async fn haproxy(
     })
 }
 
+/// The arguments that start the proxy of `binary`: `ballast proxy`, or the
+/// sidecar binary `ballast-proxy` alone.
+pub fn proxy_subcommand(binary: &Path) -> &'static [&'static str] {
+    if binary.file_name().is_some_and(|n| n == "ballast-proxy") {
+        &[]
+    } else {
+        &["proxy"]
+    }
+}
+
 /// `ballast proxy --help`, or `None` when this build has no proxy.
 pub async fn ballast_proxy_help(ballast: &Path) -> Option<String> {
     let out = Command::new(ballast)
-        .args(["proxy", "--help"])
+        .args(proxy_subcommand(ballast))
+        .arg("--help")
         .stdin(Stdio::null())
         .output()
         .await
@@ -222,8 +233,8 @@ pub struct BallastArgs<'a> {
 /// caller checks that it answers.
 pub async fn ballast(a: &BallastArgs<'_>) -> anyhow::Result<Server> {
     let mut cmd = taskset(a.core, &a.ballast.display().to_string());
+    cmd.args(proxy_subcommand(a.ballast));
     cmd.args([
-        "proxy",
         "--destination-addr",
         a.destination,
         "--outbound-addr",
