@@ -36,7 +36,20 @@ async fn inbound_proxy(workload_port: u16, extra: &[&str]) -> Proxy {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbound_http1_and_http2_reach_the_workload_port_and_are_counted() {
     let app = Backend::start("app", loopback()).await.expect("backend");
-    let proxy = inbound_proxy(app.addr().port(), &[]).await;
+    // The pod's own identity, as the sidecar's environment gives it.
+    let pod = [
+        "--pod-namespace",
+        "shop",
+        "--pod-name",
+        "web-5d8f9-abcde",
+        "--pod-service-account",
+        "web-sa",
+        "--pod-owner",
+        "deployment/web",
+        "--pod-template-hash",
+        "5d8f9",
+    ];
+    let proxy = inbound_proxy(app.addr().port(), &pod).await;
 
     let mut h1 = Http1::connect(proxy.inbound).await.expect("connect h1");
     for _ in 0..5 {
@@ -64,6 +77,18 @@ async fn inbound_http1_and_http2_reach_the_workload_port_and_are_counted() {
         "{}",
         m.text
     );
+    // Inbound series name this pod as their destination.
+    let this_pod = [
+        ("direction", "inbound"),
+        ("dst_namespace", "shop"),
+        ("dst_pod", "web-5d8f9-abcde"),
+        ("dst_serviceaccount", "web-sa"),
+        ("dst_deployment", "web"),
+        ("dst_pod_template_hash", "5d8f9"),
+    ];
+    assert_eq!(m.sum("request_total", &this_pod), 10.0, "{}", m.text);
+    let src = [this_pod.as_slice(), &[("peer", "src")]].concat();
+    assert!(m.sum("tcp_open_total", &src) >= 2.0, "{}", m.text);
     assert_eq!(m.sum("request_total", &[("direction", "outbound")]), 0.0);
     assert!(
         m.sum(

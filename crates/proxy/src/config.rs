@@ -140,6 +140,47 @@ pub struct OutboundConfig {
     pub max_connections: usize,
 }
 
+/// What owns the pod, as Linkerd's `dst_*` workload labels name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnerKind {
+    Deployment,
+    StatefulSet,
+    DaemonSet,
+    ReplicaSet,
+    Job,
+}
+
+impl std::str::FromStr for OwnerKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "deployment" => Self::Deployment,
+            "statefulset" => Self::StatefulSet,
+            "daemonset" => Self::DaemonSet,
+            "replicaset" => Self::ReplicaSet,
+            "job" => Self::Job,
+            _ => {
+                return Err(format!(
+                    "{s:?} is not a workload kind (deployment, statefulset, daemonset, replicaset or job)"
+                ))
+            }
+        })
+    }
+}
+
+/// The pod this proxy runs in. Inbound traffic is traffic to this pod, so
+/// its series carry the pod's own namespace, name and workload in the
+/// `dst_*` labels (empty when not given).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodIdentity {
+    pub namespace: String,
+    pub name: String,
+    pub service_account: String,
+    pub owner: Option<(OwnerKind, String)>,
+    pub pod_template_hash: String,
+}
+
 /// Settings of the inbound side. Detection, connect, failfast, queue and
 /// pool settings are the outbound side's.
 #[derive(Clone, Debug)]
@@ -151,6 +192,8 @@ pub struct InboundConfig {
     /// Ports forwarded as TCP without protocol detection.
     pub opaque_ports: Vec<u16>,
     pub max_connections: usize,
+    /// Names this pod in inbound metrics.
+    pub pod: PodIdentity,
 }
 
 /// Limits on every HTTP connection the proxy serves or opens.

@@ -84,6 +84,33 @@ impl DstWorkload {
     }
 }
 
+impl DstWorkload {
+    /// The workload labels of the pod `pod` names.
+    pub fn of_pod(pod: &crate::config::PodIdentity) -> Self {
+        use crate::config::OwnerKind;
+        let label = |v: &str| {
+            if v.is_empty() {
+                empty_label()
+            } else {
+                Arc::from(v)
+            }
+        };
+        let owner = |kind| match &pod.owner {
+            Some((k, name)) if *k == kind => label(name),
+            _ => empty_label(),
+        };
+        DstWorkload(Arc::new(WorkloadLabels {
+            dst_deployment: owner(OwnerKind::Deployment),
+            dst_statefulset: owner(OwnerKind::StatefulSet),
+            dst_daemonset: owner(OwnerKind::DaemonSet),
+            dst_replicaset: owner(OwnerKind::ReplicaSet),
+            dst_k8s_job: owner(OwnerKind::Job),
+            dst_serviceaccount: label(&pod.service_account),
+            dst_pod_template_hash: label(&pod.pod_template_hash),
+        }))
+    }
+}
+
 impl EncodeLabelSet for DstWorkload {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
         self.0.encode(encoder)
@@ -978,5 +1005,26 @@ mod tests {
         ] {
             assert_eq!(gauge(&metrics, protocol, state), 0, "{protocol} {state}");
         }
+    }
+
+    #[test]
+    fn a_pods_own_identity_becomes_its_workload_labels() {
+        use crate::config::{OwnerKind, PodIdentity};
+        let pod = PodIdentity {
+            namespace: "shop".into(),
+            name: "db-0".into(),
+            service_account: "db".into(),
+            owner: Some((OwnerKind::StatefulSet, "db".into())),
+            pod_template_hash: String::new(),
+        };
+        let w = DstWorkload::of_pod(&pod);
+        assert_eq!(&*w.0.dst_statefulset, "db");
+        assert_eq!(&*w.0.dst_deployment, "");
+        assert_eq!(&*w.0.dst_serviceaccount, "db");
+        assert_eq!(w, DstWorkload::of_pod(&pod), "labels compare by value");
+        assert_eq!(
+            DstWorkload::of_pod(&PodIdentity::default()),
+            DstWorkload::none()
+        );
     }
 }

@@ -6,7 +6,8 @@ use ballast_admin::{AdminServer, AdminState, Readiness, ShutdownRequest};
 use ballast_backoff::BackoffConfig;
 use ballast_flags::{bytes, fraction, BACKOFF, GIB, GRACE, KIB, MIB, TIMEOUT};
 use ballast_proxy::config::{
-    self as defaults, ControlConfig, HttpLimits, InboundConfig, OutboundConfig,
+    self as defaults, ControlConfig, HttpLimits, InboundConfig, OutboundConfig, OwnerKind,
+    PodIdentity,
 };
 use clap::{builder::TypedValueParser, Args as ClapArgs};
 use std::{net::SocketAddr, sync::atomic::AtomicBool, sync::Arc, time::Duration};
@@ -60,9 +61,32 @@ pub struct Args {
     )]
     cluster_domain: String,
 
-    /// Namespace of this workload, sent to the controller as context.
+    /// Namespace of this workload, sent to the controller as context and
+    /// set as `dst_namespace` on inbound metrics.
     #[arg(long, env = "BALLAST_PROXY_POD_NAMESPACE", default_value = "default")]
     pod_namespace: String,
+
+    /// This pod's name (downward API `metadata.name`): `dst_pod` on inbound
+    /// metrics.
+    #[arg(long, env = "BALLAST_PROXY_POD_NAME", default_value = "")]
+    pod_name: String,
+
+    /// This pod's service account (downward API `spec.serviceAccountName`):
+    /// `dst_serviceaccount` on inbound metrics.
+    #[arg(long, env = "BALLAST_PROXY_POD_SERVICE_ACCOUNT", default_value = "")]
+    pod_service_account: String,
+
+    /// What owns this pod, as KIND/NAME (deployment, statefulset, daemonset,
+    /// replicaset or job; e.g. `deployment/web`): `dst_deployment` and the
+    /// like on inbound metrics.
+    #[arg(long, env = "BALLAST_PROXY_POD_OWNER", value_parser = parse_owner)]
+    pod_owner: Option<(OwnerKind, String)>,
+
+    /// This pod's `pod-template-hash` label (downward API
+    /// `metadata.labels['pod-template-hash']`): `dst_pod_template_hash` on
+    /// inbound metrics.
+    #[arg(long, env = "BALLAST_PROXY_POD_TEMPLATE_HASH", default_value = "")]
+    pod_template_hash: String,
 
     /// How long to wait for a client's first bytes to tell HTTP from opaque TCP.
     #[arg(long, env = "BALLAST_PROXY_DETECT_TIMEOUT", default_value = "10s", value_parser = TIMEOUT)]
@@ -392,6 +416,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             forward_port: args.inbound_forward_port,
             opaque_ports: args.inbound_opaque_ports,
             max_connections: args.max_connections,
+            pod: PodIdentity {
+                namespace: args.pod_namespace.clone(),
+                name: args.pod_name.clone(),
+                service_account: args.pod_service_account.clone(),
+                owner: args.pod_owner.clone(),
+                pod_template_hash: args.pod_template_hash.clone(),
+            },
         },
         http: HttpLimits {
             h1_max_header_bytes: args.http1_max_header_bytes,
@@ -428,4 +459,35 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     let _ = admin_task.await;
     result.map_err(|e| anyhow::anyhow!(e))
+}
+
+/// `KIND/NAME`, as `--pod-owner` takes it.
+fn parse_owner(s: &str) -> Result<(OwnerKind, String), String> {
+    let (kind, name) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s:?} is not KIND/NAME (e.g. deployment/web)"))?;
+    if name.is_empty() || name.len() > 253 {
+        return Err(format!("{s:?}: the name must be 1 to 253 characters"));
+    }
+    Ok((kind.parse()?, name.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_are_kind_slash_name() {
+        assert_eq!(
+            parse_owner("Deployment/web"),
+            Ok((OwnerKind::Deployment, "web".to_string()))
+        );
+        assert_eq!(
+            parse_owner("job/backup-1"),
+            Ok((OwnerKind::Job, "backup-1".to_string()))
+        );
+        for bad in ["web", "deployment/", "cronjob/x", "/web"] {
+            assert!(parse_owner(bad).is_err(), "{bad}");
+        }
+    }
 }

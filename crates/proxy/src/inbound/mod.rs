@@ -6,8 +6,9 @@
 //! byte. A connection that was not redirected goes to `--inbound-forward-port`
 //! when set (runs without iptables), else it is refused.
 //!
-//! Metrics carry `direction="inbound"` and the original destination as
-//! `authority`. Without mTLS the source has no identity, so no identity
+//! Metrics carry `direction="inbound"`, the original destination as
+//! `authority`, and this pod (`PodIdentity`) in the `dst_*` labels. Without
+//! mTLS the source has no identity, so no identity
 //! labels are set.
 
 use crate::{
@@ -18,7 +19,7 @@ use crate::{
     http::{
         error_response, EndpointConns, Forwarder, HttpBalancer, Naming, PoolConfig, ResponseBody,
     },
-    metrics::{BalancerProtocol, Direction, DstLabels, Metrics},
+    metrics::{BalancerProtocol, Direction, DstWorkload, Metrics},
     orig_dst::original_dst,
     own::OwnListeners,
     pipeline::{Accepted, Side},
@@ -49,6 +50,9 @@ pub struct Inbound {
     metrics: Arc<Metrics>,
     own: Arc<OwnListeners>,
     forwarder: Forwarder,
+    /// This pod as an endpoint (its address aside): what inbound series
+    /// name as their destination.
+    this_pod: Endpoint,
 }
 
 /// Where an inbound connection goes: the workload port, and the original
@@ -75,7 +79,16 @@ impl Inbound {
             direction: DIRECTION,
         };
         let idle = p.shared.discovery_idle_timeout;
+        let pod = &p.config.pod;
+        let label = |v: &str| Arc::<str>::from(v);
+        let this_pod = Endpoint {
+            namespace: label(&pod.namespace),
+            pod: label(&pod.name),
+            workload: DstWorkload::of_pod(pod),
+            ..Endpoint::bare(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0))
+        };
         let this = Arc::new(Self {
+            this_pod,
             http_balancers: IdleCache::new(p.shared.max_targets, idle),
             tcp_balancers: IdleCache::new(p.shared.max_targets, idle),
             config: p.config,
@@ -114,7 +127,10 @@ impl Inbound {
             },
             Resolution::fixed(EndpointSet {
                 state: SetState::Known,
-                endpoints: vec![Endpoint::bare(target)],
+                endpoints: vec![Endpoint {
+                    addr: target,
+                    ..self.this_pod.clone()
+                }],
             }),
             BalanceConfig {
                 failfast_timeout,
@@ -187,8 +203,9 @@ impl Side for Inbound {
             tracing::debug!(%orig, "refused an inbound connection to the proxy's own listener");
             return None;
         }
-        let mut labels = DstLabels::unknown(DIRECTION);
-        labels.authority = Arc::from(orig.to_string());
+        let labels = self
+            .this_pod
+            .dst_labels(DIRECTION, Arc::from(orig.to_string()));
         Some(Accepted {
             route: Route { target, orig },
             labels,
