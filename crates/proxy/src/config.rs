@@ -124,6 +124,16 @@ pub struct OutboundConfig {
     /// connections go to.
     pub tcp_routes: Vec<(SocketAddr, String)>,
     pub cluster_domain: String,
+    pub max_endpoints_per_target: usize,
+    /// Last-known endpoints of targets not in use are kept this long.
+    pub stale_endpoints_grace: Duration,
+    pub max_connections: usize,
+}
+
+/// How both sides detect protocols and reach endpoints: connects, failfast,
+/// queues, pools and the bound on targets.
+#[derive(Clone, Debug)]
+pub struct TrafficConfig {
     pub detect_timeout: Duration,
     pub connect_timeout: Duration,
     pub connect_backoff: BackoffConfig,
@@ -133,11 +143,7 @@ pub struct OutboundConfig {
     pub discovery_idle_timeout: Duration,
     pub http1_pool_idle_timeout: Duration,
     pub http1_pool_max_idle: usize,
-    pub max_endpoints_per_target: usize,
     pub max_targets: usize,
-    /// Last-known endpoints of targets not in use are kept this long.
-    pub stale_endpoints_grace: Duration,
-    pub max_connections: usize,
 }
 
 /// What owns the pod, as Linkerd's `dst_*` workload labels name it.
@@ -242,6 +248,7 @@ impl Default for HttpLimits {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub control: ControlConfig,
+    pub traffic: TrafficConfig,
     pub outbound: OutboundConfig,
     pub inbound: InboundConfig,
     pub http: HttpLimits,

@@ -76,7 +76,7 @@ pub async fn serve(
     let discovery = Discovery::new(
         control,
         config.outbound.max_endpoints_per_target,
-        config.outbound.max_targets,
+        config.traffic.max_targets,
         config.outbound.stale_endpoints_grace,
     );
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -84,6 +84,7 @@ pub async fn serve(
     let sweeper = spawn_metrics_sweeper(&metrics);
     let outbound = outbound::Outbound::new(
         config.outbound.clone(),
+        config.traffic.clone(),
         discovery,
         metrics.clone(),
         own.clone(),
@@ -91,13 +92,13 @@ pub async fn serve(
     );
     let inbound = inbound::Inbound::new(inbound::InboundParts {
         config: config.inbound.clone(),
-        shared: config.outbound.clone(),
+        traffic: config.traffic.clone(),
         limits: config.http,
         metrics: metrics.clone(),
         own,
     });
     let pipeline = Arc::new(Pipeline {
-        detect_timeout: config.outbound.detect_timeout,
+        detect_timeout: config.traffic.detect_timeout,
         limits: config.http,
         metrics: metrics.clone(),
         memory: memory.clone(),

@@ -7,7 +7,7 @@ use ballast_backoff::BackoffConfig;
 use ballast_flags::{bytes, fraction, BACKOFF, GIB, GRACE, KIB, MIB, TIMEOUT};
 use ballast_proxy::config::{
     self as defaults, ControlConfig, HttpLimits, InboundConfig, OutboundConfig, OwnerKind,
-    PodIdentity,
+    PodIdentity, TrafficConfig,
 };
 use clap::{builder::TypedValueParser, Args as ClapArgs};
 use std::{net::SocketAddr, sync::atomic::AtomicBool, sync::Arc, time::Duration};
@@ -393,6 +393,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             addr: args.outbound_addr,
             tcp_routes: args.outbound_tcp.clone(),
             cluster_domain: args.cluster_domain,
+            max_endpoints_per_target: args.max_endpoints_per_target,
+            stale_endpoints_grace: args.stale_endpoints_grace,
+            max_connections: args.max_connections,
+        },
+        traffic: TrafficConfig {
             detect_timeout: args.detect_timeout,
             connect_timeout: args.connect_timeout,
             connect_backoff: BackoffConfig {
@@ -406,10 +411,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             discovery_idle_timeout: args.discovery_idle_timeout,
             http1_pool_idle_timeout: args.http1_pool_idle_timeout,
             http1_pool_max_idle: args.http1_pool_max_idle,
-            max_endpoints_per_target: args.max_endpoints_per_target,
             max_targets: args.max_targets,
-            stale_endpoints_grace: args.stale_endpoints_grace,
-            max_connections: args.max_connections,
         },
         inbound: InboundConfig {
             addr: args.inbound_addr,

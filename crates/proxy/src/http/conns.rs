@@ -3,7 +3,7 @@
 //! connect at a time however many requests want it.
 
 use crate::{
-    config::{HttpLimits, OutboundConfig},
+    config::{HttpLimits, TrafficConfig},
     connect::{connect, ConnectError},
     io::Counted,
     metrics::{DstLabels, HttpEndpointMetrics, Metrics, TcpMetrics},
@@ -35,7 +35,7 @@ pub struct PoolConfig {
 }
 
 impl PoolConfig {
-    pub fn new(config: &OutboundConfig, limits: &HttpLimits) -> Self {
+    pub fn new(config: &TrafficConfig, limits: &HttpLimits) -> Self {
         Self {
             connect_timeout: config.connect_timeout,
             idle_timeout: config.http1_pool_idle_timeout,

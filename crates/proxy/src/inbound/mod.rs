@@ -14,7 +14,7 @@
 use crate::{
     balance::{BalanceConfig, Balancer, MakeConns, TargetName},
     cache::{spawn_sweeper, IdleCache},
-    config::{HttpLimits, InboundConfig, OutboundConfig},
+    config::{HttpLimits, InboundConfig, TrafficConfig},
     discovery::{Endpoint, EndpointSet, Resolution, SetState},
     http::{
         error_response, EndpointConns, Forwarder, HttpBalancer, Naming, PoolConfig, ResponseBody,
@@ -40,8 +40,7 @@ const DIRECTION: Direction = Direction::inbound;
 
 pub struct Inbound {
     config: InboundConfig,
-    /// Detection, connect, failfast and queue settings (shared by both sides).
-    shared: OutboundConfig,
+    traffic: TrafficConfig,
     /// One balancer per workload port and original destination, over the
     /// one endpoint 127.0.0.1:PORT: it brings connect backoff, failfast and
     /// the HTTP connection pool.
@@ -65,7 +64,7 @@ pub struct Route {
 /// Everything the inbound side is built from.
 pub struct InboundParts {
     pub config: InboundConfig,
-    pub shared: OutboundConfig,
+    pub traffic: TrafficConfig,
     pub limits: HttpLimits,
     pub metrics: Arc<Metrics>,
     pub own: Arc<OwnListeners>,
@@ -74,11 +73,11 @@ pub struct InboundParts {
 impl Inbound {
     pub fn new(p: InboundParts) -> Arc<Self> {
         let forwarder = Forwarder {
-            pool: Arc::new(PoolConfig::new(&p.shared, &p.limits)),
+            pool: Arc::new(PoolConfig::new(&p.traffic, &p.limits)),
             metrics: p.metrics.clone(),
             direction: DIRECTION,
         };
-        let idle = p.shared.discovery_idle_timeout;
+        let idle = p.traffic.discovery_idle_timeout;
         let pod = &p.config.pod;
         let label = |v: &str| Arc::<str>::from(v);
         let this_pod = Endpoint {
@@ -89,10 +88,10 @@ impl Inbound {
         };
         let this = Arc::new(Self {
             this_pod,
-            http_balancers: IdleCache::new(p.shared.max_targets, idle),
-            tcp_balancers: IdleCache::new(p.shared.max_targets, idle),
+            http_balancers: IdleCache::new(p.traffic.max_targets, idle),
+            tcp_balancers: IdleCache::new(p.traffic.max_targets, idle),
             config: p.config,
-            shared: p.shared,
+            traffic: p.traffic,
             metrics: p.metrics,
             own: p.own,
             forwarder,
@@ -134,8 +133,8 @@ impl Inbound {
             }),
             BalanceConfig {
                 failfast_timeout,
-                queue_capacity: self.shared.queue_capacity,
-                connect_backoff: self.shared.connect_backoff.clone(),
+                queue_capacity: self.traffic.queue_capacity,
+                connect_backoff: self.traffic.connect_backoff.clone(),
             },
             self.metrics.clone(),
             self.own.clone(),
@@ -157,14 +156,14 @@ impl Inbound {
     fn http_balancer(&self, target: SocketAddr, orig: SocketAddr) -> Option<Arc<HttpBalancer>> {
         let metrics = self.metrics.clone();
         let conns: MakeConns<EndpointConns> = Arc::new(move || EndpointConns::new(metrics.clone()));
-        let timeout = self.shared.http_failfast_timeout;
+        let timeout = self.traffic.http_failfast_timeout;
         self.refused(self.http_balancers.get_or_insert_with(&(target, orig), || {
             self.make_balancer(target, orig, BalancerProtocol::Http, timeout, conns)
         }))
     }
 
     fn tcp_balancer(&self, target: SocketAddr, orig: SocketAddr) -> Option<Arc<TcpBalancer>> {
-        let timeout = self.shared.tcp_failfast_timeout;
+        let timeout = self.traffic.tcp_failfast_timeout;
         self.refused(self.tcp_balancers.get_or_insert_with(&(target, orig), || {
             self.make_balancer(
                 target,
@@ -218,7 +217,7 @@ impl Side for Inbound {
         C: AsyncRead + AsyncWrite + Unpin + Send,
     {
         match self.tcp_balancer(route.target, route.orig) {
-            Some(b) => tcp::forward(client, &b, self.shared.connect_timeout, &self.metrics).await,
+            Some(b) => tcp::forward(client, &b, self.traffic.connect_timeout, &self.metrics).await,
             None => false,
         }
     }

@@ -15,7 +15,7 @@ use crate::{
     authority::{is_short_name, parse_host, HostTarget},
     balance::{BalanceConfig, Balancer, MakeConns, TargetName},
     cache::{spawn_sweeper, CacheFull, IdleCache},
-    config::{HttpLimits, OutboundConfig},
+    config::{HttpLimits, OutboundConfig, TrafficConfig},
     discovery::{Discovery, Endpoint, EndpointSet, ProfileWatch, Resolution, SetState},
     http::{
         error_response, EndpointConns, Forwarder, HttpBalancer, Naming, PoolConfig, ResponseBody,
@@ -95,6 +95,7 @@ pub enum HttpRoute {
 
 pub struct Outbound {
     config: OutboundConfig,
+    traffic: TrafficConfig,
     discovery: Discovery,
     http_balancers: IdleCache<TargetKey, HttpBalancer>,
     tcp_balancers: IdleCache<TargetKey, TcpBalancer>,
@@ -107,22 +108,24 @@ pub struct Outbound {
 impl Outbound {
     pub fn new(
         config: OutboundConfig,
+        traffic: TrafficConfig,
         discovery: Discovery,
         metrics: Arc<Metrics>,
         own: Arc<OwnListeners>,
         limits: &HttpLimits,
     ) -> Arc<Self> {
-        let idle = config.discovery_idle_timeout;
+        let idle = traffic.discovery_idle_timeout;
         let forwarder = Forwarder {
-            pool: Arc::new(PoolConfig::new(&config, limits)),
+            pool: Arc::new(PoolConfig::new(&traffic, limits)),
             metrics: metrics.clone(),
             direction: DIRECTION,
         };
         let this = Arc::new(Self {
-            http_balancers: IdleCache::new(config.max_targets, idle),
-            tcp_balancers: IdleCache::new(config.max_targets, idle),
-            profiles: IdleCache::new(config.max_targets, idle),
+            http_balancers: IdleCache::new(traffic.max_targets, idle),
+            tcp_balancers: IdleCache::new(traffic.max_targets, idle),
+            profiles: IdleCache::new(traffic.max_targets, idle),
             config,
+            traffic,
             discovery,
             metrics,
             own,
@@ -150,7 +153,7 @@ impl Outbound {
             self.make_balancer(
                 target,
                 BalancerProtocol::Http,
-                self.config.http_failfast_timeout,
+                self.traffic.http_failfast_timeout,
                 conns,
             )
         })
@@ -161,7 +164,7 @@ impl Outbound {
             self.make_balancer(
                 target,
                 BalancerProtocol::Tcp,
-                self.config.tcp_failfast_timeout,
+                self.traffic.tcp_failfast_timeout,
                 Arc::new(|| ()),
             )
         })
@@ -193,8 +196,8 @@ impl Outbound {
             resolution,
             BalanceConfig {
                 failfast_timeout,
-                queue_capacity: self.config.queue_capacity,
-                connect_backoff: self.config.connect_backoff.clone(),
+                queue_capacity: self.traffic.queue_capacity,
+                connect_backoff: self.traffic.connect_backoff.clone(),
             },
             self.metrics.clone(),
             self.own.clone(),
@@ -354,7 +357,7 @@ impl Side for Outbound {
             return false;
         };
         match self.tcp_balancer(&target) {
-            Ok(b) => tcp::forward(client, &b, self.config.connect_timeout, &self.metrics).await,
+            Ok(b) => tcp::forward(client, &b, self.traffic.connect_timeout, &self.metrics).await,
             Err(e) => {
                 self.too_many_targets(&e);
                 false
