@@ -139,8 +139,15 @@ impl EndpointConns {
         if sender.is_closed() {
             return;
         }
-        self.expire_h1(config);
         let mut idle = self.h1_idle.lock().unwrap_or_else(|e| e.into_inner());
+        // Stale connections are swept periodically (`expire_h1`); here only
+        // when they take the room this one needs.
+        if idle.len() >= config.max_idle {
+            let now = Instant::now();
+            idle.retain(|(s, since)| {
+                !s.is_closed() && now.duration_since(*since) < config.idle_timeout
+            });
+        }
         if idle.len() < config.max_idle {
             idle.push((sender, Instant::now()));
             drop(idle);
@@ -252,7 +259,7 @@ impl EndpointConns {
             return Err(ConnectError::SharedAttemptFailed(addr));
         }
         attempts.made += 1;
-        let connect = self.connect_h2(addr, config, tcp);
+        let connect = Box::pin(self.connect_h2(addr, config, tcp));
         let result = tokio::time::timeout_at(deadline, connect)
             .await
             .unwrap_or(Err(ConnectError::Deadline(addr)));

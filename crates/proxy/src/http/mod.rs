@@ -77,29 +77,72 @@ fn balance_error_response(
 
 /// Headers that belong to one HTTP/1 hop and must not be forwarded.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Split the raw bytes: one byte that is not visible ASCII must not hide
-    // the other names in the value.
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim_ascii()).ok())
-        .collect();
-    for name in named {
+    // One pass over the names, comparing enum tags for standard names; no
+    // hashing, lookups or removals for a name that is not there.
+    let mut present = [false; HOP_BY_HOP.len()];
+    for name in headers.keys() {
+        if let Some(i) = hop_by_hop_index(name.as_str()) {
+            present[i] = true;
+        }
+    }
+    if present[0] {
+        if let header::Entry::Occupied(connection) = headers.entry(header::CONNECTION) {
+            let (_, mut values) = connection.remove_entry_mult();
+            // Usually one value: the rest collect into no allocation.
+            let first = values.next();
+            let rest: Vec<HeaderValue> = values.collect();
+            // Split the raw bytes: one byte that is not visible ASCII must not
+            // hide the other names in the value.
+            for token in first
+                .iter()
+                .chain(&rest)
+                .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+                .map(<[u8]>::trim_ascii)
+            {
+                // `close` names no header; `keep-alive` is on the list below.
+                if token.is_empty()
+                    || token.eq_ignore_ascii_case(b"close")
+                    || token.eq_ignore_ascii_case(b"keep-alive")
+                {
+                    continue;
+                }
+                if let Ok(name) = HeaderName::from_bytes(token) {
+                    headers.remove(name);
+                }
+            }
+        }
+    }
+    for (name, _) in HOP_BY_HOP.iter().zip(present).skip(1).filter(|(_, p)| *p) {
         headers.remove(name);
     }
-    for name in [
-        header::CONNECTION,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-        header::PROXY_AUTHORIZATION,
-        header::TE,
-    ] {
-        headers.remove(name);
-    }
-    headers.remove("keep-alive");
-    headers.remove("proxy-connection");
 }
+
+/// Where `name` is in [`HOP_BY_HOP`]: a match on the name's text, which
+/// compiles to length and byte comparisons.
+fn hop_by_hop_index(name: &str) -> Option<usize> {
+    Some(match name {
+        "connection" => 0,
+        "transfer-encoding" => 1,
+        "upgrade" => 2,
+        "proxy-authorization" => 3,
+        "te" => 4,
+        "keep-alive" => 5,
+        "proxy-connection" => 6,
+        _ => return None,
+    })
+}
+
+/// Headers that belong to one hop whatever `Connection` says; `Connection`
+/// first.
+static HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+];
 
 #[cfg(test)]
 mod tests {
@@ -119,6 +162,36 @@ mod tests {
         strip_hop_by_hop(&mut headers);
         let left: Vec<&str> = headers.keys().map(|k| k.as_str()).collect();
         assert_eq!(left, ["x-kept"]);
+    }
+
+    #[test]
+    fn the_index_matches_the_table() {
+        for (i, name) in HOP_BY_HOP.iter().enumerate() {
+            assert_eq!(hop_by_hop_index(name.as_str()), Some(i));
+        }
+        assert_eq!(hop_by_hop_index("host"), None);
+    }
+
+    #[test]
+    fn messages_without_hop_by_hop_headers_are_left_alone_and_others_lose_only_those() {
+        let mut plain = HeaderMap::new();
+        plain.insert(header::HOST, HeaderValue::from_static("web"));
+        plain.insert("x-keep-alive-ish", HeaderValue::from_static("1"));
+        let before = plain.clone();
+        strip_hop_by_hop(&mut plain);
+        assert_eq!(plain, before);
+
+        let mut rsp = HeaderMap::new();
+        rsp.insert(header::CONNECTION, HeaderValue::from_static("Keep-Alive"));
+        rsp.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        rsp.insert(header::CONTENT_LENGTH, HeaderValue::from_static("1024"));
+        rsp.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        strip_hop_by_hop(&mut rsp);
+        let left: Vec<&str> = rsp.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["content-length"]);
     }
 }
 
@@ -215,27 +288,27 @@ impl Forwarder {
         }
         let (mut sender, fresh) = match endpoint.conns.take_h1(&self.pool) {
             Some(s) => (s, false),
-            None => match endpoint
-                .conns
-                .connect_h1(addr, &self.pool, deadline, tcp)
-                .await
-            {
-                Ok((s, fresh)) => {
-                    if fresh {
-                        endpoint.connect_succeeded();
+            // Boxed: a request future is moved whole, and is sized for its
+            // largest state; connecting is the rare one.
+            None => {
+                match Box::pin(endpoint.conns.connect_h1(addr, &self.pool, deadline, tcp)).await {
+                    Ok((s, fresh)) => {
+                        if fresh {
+                            endpoint.connect_succeeded();
+                        }
+                        (s, fresh)
                     }
-                    (s, fresh)
+                    Err(ConnectError::Exhausted(_)) => {
+                        self.metrics
+                            .error(self.direction, "max_connections_per_endpoint");
+                        return Attempt::Sent(error_response(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "max_connections_per_endpoint",
+                        ));
+                    }
+                    Err(e) => return Attempt::Unsent(req, Some(e)),
                 }
-                Err(ConnectError::Exhausted(_)) => {
-                    self.metrics
-                        .error(self.direction, "max_connections_per_endpoint");
-                    return Attempt::Sent(error_response(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "max_connections_per_endpoint",
-                    ));
-                }
-                Err(e) => return Attempt::Unsent(req, Some(e)),
-            },
+            }
         };
         // A pooled connection may have closed while idle; a new one that
         // closes at once counts against the endpoint. Either way nothing
@@ -276,7 +349,12 @@ impl Forwarder {
         if h1.is_some() {
             strip_hop_by_hop(&mut parts.headers);
         }
-        let grpc_status = body::grpc_status(&parts.headers);
+        // gRPC runs over HTTP/2 only: an HTTP/1 response has no status to read.
+        let grpc_status = if h1.is_some() {
+            None
+        } else {
+            body::grpc_status(&parts.headers)
+        };
         let done = Done::new(
             endpoint.clone(),
             parts.status.as_u16(),

@@ -299,7 +299,8 @@ impl Outbound {
             Some(a) if is_short_name(a) => Naming::Short,
             _ => Naming::Exact,
         };
-        let (target, _profile) = match self.target_of(authority).await {
+        // Boxed: resolving a new authority is the rare path of a request.
+        let (target, _profile) = match Box::pin(self.target_of(authority)).await {
             Ok(t) => t,
             Err(refused) => return refused,
         };

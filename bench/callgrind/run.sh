@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Instructions per proxied request, under callgrind: Ballast's sidecar proxy
+# and HAProxy in front of the same nginx, the same load (oha, 16 keep-alive
+# connections). Each proxy runs twice, with SMALL and LARGE requests; the
+# difference divided by LARGE - SMALL cancels start-up and shutdown.
+#
+# Needs: valgrind, nginx, haproxy, oha (cargo install --locked oha), and
+#   cargo build --release -p ballast -p ballast-sidecar
+# Usage (from the workspace root): [KEEP=DIR] [TARGETS="ballast haproxy"] bench/callgrind/run.sh [SMALL] [LARGE]
+set -euo pipefail
+SMALL=${1:-2000}
+LARGE=${2:-22000}
+BALLAST=${BALLAST:-target/release/ballast}
+PROXY=${PROXY:-target/release/ballast-proxy}
+dir=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 1 600); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
+
+backend=$(free_port)
+body=$(head -c 1024 /dev/zero | tr '\0' 'x')
+cat > "$dir/nginx.conf" <<NGINX
+daemon off; master_process off; worker_processes 1; pid $dir/nginx.pid;
+error_log stderr warn;
+events { worker_connections 1024; }
+http { access_log off; keepalive_requests 100000000; keepalive_timeout 3600s;
+  server { listen 127.0.0.1:$backend; location / { return 200 "$body"; } } }
+NGINX
+nginx -c "$dir/nginx.conf" -p "$dir" & pids+=($!)
+wait_port "$backend"
+
+mkdir -p "$dir/manifests"
+grpc=$(free_port); admin=$(free_port)
+cat > "$dir/manifests/backend.yaml" <<YAML
+apiVersion: v1
+kind: Service
+metadata: {name: backend, namespace: bench}
+spec:
+  clusterIP: 10.96.0.10
+  selector: {app: backend}
+  ports: [{name: http, port: 80, targetPort: $backend}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: backend-0, namespace: bench, labels: {app: backend}}
+spec:
+  containers: [{name: app, ports: [{name: http, containerPort: $backend}]}]
+status:
+  phase: Running
+  podIP: 127.0.0.1
+  hostIP: 127.0.0.1
+  conditions: [{type: Ready, status: "True"}]
+YAML
+BALLAST_LOG=warn "$BALLAST" destination --manifests "$dir/manifests" \
+  --addr "127.0.0.1:$grpc" --admin-addr "127.0.0.1:$admin" & pids+=($!)
+wait_port "$grpc"
+
+# instructions PORT_TO_LOAD N COMMAND...: total Ir of COMMAND while N requests pass.
+instructions() {
+  local port=$1 n=$2 host=$3; shift 3
+  local out="$dir/cg.$RANDOM"
+  valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >"$dir/proxy.log" 2>&1 &
+  local vg=$!
+  wait_port "$port"
+  oha --no-tui -n "$n" -c 16 -H "Host: $host" "http://127.0.0.1:$port/" >/dev/null
+  kill -TERM "$vg" 2>/dev/null || true
+  wait "$vg" 2>/dev/null || true
+  awk '/^summary:|^totals:/ { print $2; exit }' "$out"
+  # KEEP=DIR keeps each profile for callgrind_annotate.
+  if [ -n "${KEEP:-}" ]; then cp "$out" "$KEEP/callgrind.$(basename "$1").$n"; fi
+}
+
+p=$(free_port)
+ballast_cmd() { local n=$1; instructions "$p" "$n" backend.bench.svc.cluster.local \
+  "$PROXY" --destination-addr "127.0.0.1:$grpc" --outbound-addr "127.0.0.1:$p" \
+  --inbound-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0; }
+h=$(free_port)
+cat > "$dir/haproxy.cfg" <<HAP
+global
+  nbthread 1
+defaults
+  mode http
+  timeout connect 1s
+  timeout client 3600s
+  timeout server 3600s
+  timeout http-keep-alive 3600s
+frontend fe
+  bind 127.0.0.1:$h
+  default_backend be
+backend be
+  http-reuse always
+  server s1 127.0.0.1:$backend
+HAP
+haproxy_cmd() { local n=$1; instructions "$h" "$n" backend "$(command -v haproxy)" -f "$dir/haproxy.cfg"; }
+
+for name in ${TARGETS:-ballast haproxy}; do
+  small=$(${name}_cmd "$SMALL")
+  large=$(${name}_cmd "$LARGE")
+  echo "$name: $(( (large - small) / (LARGE - SMALL) )) instructions per request ($small at $SMALL requests, $large at $LARGE)"
+done
