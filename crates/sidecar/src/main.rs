@@ -22,7 +22,7 @@ destination controller and balanced across endpoints",
     propagate_version = true
 )]
 struct Cli {
-    /// Log filter, in `tracing` EnvFilter syntax (e.g. `info`, `ballast=debug`).
+    /// Log filter: a default level and per-target levels (e.g. `info`, `warn,ballast=debug`).
     #[arg(long, global = true, env = "BALLAST_LOG", default_value = "info")]
     log: String,
 
