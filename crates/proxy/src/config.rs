@@ -294,20 +294,9 @@ pub fn default_control_backoff() -> BackoffConfig {
     }
 }
 
-/// How long a traffic metric series nobody uses stays exported: a
-/// Prometheus server scraping every 10-30 s, or one that missed a few
-/// scrapes, still sees the last counts of a service called rarely.
-pub const DEFAULT_METRICS_RETENTION: Duration = Duration::from_secs(10 * 60);
-/// Most series per traffic metric family. A sidecar talks to tens of
-/// services of tens of endpoints each; 10,000 covers a client of every pod
-/// of a large cluster (1,000 services of 10 pods) while bounding the worst
-/// case to tens of MB and a scrape to what one Prometheus target can take.
-pub const DEFAULT_METRICS_MAX_SERIES: usize = 10_000;
-
-/// The series limits of the traffic metrics, by default.
-pub fn default_series_limits() -> crate::metrics::SeriesLimits {
-    crate::metrics::SeriesLimits {
-        retention: DEFAULT_METRICS_RETENTION,
-        max_series: DEFAULT_METRICS_MAX_SERIES,
-    }
-}
+/// Traffic metric defaults: a series nobody uses stays exported for 10
+/// minutes; each family holds at most 10,000 series (see `metrics`).
+pub use crate::metrics::{
+    DEFAULT_MAX_SERIES as DEFAULT_METRICS_MAX_SERIES,
+    DEFAULT_RETENTION as DEFAULT_METRICS_RETENTION,
+};

@@ -84,33 +84,6 @@ impl DstWorkload {
     }
 }
 
-impl DstWorkload {
-    /// The workload labels of the pod `pod` names.
-    pub fn of_pod(pod: &crate::config::PodIdentity) -> Self {
-        use crate::config::OwnerKind;
-        let label = |v: &str| {
-            if v.is_empty() {
-                empty_label()
-            } else {
-                Arc::from(v)
-            }
-        };
-        let owner = |kind| match &pod.owner {
-            Some((k, name)) if *k == kind => label(name),
-            _ => empty_label(),
-        };
-        DstWorkload(Arc::new(WorkloadLabels {
-            dst_deployment: owner(OwnerKind::Deployment),
-            dst_statefulset: owner(OwnerKind::StatefulSet),
-            dst_daemonset: owner(OwnerKind::DaemonSet),
-            dst_replicaset: owner(OwnerKind::ReplicaSet),
-            dst_k8s_job: owner(OwnerKind::Job),
-            dst_serviceaccount: label(&pod.service_account),
-            dst_pod_template_hash: label(&pod.pod_template_hash),
-        }))
-    }
-}
-
 impl EncodeLabelSet for DstWorkload {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
         self.0.encode(encoder)
@@ -128,6 +101,16 @@ pub struct DstLabels {
     #[prometheus(flatten)]
     pub workload: DstWorkload,
 }
+
+/// How long a traffic metric series nobody uses stays exported: a
+/// Prometheus server scraping every 10-30 s, or one that missed a few
+/// scrapes, still sees the last counts of a service called rarely.
+pub const DEFAULT_RETENTION: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+/// Most series per traffic metric family. A sidecar talks to tens of
+/// services of tens of endpoints each; 10,000 covers a client of every pod
+/// of a large cluster (1,000 services of 10 pods) while bounding the worst
+/// case to tens of MB and a scrape to what one Prometheus target can take.
+pub const DEFAULT_MAX_SERIES: usize = 10_000;
 
 /// The empty label value, shared: made once, not per connection.
 pub fn empty_label() -> Arc<str> {
@@ -308,7 +291,13 @@ impl Metrics {
     /// Creates the families with the default series limits and registers
     /// them.
     pub fn register(registry: &mut Registry) -> Arc<Self> {
-        Self::register_with(registry, crate::config::default_series_limits())
+        Self::register_with(
+            registry,
+            SeriesLimits {
+                retention: DEFAULT_RETENTION,
+                max_series: DEFAULT_MAX_SERIES,
+            },
+        )
     }
 
     /// Creates the families and registers them; `limits` bound the series of
@@ -862,7 +851,7 @@ mod tests {
         drop(ep);
 
         // Unused for the whole retention, the series go, and say so.
-        let retention = crate::config::DEFAULT_METRICS_RETENTION;
+        let retention = DEFAULT_RETENTION;
         metrics.sweep(Instant::now());
         tokio::time::advance(retention).await;
         metrics.sweep(Instant::now());
@@ -1005,26 +994,5 @@ mod tests {
         ] {
             assert_eq!(gauge(&metrics, protocol, state), 0, "{protocol} {state}");
         }
-    }
-
-    #[test]
-    fn a_pods_own_identity_becomes_its_workload_labels() {
-        use crate::config::{OwnerKind, PodIdentity};
-        let pod = PodIdentity {
-            namespace: "shop".into(),
-            name: "db-0".into(),
-            service_account: "db".into(),
-            owner: Some((OwnerKind::StatefulSet, "db".into())),
-            pod_template_hash: String::new(),
-        };
-        let w = DstWorkload::of_pod(&pod);
-        assert_eq!(&*w.0.dst_statefulset, "db");
-        assert_eq!(&*w.0.dst_deployment, "");
-        assert_eq!(&*w.0.dst_serviceaccount, "db");
-        assert_eq!(w, DstWorkload::of_pod(&pod), "labels compare by value");
-        assert_eq!(
-            DstWorkload::of_pod(&PodIdentity::default()),
-            DstWorkload::none()
-        );
     }
 }

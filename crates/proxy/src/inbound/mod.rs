@@ -14,12 +14,12 @@
 use crate::{
     balance::{BalanceConfig, Balancer, MakeConns, TargetName},
     cache::{spawn_sweeper, IdleCache},
-    config::{HttpLimits, InboundConfig, TrafficConfig},
+    config::{HttpLimits, InboundConfig, OwnerKind, PodIdentity, TrafficConfig},
     discovery::{Endpoint, EndpointSet, Resolution, SetState},
     http::{
         error_response, EndpointConns, Forwarder, HttpBalancer, Naming, PoolConfig, ResponseBody,
     },
-    metrics::{BalancerProtocol, Direction, DstWorkload, Metrics},
+    metrics::{empty_label, BalancerProtocol, Direction, DstWorkload, Metrics, WorkloadLabels},
     orig_dst::original_dst,
     own::OwnListeners,
     pipeline::{Accepted, Side},
@@ -83,7 +83,7 @@ impl Inbound {
         let this_pod = Endpoint {
             namespace: label(&pod.namespace),
             pod: label(&pod.name),
-            workload: DstWorkload::of_pod(pod),
+            workload: workload_of(pod),
             ..Endpoint::bare(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0))
         };
         let this = Arc::new(Self {
@@ -235,5 +235,51 @@ impl Side for Inbound {
             Some(b) => self.forwarder.forward(b, req, Naming::Exact).await,
             None => error_response(StatusCode::SERVICE_UNAVAILABLE, "too_many_targets"),
         }
+    }
+}
+
+/// The workload labels of this pod.
+fn workload_of(pod: &PodIdentity) -> DstWorkload {
+    let label = |v: &str| {
+        if v.is_empty() {
+            empty_label()
+        } else {
+            Arc::from(v)
+        }
+    };
+    let owner = |kind| match &pod.owner {
+        Some((k, name)) if *k == kind => label(name),
+        _ => empty_label(),
+    };
+    DstWorkload(Arc::new(WorkloadLabels {
+        dst_deployment: owner(OwnerKind::Deployment),
+        dst_statefulset: owner(OwnerKind::StatefulSet),
+        dst_daemonset: owner(OwnerKind::DaemonSet),
+        dst_replicaset: owner(OwnerKind::ReplicaSet),
+        dst_k8s_job: owner(OwnerKind::Job),
+        dst_serviceaccount: label(&pod.service_account),
+        dst_pod_template_hash: label(&pod.pod_template_hash),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pods_own_identity_becomes_its_workload_labels() {
+        let pod = PodIdentity {
+            namespace: "shop".into(),
+            name: "db-0".into(),
+            service_account: "db".into(),
+            owner: Some((OwnerKind::StatefulSet, "db".into())),
+            pod_template_hash: String::new(),
+        };
+        let w = workload_of(&pod);
+        assert_eq!(&*w.0.dst_statefulset, "db");
+        assert_eq!(&*w.0.dst_deployment, "");
+        assert_eq!(&*w.0.dst_serviceaccount, "db");
+        assert_eq!(w, workload_of(&pod), "labels compare by value");
+        assert_eq!(workload_of(&PodIdentity::default()), DstWorkload::none());
     }
 }
