@@ -376,6 +376,15 @@ impl<C> Balancer<C> {
         if let Some(e) = self.try_select()? {
             return Ok(e);
         }
+        // Boxed: a request's future is sized for its largest state, and
+        // waiting (a sleep, a notification) is the rare one.
+        Box::pin(self.wait_for_endpoint(deadline)).await
+    }
+
+    async fn wait_for_endpoint(
+        &self,
+        deadline: Instant,
+    ) -> Result<Arc<EndpointState<C>>, BalanceError> {
         if self.failfast.load(Ordering::Relaxed) {
             self.metrics.error(self.target.direction, "failfast");
             return Err(BalanceError::Failfast);

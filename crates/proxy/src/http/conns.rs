@@ -224,7 +224,8 @@ impl EndpointConns {
         Ok((sender, true))
     }
 
-    fn open_h2(&self) -> Option<http2::SendRequest<Incoming>> {
+    /// The shared HTTP/2 connection, if open.
+    pub fn open_h2(&self) -> Option<http2::SendRequest<Incoming>> {
         self.h2
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -271,7 +271,14 @@ impl Forwarder {
         // Endpoint connections count like TCP forwarding's (`peer="dst"`).
         let tcp = || TcpMetrics::open(&self.metrics, Peer::dst, endpoint.labels.clone());
         if h2 {
-            let mut sender = match endpoint.conns.h2(addr, &self.pool, deadline, tcp).await {
+            // The shared connection, when open; connecting (boxed: the rare
+            // state of a request's future) otherwise.
+            let open = endpoint.conns.open_h2();
+            let connected = match open {
+                Some(s) => Ok(s),
+                None => Box::pin(endpoint.conns.h2(addr, &self.pool, deadline, tcp)).await,
+            };
+            let mut sender = match connected {
                 Ok(s) => s,
                 Err(e) => return Attempt::Unsent(req, Some(e)),
             };

@@ -275,25 +275,26 @@ impl Outbound {
         }
     }
 
+    /// The balancer this connection's last request went to, if `req` names
+    /// the same authority.
+    fn remembered(
+        last: &std::sync::Mutex<Option<LastRoute>>,
+        req: &Request<Incoming>,
+    ) -> Option<(Arc<HttpBalancer>, Naming)> {
+        let authority = authority_of(req)?;
+        let last = last.lock().unwrap_or_else(|e| e.into_inner());
+        last.as_ref()
+            .filter(|l| &*l.authority == authority)
+            .map(|l| (l.balancer.clone(), l.naming))
+    }
+
+    /// Routes a request whose authority this connection has not just used.
     async fn by_authority(
         &self,
         last: &std::sync::Mutex<Option<LastRoute>>,
         req: Request<Incoming>,
     ) -> Response<ResponseBody> {
-        let authority = req.uri().authority().map(|a| a.as_str()).or_else(|| {
-            req.headers()
-                .get(http::header::HOST)
-                .and_then(|h| h.to_str().ok())
-        });
-        let remembered = authority.and_then(|a| {
-            let last = last.lock().unwrap_or_else(|e| e.into_inner());
-            last.as_ref()
-                .filter(|l| &*l.authority == a)
-                .map(|l| (l.balancer.clone(), l.naming))
-        });
-        if let Some((b, naming)) = remembered {
-            return self.forwarder.forward(&b, req, naming).await;
-        }
+        let authority = authority_of(&req);
         let remember: Option<Box<str>> = authority.map(Box::from);
         let naming = match authority {
             Some(a) if is_short_name(a) => Naming::Short,
@@ -391,13 +392,27 @@ impl Side for Outbound {
             HttpRoute::Bound { balancer, .. } => {
                 self.forwarder.forward(balancer, req, Naming::Exact).await
             }
-            HttpRoute::ByAuthority(last) => self.by_authority(last, req).await,
+            HttpRoute::ByAuthority(last) => match Self::remembered(last, &req) {
+                Some((b, naming)) => self.forwarder.forward(&b, req, naming).await,
+                // Boxed: the request future is moved whole, and is sized for
+                // its largest state; a new authority is the rare one.
+                None => Box::pin(self.by_authority(last, req)).await,
+            },
             HttpRoute::Refused => {
                 self.metrics.error(DIRECTION, "too_many_targets");
                 error_response(StatusCode::SERVICE_UNAVAILABLE, "too_many_targets")
             }
         }
     }
+}
+
+/// The authority a request names: its `:authority` or `Host`.
+fn authority_of(req: &Request<Incoming>) -> Option<&str> {
+    req.uri().authority().map(|a| a.as_str()).or_else(|| {
+        req.headers()
+            .get(http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+    })
 }
 
 /// The authority a connection's last request named, and where it went:
