@@ -303,3 +303,109 @@ impl EndpointConns {
         Ok(sender)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::{Direction, DstLabels, Peer};
+    use prometheus_client::registry::Registry;
+    use std::sync::atomic::AtomicU64;
+    use tokio::net::TcpListener;
+
+    /// A listener that accepts and holds every connection, counting them.
+    async fn holding_listener() -> (SocketAddr, Arc<AtomicU64>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let accepted = Arc::new(AtomicU64::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::Relaxed);
+                held.push(s);
+            }
+        });
+        (addr, accepted)
+    }
+
+    fn pool(max_connections_per_endpoint: usize) -> PoolConfig {
+        PoolConfig {
+            connect_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(3),
+            max_idle: 8,
+            limits: HttpLimits {
+                max_connections_per_endpoint,
+                ..HttpLimits::default()
+            },
+        }
+    }
+
+    fn metrics() -> Arc<Metrics> {
+        Metrics::register(&mut Registry::default())
+    }
+
+    #[tokio::test]
+    async fn concurrent_requests_for_a_cold_endpoint_share_one_http2_connect() {
+        let (addr, accepted) = holding_listener().await;
+        let metrics = metrics();
+        let conns = Arc::new(EndpointConns::new(metrics.clone()));
+        let config = Arc::new(pool(10));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut tasks = Vec::new();
+        for _ in 0..50 {
+            let (conns, config, metrics) = (conns.clone(), config.clone(), metrics.clone());
+            tasks.push(tokio::spawn(async move {
+                let tcp = || {
+                    TcpMetrics::open(&metrics, Peer::dst, DstLabels::unknown(Direction::outbound))
+                };
+                conns.h2(addr, &config, deadline, tcp).await.map(|_| ())
+            }));
+        }
+        for t in tasks {
+            t.await.expect("task").expect("a connection");
+        }
+        assert_eq!(
+            accepted.load(Ordering::Relaxed),
+            1,
+            "one connect for 50 requests"
+        );
+    }
+
+    #[tokio::test]
+    async fn http1_connections_per_endpoint_are_bounded_and_the_next_waits_then_fails() {
+        let (addr, accepted) = holding_listener().await;
+        let metrics = metrics();
+        let conns = EndpointConns::new(metrics.clone());
+        let config = pool(2);
+        let tcp = || TcpMetrics::open(&metrics, Peer::dst, DstLabels::unknown(Direction::outbound));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let (sender, fresh) = conns
+                .connect_h1(addr, &config, deadline, tcp)
+                .await
+                .expect("under the bound");
+            assert!(fresh);
+            held.push(sender);
+        }
+        let soon = tokio::time::Instant::now() + Duration::from_millis(200);
+        let third = conns.connect_h1(addr, &config, soon, tcp).await;
+        assert!(
+            matches!(third, Err(ConnectError::Exhausted(_))),
+            "{:?}",
+            third.map(|_| ())
+        );
+        assert!(
+            tokio::time::Instant::now() >= soon,
+            "it waited for a free slot"
+        );
+        // A connection returned to the pool is handed to the next request.
+        conns.put_h1(held.pop().expect("held"), &config);
+        let (_, fresh) = conns
+            .connect_h1(addr, &config, deadline, tcp)
+            .await
+            .expect("the returned connection");
+        assert!(!fresh, "the pooled connection, not a new one");
+        assert_eq!(accepted.load(Ordering::Relaxed), 2);
+    }
+}
