@@ -4,8 +4,8 @@
 
 use anyhow::Context;
 use ballast_demo::{DemoConfig, ViewMode};
-use ballast_flags::{duration, HOUR};
-use clap::{builder::TypedValueParser, Args as ClapArgs};
+use ballast_flags::{count, duration, HOUR};
+use clap::Args as ClapArgs;
 use std::time::Duration;
 
 /// Demo steps: long enough to see traffic, short enough to watch.
@@ -27,7 +27,7 @@ pub struct Args {
 
     /// Keep-alive connections the requests are spread over.
     #[arg(long, env = "BALLAST_DEMO_CONNECTIONS", default_value_t = 4,
-          value_parser = clap::value_parser!(u64).range(1..=1024).map(|v| v as usize))]
+          value_parser = count(1, 1024))]
     connections: usize,
 
     /// How long the controller stays down.

@@ -12,8 +12,8 @@ use ballast_destination::{
     },
     store::Store,
 };
-use ballast_flags::{bytes, BACKOFF, GIB, GRACE, KIB, TIMEOUT};
-use clap::{builder::TypedValueParser, Args as ClapArgs};
+use ballast_flags::{bytes, count, BACKOFF, GIB, GRACE, KIB, MANY, TIMEOUT};
+use clap::Args as ClapArgs;
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use tokio::{net::TcpListener, sync::watch};
 
@@ -137,14 +137,14 @@ pub struct Args {
     /// protocol errors, refused streams) before it gets GOAWAY
     /// ENHANCE_YOUR_CALM and is closed (MadeYouReset, CVE-2025-8671).
     #[arg(long, env = "BALLAST_DESTINATION_HTTP2_MAX_LOCAL_ERROR_RESETS", default_value_t = server::DEFAULT_HTTP2_MAX_LOCAL_ERROR_RESETS,
-          value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
+          value_parser = count(1, MANY))]
     http2_max_local_error_resets: usize,
 
     /// Streams a client opened and reset itself that may wait at once to be
     /// accepted before its connection gets GOAWAY ENHANCE_YOUR_CALM (Rapid
     /// Reset, CVE-2023-44487).
     #[arg(long, env = "BALLAST_DESTINATION_HTTP2_MAX_PENDING_ACCEPT_RESETS", default_value_t = server::DEFAULT_HTTP2_MAX_PENDING_ACCEPT_RESETS,
-          value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
+          value_parser = count(1, MANY))]
     http2_max_pending_accept_resets: usize,
 
     /// Largest decoded HTTP/2 header list of a request, in bytes.

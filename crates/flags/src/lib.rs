@@ -278,6 +278,18 @@ impl<T: TryFrom<u64> + Clone + Send + Sync + 'static> TypedValueParser for ByteR
     }
 }
 
+/// The most of anything a count flag takes (connections, series, endpoints,
+/// targets): past a million, a bound stops bounding on a sidecar.
+pub const MANY: u64 = 1_000_000;
+
+/// A count of things, between `min` and `max`, refused at start outside.
+pub fn count(min: u64, max: u64) -> impl clap::builder::TypedValueParser<Value = usize> {
+    use clap::builder::TypedValueParser;
+    clap::value_parser!(u64)
+        .range(min..=max)
+        .map(|v| usize::try_from(v).unwrap_or(usize::MAX))
+}
+
 /// A fraction from 0 to 1 inclusive (a jitter, a rate); refuses NaN.
 pub fn fraction(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {

@@ -9,10 +9,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// Calls `sweep` on `owner` a few times per `idle` period until the owner
-/// is gone.
-pub fn spawn_sweeper<T: Send + Sync + 'static>(owner: Weak<T>, idle: Duration, sweep: fn(&T)) {
-    let period = (idle / 2).clamp(Duration::from_millis(100), Duration::from_secs(1));
+/// Calls `sweep` on `owner` every `period` until the owner is gone (or the
+/// returned task is aborted).
+pub fn spawn_sweeper<T, F>(
+    owner: Weak<T>,
+    period: Duration,
+    sweep: F,
+) -> tokio::task::JoinHandle<()>
+where
+    T: Send + Sync + 'static,
+    F: Fn(&T) + Send + 'static,
+{
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -21,7 +28,13 @@ pub fn spawn_sweeper<T: Send + Sync + 'static>(owner: Weak<T>, idle: Duration, s
             let Some(o) = owner.upgrade() else { return };
             sweep(&o);
         }
-    });
+    })
+}
+
+/// How often to sweep a cache whose entries go after `idle`: a few times
+/// per idle period, within 100 ms to 1 s.
+pub fn sweep_period(idle: Duration) -> Duration {
+    (idle / 2).clamp(Duration::from_millis(100), Duration::from_secs(1))
 }
 
 #[derive(Debug, thiserror::Error)]

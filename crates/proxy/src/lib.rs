@@ -81,7 +81,10 @@ pub async fn serve(
     );
     let (stop_tx, stop_rx) = watch::channel(false);
     let memory = MemoryLimit::start(config.memory_limit, metrics.clone());
-    let sweeper = spawn_metrics_sweeper(&metrics);
+    // Drops the traffic metric series unused for the retention.
+    let sweeper = cache::spawn_sweeper(Arc::downgrade(&metrics), metrics.sweep_period(), |m| {
+        m.sweep(tokio::time::Instant::now())
+    });
     let outbound = outbound::Outbound::new(
         config.outbound.clone(),
         config.traffic.clone(),
@@ -174,17 +177,4 @@ pub async fn serve(
     }
     sweeper.abort();
     Ok(())
-}
-
-/// Drops the traffic metric series unused for the retention.
-fn spawn_metrics_sweeper(metrics: &Arc<Metrics>) -> tokio::task::JoinHandle<()> {
-    let metrics = metrics.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(metrics.sweep_period());
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            let now = tick.tick().await;
-            metrics.sweep(now);
-        }
-    })
 }

@@ -18,7 +18,7 @@ use prometheus_client::{
     registry::Registry,
 };
 use std::{
-    sync::{Arc, Mutex, OnceLock},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 use tokio::time::Instant;
@@ -698,10 +698,8 @@ impl BalancerProtocol {
 /// their sum; dropping it takes its share back.
 #[derive(Debug)]
 pub struct BalancerGauges {
-    metrics: Arc<Metrics>,
-    authority: Arc<str>,
-    /// The exported gauges (ready, pending), once the protocol is known.
-    gauges: OnceLock<(Arc<Gauge>, Arc<Gauge>)>,
+    ready: Arc<Gauge>,
+    pending: Arc<Gauge>,
     share: Mutex<Share>,
 }
 
@@ -713,37 +711,18 @@ struct Share {
 }
 
 impl BalancerGauges {
-    pub fn new(metrics: Arc<Metrics>, authority: Arc<str>) -> Self {
+    pub fn new(metrics: &Metrics, authority: Arc<str>, protocol: BalancerProtocol) -> Self {
+        let gauge = |endpoint_state| {
+            metrics.balancer_endpoints.get(&BalancerLabels {
+                authority: authority.clone(),
+                protocol: protocol.label(),
+                endpoint_state,
+            })
+        };
         Self {
-            metrics,
-            authority,
-            gauges: OnceLock::new(),
+            ready: gauge("ready"),
+            pending: gauge("pending"),
             share: Mutex::new(Share::default()),
-        }
-    }
-
-    /// Names what the balancer carries; its counts are exported from then
-    /// on. The first call decides (a balancer carries one protocol).
-    pub fn bind(&self, protocol: BalancerProtocol) {
-        if self.gauges.get().is_some() {
-            return;
-        }
-        let share = self.lock();
-        let mut bound = false;
-        let (ready, pending) = self.gauges.get_or_init(|| {
-            bound = true;
-            let gauge = |endpoint_state| {
-                self.metrics.balancer_endpoints.get(&BalancerLabels {
-                    authority: self.authority.clone(),
-                    protocol: protocol.label(),
-                    endpoint_state,
-                })
-            };
-            (gauge("ready"), gauge("pending"))
-        });
-        if bound {
-            ready.inc_by(share.ready);
-            pending.inc_by(share.pending);
         }
     }
 
@@ -775,10 +754,8 @@ impl BalancerGauges {
     /// Called with the share locked, so that the gauges move in the order
     /// the share does.
     fn add(&self, ready: i64, pending: i64) {
-        if let Some((r, p)) = self.gauges.get() {
-            r.inc_by(ready);
-            p.inc_by(pending);
-        }
+        self.ready.inc_by(ready);
+        self.pending.inc_by(pending);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Share> {
@@ -955,12 +932,9 @@ mod tests {
     fn balancers_of_one_authority_add_up_and_take_back_only_their_own() {
         let metrics = Metrics::register(&mut Registry::default());
         let authority: Arc<str> = Arc::from("web.shop.svc.cluster.local:80");
-        let http = BalancerGauges::new(metrics.clone(), authority.clone());
-        let tcp = BalancerGauges::new(metrics.clone(), authority.clone());
-        // Counts made before the protocol is known are exported with it.
+        let http = BalancerGauges::new(&metrics, authority.clone(), BalancerProtocol::Http);
+        let tcp = BalancerGauges::new(&metrics, authority.clone(), BalancerProtocol::Tcp);
         http.update(3, 0);
-        http.bind(BalancerProtocol::Http);
-        tcp.bind(BalancerProtocol::Tcp);
         tcp.update(2, 1);
         assert_eq!(gauge(&metrics, "http", "ready"), 3);
         assert_eq!(gauge(&metrics, "tcp", "ready"), 2);
@@ -968,8 +942,7 @@ mod tests {
 
         // A second HTTP balancer of the same target (made while the first is
         // still held) adds to the same series.
-        let http2 = BalancerGauges::new(metrics.clone(), authority);
-        http2.bind(BalancerProtocol::Http);
+        let http2 = BalancerGauges::new(&metrics, authority, BalancerProtocol::Http);
         http2.update(3, 0);
         http2.endpoint_pending();
         assert_eq!(gauge(&metrics, "http", "ready"), 5);

@@ -4,12 +4,12 @@
 use anyhow::Context;
 use ballast_admin::{AdminServer, AdminState, Readiness, ShutdownRequest};
 use ballast_backoff::BackoffConfig;
-use ballast_flags::{bytes, fraction, BACKOFF, GIB, GRACE, KIB, MIB, TIMEOUT};
+use ballast_flags::{bytes, count, fraction, BACKOFF, GIB, GRACE, KIB, MANY, MIB, TIMEOUT};
 use ballast_proxy::config::{
     self as defaults, ControlConfig, HttpLimits, InboundConfig, OutboundConfig, OwnerKind,
     PodIdentity, TrafficConfig,
 };
-use clap::{builder::TypedValueParser, Args as ClapArgs};
+use clap::Args as ClapArgs;
 use std::{net::SocketAddr, sync::atomic::AtomicBool, sync::Arc, time::Duration};
 use tokio::{net::TcpListener, sync::watch};
 
@@ -115,7 +115,7 @@ pub struct Args {
     /// Requests (or connections) that may wait for an endpoint, per target;
     /// more get a 503 (or are closed) at once.
     #[arg(long, env = "BALLAST_PROXY_QUEUE_CAPACITY", default_value_t = defaults::DEFAULT_QUEUE_CAPACITY,
-          value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
+          value_parser = count(1, MANY))]
     queue_capacity: usize,
 
     /// A target unused this long loses its resolution and connections.
@@ -130,7 +130,7 @@ pub struct Args {
     /// Most series per traffic metric family; past it, the longest-unused
     /// series is dropped (or a new one is not exported), and counted.
     #[arg(long, env = "BALLAST_PROXY_METRICS_MAX_SERIES", default_value_t = defaults::DEFAULT_METRICS_MAX_SERIES,
-          value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
+          value_parser = count(1, MANY))]
     metrics_max_series: usize,
 
     /// Idle HTTP/1 connections to an endpoint close after this long.
@@ -139,17 +139,17 @@ pub struct Args {
 
     /// Idle HTTP/1 connections kept per endpoint.
     #[arg(long, env = "BALLAST_PROXY_HTTP1_POOL_MAX_IDLE", default_value_t = defaults::DEFAULT_HTTP1_POOL_MAX_IDLE,
-          value_parser = clap::value_parser!(u64).range(0..=100_000).map(|v| v as usize))]
+          value_parser = count(0, 100_000))]
     http1_pool_max_idle: usize,
 
     /// Endpoints kept per target; the controller's further adds are dropped and counted.
     #[arg(long, env = "BALLAST_PROXY_MAX_ENDPOINTS_PER_TARGET", default_value_t = defaults::DEFAULT_MAX_ENDPOINTS_PER_TARGET,
-          value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
+          value_parser = count(1, MANY))]
     max_endpoints_per_target: usize,
 
     /// Targets (services, pods, addresses) resolved at once.
     #[arg(long, env = "BALLAST_PROXY_MAX_TARGETS", default_value_t = defaults::DEFAULT_MAX_TARGETS,
-          value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
+          value_parser = count(1, MANY))]
     max_targets: usize,
 
     /// How long the last-known endpoints of a target stay usable while the
@@ -160,7 +160,7 @@ pub struct Args {
 
     /// Connections open at once per listener; more are closed at accept.
     #[arg(long, env = "BALLAST_PROXY_MAX_CONNECTIONS", default_value_t = defaults::DEFAULT_MAX_CONNECTIONS,
-          value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
+          value_parser = count(1, MANY))]
     max_connections: usize,
 
     /// First delay between attempts to reach the controller.
@@ -216,7 +216,7 @@ pub struct Args {
 
     /// Most headers in one HTTP/1 head; more gets 431.
     #[arg(long, env = "BALLAST_PROXY_HTTP1_MAX_HEADERS", default_value_t = defaults::DEFAULT_HTTP1_MAX_HEADERS,
-          value_parser = clap::value_parser!(u64).range(1..=10_000).map(|v| v as usize))]
+          value_parser = count(1, 10_000))]
     http1_max_headers: usize,
 
     /// Time for a whole HTTP/1 request head to arrive once the connection is
@@ -261,14 +261,14 @@ pub struct Args {
     /// (stream protocol errors, refused streams) before it gets GOAWAY
     /// ENHANCE_YOUR_CALM and is closed (MadeYouReset, CVE-2025-8671).
     #[arg(long, env = "BALLAST_PROXY_HTTP2_MAX_LOCAL_ERROR_RESETS", default_value_t = defaults::DEFAULT_HTTP2_MAX_LOCAL_ERROR_RESETS,
-          value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
+          value_parser = count(1, MANY))]
     http2_max_local_error_resets: usize,
 
     /// Streams a client opened and reset itself that may wait at once to be
     /// accepted before its connection gets GOAWAY ENHANCE_YOUR_CALM (Rapid
     /// Reset, CVE-2023-44487).
     #[arg(long, env = "BALLAST_PROXY_HTTP2_MAX_PENDING_ACCEPT_RESETS", default_value_t = defaults::DEFAULT_HTTP2_MAX_PENDING_ACCEPT_RESETS,
-          value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
+          value_parser = count(1, MANY))]
     http2_max_pending_accept_resets: usize,
 
     /// A client HTTP/2 connection with no request for this long gets GOAWAY
@@ -279,7 +279,7 @@ pub struct Args {
     /// HTTP/1 connections open at once to one endpoint; a request that finds
     /// none free waits until its failfast deadline, then gets 503.
     #[arg(long, env = "BALLAST_PROXY_MAX_CONNECTIONS_PER_ENDPOINT", default_value_t = defaults::DEFAULT_MAX_CONNECTIONS_PER_ENDPOINT,
-          value_parser = clap::value_parser!(u64).range(1..=1_000_000).map(|v| v as usize))]
+          value_parser = count(1, MANY))]
     max_connections_per_endpoint: usize,
 
     /// Allocated memory (bytes; K, M, G suffixes as powers of 1024) at which

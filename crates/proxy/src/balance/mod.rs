@@ -21,6 +21,7 @@ pub use endpoint::{EndpointState, InFlight, LATENCY_FLOOR};
 pub use ewma::{decay_for, PeakEwma};
 
 use crate::{
+    config::TrafficConfig,
     discovery::{EndpointSet, Resolution, SetState},
     metrics::{BalancerGauges, BalancerProtocol, Direction, Metrics},
     own::OwnListeners,
@@ -76,6 +77,20 @@ pub struct BalanceConfig {
     pub failfast_timeout: Duration,
     pub queue_capacity: usize,
     pub connect_backoff: BackoffConfig,
+}
+
+impl BalanceConfig {
+    /// The settings of a balancer of `protocol` on either side.
+    pub fn new(traffic: &TrafficConfig, protocol: BalancerProtocol) -> Self {
+        Self {
+            failfast_timeout: match protocol {
+                BalancerProtocol::Http => traffic.http_failfast_timeout,
+                BalancerProtocol::Tcp => traffic.tcp_failfast_timeout,
+            },
+            queue_capacity: traffic.queue_capacity,
+            connect_backoff: traffic.connect_backoff.clone(),
+        }
+    }
 }
 
 /// Failed connects one request (or TCP connection) may drive before it is
@@ -181,7 +196,7 @@ impl<C: Send + Sync + 'static> Balancer<C> {
     ) -> Self {
         let waiting = Semaphore::new(config.queue_capacity.min(Semaphore::MAX_PERMITS));
         let target = Arc::new(Target {
-            gauges: BalancerGauges::new(metrics.clone(), name.authority.clone()),
+            gauges: BalancerGauges::new(&metrics, name.authority.clone(), name.protocol),
             authority: name.authority,
             direction: name.direction,
             config,
@@ -189,7 +204,6 @@ impl<C: Send + Sync + 'static> Balancer<C> {
             typical: Typical::default(),
             gauges_lock: Mutex::new(()),
         });
-        target.gauges.bind(name.protocol);
         let mut changes = resolution.watch();
         let first = rebuild(
             &target,

@@ -18,6 +18,7 @@ pub use last_known::LastKnown;
 pub use profile::{Profile, ProfileWatch};
 pub use resolve::{Resolution, ResolveState};
 
+use crate::cache::spawn_sweeper;
 use std::{net::SocketAddr, sync::Arc};
 
 /// One endpoint of a target, as the controller described it.
@@ -111,23 +112,17 @@ impl Discovery {
         stale_grace: std::time::Duration,
     ) -> Self {
         let last_known = Arc::new(LastKnown::new(max_targets, stale_grace));
-        let (weak, control_, metrics) = (
+        let (connected, metrics) = (control.clone(), control.metrics.clone());
+        spawn_sweeper(
             Arc::downgrade(&last_known),
-            control.clone(),
-            control.metrics.clone(),
-        );
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let Some(memory) = weak.upgrade() else { return };
-                let oldest = memory.sweep(control_.is_connected());
+            std::time::Duration::from_secs(1),
+            move |memory: &LastKnown| {
+                let oldest = memory.sweep(connected.is_connected());
                 metrics
                     .discovery_stale_seconds
                     .set(i64::try_from(oldest.as_secs()).unwrap_or(i64::MAX));
-            }
-        });
+            },
+        );
         Self {
             control,
             max_endpoints,

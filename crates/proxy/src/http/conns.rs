@@ -51,7 +51,8 @@ pub struct EndpointConns {
     h2: Mutex<Option<http2::SendRequest<Incoming>>>,
     /// Held by the one HTTP/2 connect in flight; the requests that wait on
     /// it use its connection (or its failure) instead of connecting too.
-    h2_connecting: tokio::sync::Mutex<H2Attempts>,
+    /// Holds whether the last connect failed.
+    h2_connecting: tokio::sync::Mutex<bool>,
     metrics: Arc<Metrics>,
     /// Per-request metric handles, made on first use.
     http_metrics: OnceLock<HttpEndpointMetrics>,
@@ -60,13 +61,6 @@ pub struct EndpointConns {
     h1_open: Arc<AtomicUsize>,
     /// Woken when an HTTP/1 connection is returned or closes.
     h1_freed: Arc<Notify>,
-}
-
-/// How many HTTP/2 connects were made, and whether the last one failed.
-#[derive(Debug, Default)]
-struct H2Attempts {
-    made: u64,
-    last_failed: bool,
 }
 
 /// Holds one of an endpoint's HTTP/1 connection slots while the connection
@@ -106,6 +100,12 @@ impl EndpointConns {
             h1_open: Arc::default(),
             h1_freed: Arc::default(),
         }
+    }
+
+    /// What a balancer of HTTP endpoints makes each endpoint's state with.
+    pub fn maker(metrics: &Arc<Metrics>) -> crate::balance::MakeConns<Self> {
+        let metrics = metrics.clone();
+        Arc::new(move || Self::new(metrics.clone()))
     }
 
     /// The endpoint's per-request metric handles.
@@ -247,24 +247,24 @@ impl EndpointConns {
         if let Some(s) = self.open_h2() {
             return Ok(s);
         }
-        let seen = self.h2_connecting.try_lock().map(|a| a.made).ok();
-        let mut attempts = tokio::time::timeout_at(deadline, self.h2_connecting.lock())
+        // Another request's connect is in flight: this one waits for it.
+        let waited = self.h2_connecting.try_lock().is_err();
+        let mut last_failed = tokio::time::timeout_at(deadline, self.h2_connecting.lock())
             .await
             .map_err(|_| ConnectError::Deadline(addr))?;
         if let Some(s) = self.open_h2() {
             return Ok(s);
         }
-        if seen.is_none() && attempts.last_failed {
+        if waited && *last_failed {
             // The connect this request waited for failed: answer with it
             // rather than queueing another connect behind it.
             return Err(ConnectError::SharedAttemptFailed(addr));
         }
-        attempts.made += 1;
         let connect = Box::pin(self.connect_h2(addr, config, tcp));
         let result = tokio::time::timeout_at(deadline, connect)
             .await
             .unwrap_or(Err(ConnectError::Deadline(addr)));
-        attempts.last_failed = result.is_err();
+        *last_failed = result.is_err();
         result
     }
 

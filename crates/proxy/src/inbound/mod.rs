@@ -13,7 +13,7 @@
 
 use crate::{
     balance::{BalanceConfig, Balancer, MakeConns, TargetName},
-    cache::{spawn_sweeper, IdleCache},
+    cache::{spawn_sweeper, sweep_period, IdleCache},
     config::{HttpLimits, InboundConfig, OwnerKind, PodIdentity, TrafficConfig},
     discovery::{Endpoint, EndpointSet, Resolution, SetState},
     http::{
@@ -49,6 +49,7 @@ pub struct Inbound {
     metrics: Arc<Metrics>,
     own: Arc<OwnListeners>,
     forwarder: Forwarder,
+    http_conns: MakeConns<EndpointConns>,
     /// This pod as an endpoint (its address aside): what inbound series
     /// name as their destination.
     this_pod: Endpoint,
@@ -87,6 +88,7 @@ impl Inbound {
             ..Endpoint::bare(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0))
         };
         let this = Arc::new(Self {
+            http_conns: EndpointConns::maker(&p.metrics),
             this_pod,
             http_balancers: IdleCache::new(p.traffic.max_targets, idle),
             tcp_balancers: IdleCache::new(p.traffic.max_targets, idle),
@@ -98,7 +100,7 @@ impl Inbound {
         });
         // Balancers of workload ports no longer in use are dropped, and idle
         // connections to the workload closed.
-        spawn_sweeper(Arc::downgrade(&this), idle, |i| {
+        spawn_sweeper(Arc::downgrade(&this), sweep_period(idle), |i| {
             i.http_balancers.sweep();
             i.tcp_balancers.sweep();
             for b in i.http_balancers.values() {
@@ -115,7 +117,6 @@ impl Inbound {
         target: SocketAddr,
         orig: SocketAddr,
         protocol: BalancerProtocol,
-        failfast_timeout: std::time::Duration,
         conns: MakeConns<C>,
     ) -> Balancer<C> {
         Balancer::new(
@@ -131,11 +132,7 @@ impl Inbound {
                     ..self.this_pod.clone()
                 }],
             }),
-            BalanceConfig {
-                failfast_timeout,
-                queue_capacity: self.traffic.queue_capacity,
-                connect_backoff: self.traffic.connect_backoff.clone(),
-            },
+            BalanceConfig::new(&self.traffic, protocol),
             self.metrics.clone(),
             self.own.clone(),
             conns,
@@ -154,24 +151,15 @@ impl Inbound {
     }
 
     fn http_balancer(&self, target: SocketAddr, orig: SocketAddr) -> Option<Arc<HttpBalancer>> {
-        let metrics = self.metrics.clone();
-        let conns: MakeConns<EndpointConns> = Arc::new(move || EndpointConns::new(metrics.clone()));
-        let timeout = self.traffic.http_failfast_timeout;
         self.refused(self.http_balancers.get_or_insert_with(&(target, orig), || {
-            self.make_balancer(target, orig, BalancerProtocol::Http, timeout, conns)
+            let conns = self.http_conns.clone();
+            self.make_balancer(target, orig, BalancerProtocol::Http, conns)
         }))
     }
 
     fn tcp_balancer(&self, target: SocketAddr, orig: SocketAddr) -> Option<Arc<TcpBalancer>> {
-        let timeout = self.traffic.tcp_failfast_timeout;
         self.refused(self.tcp_balancers.get_or_insert_with(&(target, orig), || {
-            self.make_balancer(
-                target,
-                orig,
-                BalancerProtocol::Tcp,
-                timeout,
-                Arc::new(|| ()),
-            )
+            self.make_balancer(target, orig, BalancerProtocol::Tcp, Arc::new(|| ()))
         }))
     }
 }

@@ -14,7 +14,7 @@
 use crate::{
     authority::{is_short_name, parse_host, HostTarget},
     balance::{BalanceConfig, Balancer, MakeConns, TargetName},
-    cache::{spawn_sweeper, CacheFull, IdleCache},
+    cache::{spawn_sweeper, sweep_period, CacheFull, IdleCache},
     config::{HttpLimits, OutboundConfig, TrafficConfig},
     discovery::{Discovery, Endpoint, EndpointSet, ProfileWatch, Resolution, SetState},
     http::{
@@ -103,6 +103,7 @@ pub struct Outbound {
     metrics: Arc<Metrics>,
     own: Arc<OwnListeners>,
     forwarder: Forwarder,
+    http_conns: MakeConns<EndpointConns>,
 }
 
 impl Outbound {
@@ -121,6 +122,7 @@ impl Outbound {
             direction: DIRECTION,
         };
         let this = Arc::new(Self {
+            http_conns: EndpointConns::maker(&metrics),
             http_balancers: IdleCache::new(traffic.max_targets, idle),
             tcp_balancers: IdleCache::new(traffic.max_targets, idle),
             profiles: IdleCache::new(traffic.max_targets, idle),
@@ -133,7 +135,7 @@ impl Outbound {
         });
         // Idle balancers and profiles (and so their streams to the
         // controller) are dropped, and idle endpoint connections closed.
-        spawn_sweeper(Arc::downgrade(&this), idle, |o| {
+        spawn_sweeper(Arc::downgrade(&this), sweep_period(idle), |o| {
             o.http_balancers.sweep();
             o.tcp_balancers.sweep();
             o.profiles.sweep();
@@ -147,26 +149,15 @@ impl Outbound {
     }
 
     fn http_balancer(&self, target: &Target) -> Result<Arc<HttpBalancer>, CacheFull> {
-        let metrics = self.metrics.clone();
-        let conns: MakeConns<EndpointConns> = Arc::new(move || EndpointConns::new(metrics.clone()));
         self.http_balancers.get_or_insert_with(&target.key(), || {
-            self.make_balancer(
-                target,
-                BalancerProtocol::Http,
-                self.traffic.http_failfast_timeout,
-                conns,
-            )
+            let conns = self.http_conns.clone();
+            self.make_balancer(target, BalancerProtocol::Http, conns)
         })
     }
 
     fn tcp_balancer(&self, target: &Target) -> Result<Arc<TcpBalancer>, CacheFull> {
         self.tcp_balancers.get_or_insert_with(&target.key(), || {
-            self.make_balancer(
-                target,
-                BalancerProtocol::Tcp,
-                self.traffic.tcp_failfast_timeout,
-                Arc::new(|| ()),
-            )
+            self.make_balancer(target, BalancerProtocol::Tcp, Arc::new(|| ()))
         })
     }
 
@@ -174,7 +165,6 @@ impl Outbound {
         &self,
         target: &Target,
         protocol: BalancerProtocol,
-        failfast_timeout: std::time::Duration,
         conns: MakeConns<C>,
     ) -> Balancer<C> {
         let (authority, resolution) = match target {
@@ -194,11 +184,7 @@ impl Outbound {
                 protocol,
             },
             resolution,
-            BalanceConfig {
-                failfast_timeout,
-                queue_capacity: self.traffic.queue_capacity,
-                connect_backoff: self.traffic.connect_backoff.clone(),
-            },
+            BalanceConfig::new(&self.traffic, protocol),
             self.metrics.clone(),
             self.own.clone(),
             conns,
