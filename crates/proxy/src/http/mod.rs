@@ -99,11 +99,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
                 .flat_map(|v| v.as_bytes().split(|&b| b == b','))
                 .map(<[u8]>::trim_ascii)
             {
-                // `close` names no header; `keep-alive` is on the list below.
-                if token.is_empty()
-                    || token.eq_ignore_ascii_case(b"close")
-                    || token.eq_ignore_ascii_case(b"keep-alive")
-                {
+                // `keep-alive` is on the list below. (`close` is looked up
+                // too: a header of that name would be this hop's.)
+                if token.is_empty() || token.eq_ignore_ascii_case(b"keep-alive") {
                     continue;
                 }
                 if let Ok(name) = HeaderName::from_bytes(token) {
@@ -192,6 +190,19 @@ mod tests {
         strip_hop_by_hop(&mut rsp);
         let left: Vec<&str> = rsp.keys().map(|k| k.as_str()).collect();
         assert_eq!(left, ["content-length"]);
+    }
+
+    #[test]
+    fn a_header_named_by_a_connection_token_goes_even_when_the_token_is_close() {
+        // Found by fuzzing: `close` was skipped as a connection option.
+        let mut headers = HeaderMap::new();
+        headers.append(header::CONNECTION, HeaderValue::from_static("close"));
+        headers.append(header::CONNECTION, HeaderValue::from_static("x-j"));
+        headers.insert("close", HeaderValue::from_static("2"));
+        headers.insert("x-b", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut headers);
+        let left: Vec<&str> = headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["x-b"]);
     }
 }
 
