@@ -57,6 +57,32 @@ pub struct Problem {
 
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // One line whatever the file held: a key or value quoted from it may
+        // carry line breaks or other control characters.
+        let line = self.unsanitised().to_string();
+        if !line.contains(char::is_control) {
+            return f.write_str(&line);
+        }
+        let line: String = line
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        f.write_str(&line)
+    }
+}
+
+impl Problem {
+    fn unsanitised(&self) -> impl fmt::Display + '_ {
+        struct Raw<'a>(&'a Problem);
+        impl fmt::Display for Raw<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.write_raw(f)
+            }
+        }
+        Raw(self)
+    }
+
+    fn write_raw(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut sep = "";
         if let Some(place) = &self.place {
             write!(f, "{place}")?;
