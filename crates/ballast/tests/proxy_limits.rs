@@ -259,3 +259,94 @@ async fn idle_endpoint_connections_are_closed_after_the_pool_idle_timeout() {
         established_to(backend)
     );
 }
+
+/// Reads one whole HTTP/1 response with a `content-length` from `s`.
+async fn read_response(s: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&got).to_string();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length = text[..end]
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse::<usize>().ok())?
+                })
+                .expect("a content-length");
+            if got.len() >= end + 4 + length {
+                return text;
+            }
+        }
+        let n = tokio::time::timeout(DEADLINE, s.read(&mut buf))
+            .await
+            .expect("the response in time")
+            .expect("read");
+        assert!(n > 0, "the proxy closed mid-response: {text}");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_http1_connections_park_and_keep_serving() {
+    let mesh = Mesh::start(1, &["--http1-park-after", "100ms"]).await;
+    let web = mesh.web();
+    let src = [("direction", "outbound"), ("peer", "src")];
+    let opened_before = mesh.proxy.metrics().await.sum("tcp_open_total", &src);
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let mut c = Http1::connect(mesh.proxy.outbound).await.expect("connect");
+        assert_eq!(
+            c.get(&web, "/").await.expect("first").status,
+            StatusCode::OK
+        );
+        clients.push(c);
+    }
+    eventually("the three idle connections parked", || async {
+        let m = mesh.proxy.metrics().await;
+        (m.sum("http1_parked_connections", &[]) == 3.0).then_some(())
+    })
+    .await;
+    // Each parked connection serves its next requests as before.
+    for c in &mut clients {
+        for _ in 0..2 {
+            assert_eq!(
+                c.get(&web, "/").await.expect("parked").status,
+                StatusCode::OK
+            );
+        }
+    }
+    let m = mesh.proxy.metrics().await;
+    let opened = m.sum("tcp_open_total", &src) - opened_before;
+    assert_eq!(opened, 3.0, "no client reconnected: {}", m.text);
+
+    // A head that is partway in when the connection would park is kept.
+    let mut s = TcpStream::connect(mesh.proxy.outbound)
+        .await
+        .expect("connect");
+    s.write_all(format!("GET / HTTP/1.1\r\nhost: {web}\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    assert!(read_response(&mut s).await.starts_with("HTTP/1.1 200"));
+    s.write_all(b"GET / HTTP/1.1\r\nho").await.expect("write");
+    // Past several park periods with the head unfinished.
+    let m = mesh.proxy.metrics().await;
+    let parked_before = m.sum("http1_parked_connections", &[]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    s.write_all(format!("st: {web}\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let second = read_response(&mut s).await;
+    assert!(second.starts_with("HTTP/1.1 200"), "{second}");
+    assert!(parked_before <= 3.0);
+
+    // A parked connection whose client leaves is gone from the gauge.
+    drop(clients);
+    drop(s);
+    eventually("closed connections leave the gauge", || async {
+        let m = mesh.proxy.metrics().await;
+        (m.sum("http1_parked_connections", &[]) == 0.0).then_some(())
+    })
+    .await;
+}

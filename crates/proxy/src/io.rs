@@ -22,6 +22,21 @@ impl<T> Prefixed<T> {
     pub fn new(prefix: Bytes, inner: T) -> Self {
         Self { prefix, inner }
     }
+
+    /// Puts `bytes`, read before anything still unread, back in front.
+    pub fn rewind(&mut self, bytes: Bytes) {
+        if bytes.is_empty() {
+            return;
+        }
+        self.prefix = if self.prefix.is_empty() {
+            bytes
+        } else {
+            let mut joined = Vec::with_capacity(bytes.len() + self.prefix.len());
+            joined.extend_from_slice(&bytes);
+            joined.extend_from_slice(&self.prefix);
+            Bytes::from(joined)
+        };
+    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
@@ -162,5 +177,31 @@ pub async fn read_prefix<T: AsyncRead + Unpin>(
             Ok(Err(e)) => return Err(e),
             Err(_) => return Ok((Protocol::Opaque, Bytes::from(buf))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    #[tokio::test]
+    async fn rewound_bytes_come_before_the_unread_prefix_and_the_stream() {
+        let stream: &[u8] = b"-stream";
+        let mut io = Prefixed::new(Bytes::from_static(b"abcdef"), stream);
+        let mut first = [0u8; 2];
+        io.read_exact(&mut first).await.expect("read");
+        assert_eq!(&first, b"ab");
+        io.rewind(Bytes::from_static(b"xy"));
+        io.rewind(Bytes::new());
+        let mut rest = String::new();
+        io.read_to_string(&mut rest).await.expect("read");
+        assert_eq!(rest, "xycdef-stream");
+
+        let mut io = Prefixed::new(Bytes::new(), stream);
+        io.rewind(Bytes::from_static(b"z"));
+        let mut all = String::new();
+        io.read_to_string(&mut all).await.expect("read");
+        assert_eq!(all, "z-stream");
     }
 }

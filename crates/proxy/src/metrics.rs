@@ -278,6 +278,8 @@ pub struct Metrics {
     pub memory_shedding: Gauge,
     /// Client HTTP connections closed for being idle.
     pub http_idle_closed_total: Counter,
+    /// Idle HTTP/1 client connections holding only their socket.
+    pub http1_parked_connections: Gauge,
     /// Client HTTP/2 connections closed with GOAWAY ENHANCE_YOUR_CALM (too
     /// many streams reset by the proxy or by the client, and h2's other
     /// abuse limits).
@@ -341,6 +343,7 @@ impl Metrics {
             memory_limit_bytes: Gauge::default(),
             memory_shedding: Gauge::default(),
             http_idle_closed_total: Counter::default(),
+            http1_parked_connections: Gauge::default(),
             http2_calm_closed_total: Counter::default(),
             series_dropped_total,
             limits,
@@ -481,6 +484,12 @@ impl Metrics {
             "http_idle_closed",
             "Client HTTP connections closed after --http-idle-timeout without a request",
             m.http_idle_closed_total.clone(),
+        );
+        r.register(
+            "http1_parked_connections",
+            "Idle HTTP/1 client connections that gave back their HTTP state after \
+             --http1-park-after and hold only their socket",
+            m.http1_parked_connections.clone(),
         );
         r.register(
             "http2_calm_closed",

@@ -225,6 +225,12 @@ pub struct Args {
     #[arg(long, env = "BALLAST_PROXY_HTTP1_HEADER_READ_TIMEOUT", default_value = "30s", value_parser = TIMEOUT)]
     http1_header_read_timeout: Duration,
 
+    /// An HTTP/1 client connection with no request for about this long (up
+    /// to twice it) frees its HTTP state (buffers of 16 KiB) and waits for
+    /// the client's next byte holding only the socket.
+    #[arg(long, env = "BALLAST_PROXY_HTTP1_PARK_AFTER", default_value = "1s", value_parser = TIMEOUT)]
+    http1_park_after: Duration,
+
     /// Concurrent streams a client may open on one HTTP/2 connection.
     #[arg(long, env = "BALLAST_PROXY_HTTP2_MAX_CONCURRENT_STREAMS", default_value_t = defaults::DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
@@ -430,6 +436,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             h1_max_header_bytes: args.http1_max_header_bytes,
             h1_max_headers: args.http1_max_headers,
             h1_header_read_timeout: args.http1_header_read_timeout,
+            h1_park_after: args.http1_park_after,
             h2_max_concurrent_streams: args.http2_max_concurrent_streams,
             h2_max_header_list_bytes: args.http2_max_header_list_bytes,
             h2_max_frame_bytes: args.http2_max_frame_bytes,

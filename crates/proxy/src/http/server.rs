@@ -13,20 +13,25 @@
 //!   no request for the idle timeout gets GOAWAY.
 //! - At shutdown, a connection finishes the requests it has and closes.
 
-use crate::{config::HttpLimits, detect::Protocol, http::ResponseBody, metrics::Metrics};
+use crate::{
+    config::HttpLimits, detect::Protocol, http::ResponseBody, io::Prefixed, metrics::Metrics,
+};
+use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::{
     convert::Infallible,
     future::Future,
+    pin::Pin,
     sync::{
         atomic::{AtomicU64, AtomicUsize, Ordering},
         Arc,
     },
+    task::{Context, Poll},
     time::Duration,
 };
-use tokio::{sync::watch, time::Instant};
+use tokio::{io::AsyncReadExt, sync::watch, time::Instant};
 
 /// hyper refuses a smaller HTTP/1 buffer.
 const MIN_H1_BUFFER: usize = 8 * 1024;
@@ -135,11 +140,18 @@ where
     // Each protocol's connection state is boxed at its own size, so that an
     // HTTP/1 connection does not carry room for HTTP/2's (per-connection
     // memory is what a flood of idle connections costs).
-    let io = TokioIo::new(io);
     let result = if protocol == Protocol::H2 {
-        Box::pin(serve_h2(io, limits, metrics, shutdown, handler)).await
+        Box::pin(serve_h2(
+            TokioIo::new(io),
+            limits,
+            metrics,
+            shutdown,
+            handler,
+        ))
+        .await
+        .map_err(Into::into)
     } else {
-        Box::pin(serve_h1(io, limits, shutdown, handler)).await
+        Box::pin(serve_h1(io, limits, metrics, shutdown, handler)).await
     };
     if let Err(e) = &result {
         tracing::debug!(error = %e, "client HTTP connection ended with an error");
@@ -152,31 +164,213 @@ async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How many requests an HTTP/1 connection has started and answered. hyper
+/// calls the service of one HTTP/1 connection one request at a time, from
+/// the connection's own task, so plain loads and stores suffice.
+#[derive(Default)]
+struct H1Requests {
+    started: AtomicU64,
+    answered: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.store(
+        counter.load(Ordering::Relaxed).wrapping_add(1),
+        Ordering::Relaxed,
+    );
+}
+
+/// The service of one HTTP/1 connection. It is `Unpin` with its futures,
+/// so that hyper can hand the connection back when it parks.
+struct H1Service<H> {
+    handler: Arc<H>,
+    requests: Arc<H1Requests>,
+}
+
+impl<H, Fut> hyper::service::Service<Request<Incoming>> for H1Service<H>
+where
+    H: Fn(Request<Incoming>) -> Fut,
+    Fut: Future<Output = Response<ResponseBody>>,
+{
+    type Response = Response<ResponseBody>;
+    type Error = Infallible;
+    type Future = Answer<Fut>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        bump(&self.requests.started);
+        // hyper keeps room for one request's future for the connection's
+        // whole life; boxed, an idle connection holds a pointer instead of
+        // the forwarding state machine (kilobytes).
+        Answer {
+            rsp: Box::pin((self.handler)(req)),
+            requests: self.requests.clone(),
+        }
+    }
+}
+
+struct Answer<F> {
+    rsp: Pin<Box<F>>,
+    requests: Arc<H1Requests>,
+}
+
+impl<F: Future<Output = Response<ResponseBody>>> Future for Answer<F> {
+    type Output = Result<Response<ResponseBody>, Infallible>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let rsp = std::task::ready!(self.rsp.as_mut().poll(cx));
+        bump(&self.requests.answered);
+        Poll::Ready(Ok(rsp))
+    }
+}
+
+/// What ended a wait of a serving HTTP/1 connection.
+enum H1Event {
+    Done(hyper::Result<()>),
+    Stop,
+    Check,
+}
+
+/// Counts a parked connection for as long as it stays parked.
+struct ParkedGauge<'a>(&'a Metrics);
+
+impl<'a> ParkedGauge<'a> {
+    fn enter(metrics: &'a Metrics) -> Self {
+        metrics.http1_parked_connections.inc();
+        Self(metrics)
+    }
+}
+
+impl Drop for ParkedGauge<'_> {
+    fn drop(&mut self) {
+        self.0.http1_parked_connections.dec();
+    }
+}
+
+/// Serves HTTP/1 with hyper while requests come; a connection with no
+/// request for `h1_park_after` (checked once per that period, so parked
+/// within twice it) gets its hyper state back from hyper and drops it
+/// (16 KiB of buffers and the dispatcher), then waits for the client's
+/// next byte holding only the socket. Keep-alive stays within
+/// `h1_header_read_timeout` in both states.
 async fn serve_h1<I, H, Fut>(
-    io: TokioIo<I>,
+    io: I,
     limits: &HttpLimits,
+    metrics: &Metrics,
     mut shutdown: watch::Receiver<bool>,
     handler: H,
-) -> hyper::Result<()>
+) -> Result<(), BoxError>
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     H: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
-    // hyper keeps room for one request's future for the connection's whole
-    // life; boxed, an idle connection holds a pointer instead of the
-    // forwarding state machine (kilobytes).
-    let service = hyper::service::service_fn(move |req| {
-        let rsp = Box::pin(handler(req));
-        async move { Ok::<_, Infallible>(rsp.await) }
-    });
-    let conn = h1_builder(limits).serve_connection(io, service);
-    tokio::pin!(conn);
-    tokio::select! {
-        r = conn.as_mut() => r,
-        _ = stopped(&mut shutdown) => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
+    let requests = Arc::new(H1Requests::default());
+    let mut service = H1Service {
+        handler: Arc::new(handler),
+        requests: requests.clone(),
+    };
+    let builder = h1_builder(limits);
+    let park_after = limits.h1_park_after;
+    let mut io = Prefixed::new(Bytes::new(), io);
+    // Whether the connection may park once it idles: not while a client is
+    // partway through a head (that would restart its header read timeout).
+    let mut may_park = true;
+    // Whether shutdown began is read from the watch's version before its
+    // wait is polled again: that wait re-registers under a lock on every
+    // poll, and a busy connection is polled several times a request.
+    let probe = shutdown.clone();
+    loop {
+        // Boxed: a parked connection holds a pointer's worth of it.
+        let mut conn = Box::new(builder.serve_connection(TokioIo::new(io), service));
+        let mut seen = requests.started.load(Ordering::Relaxed);
+        let parked = {
+            let stop = stopped(&mut shutdown);
+            let check = tokio::time::sleep(park_after);
+            tokio::pin!(stop, check);
+            // Each wait is polled once to register its wake-up, and again
+            // only when it may be over (a connection's futures are polled
+            // by its one task, whose waker does not change).
+            let (mut stop_armed, mut check_armed) = (false, false);
+            loop {
+                let event = std::future::poll_fn(|cx| {
+                    if let Poll::Ready(r) = conn.poll_without_shutdown(cx) {
+                        return Poll::Ready(H1Event::Done(r));
+                    }
+                    if !stop_armed || probe.has_changed().unwrap_or(true) {
+                        if stop.as_mut().poll(cx).is_ready() {
+                            return Poll::Ready(H1Event::Stop);
+                        }
+                        stop_armed = true;
+                    }
+                    if !check_armed || check.is_elapsed() {
+                        if check.as_mut().poll(cx).is_ready() {
+                            return Poll::Ready(H1Event::Check);
+                        }
+                        check_armed = true;
+                    }
+                    Poll::Pending
+                })
+                .await;
+                match event {
+                    H1Event::Done(r) => {
+                        r?;
+                        break false;
+                    }
+                    H1Event::Stop => {
+                        Pin::new(&mut *conn).graceful_shutdown();
+                        std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)).await?;
+                        break false;
+                    }
+                    H1Event::Check => {
+                        let started = requests.started.load(Ordering::Relaxed);
+                        let answered = requests.answered.load(Ordering::Relaxed);
+                        if started != seen {
+                            may_park = true;
+                        } else if may_park && answered == started {
+                            // hyper is between requests: it closes its side
+                            // at once, finishing a response still being
+                            // written.
+                            Pin::new(&mut *conn).graceful_shutdown();
+                            std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)).await?;
+                            break true;
+                        }
+                        seen = started;
+                        check.as_mut().reset(Instant::now() + park_after);
+                        check_armed = false;
+                    }
+                }
+            }
+        };
+        let parts = conn.into_parts();
+        io = parts.io.into_inner();
+        service = parts.service;
+        if !parked {
+            return Ok(());
+        }
+        if !parts.read_buf.is_empty() {
+            // A head is arriving: serve it without parking.
+            io.rewind(parts.read_buf);
+            may_park = false;
+            continue;
+        }
+        drop(parts.read_buf);
+        let _gauge = ParkedGauge::enter(metrics);
+        let keep_alive = limits.h1_header_read_timeout.saturating_sub(park_after);
+        let mut first = [0u8; 1];
+        tokio::select! {
+            biased;
+            _ = stopped(&mut shutdown) => return Ok(()),
+            read = tokio::time::timeout(keep_alive, io.read(&mut first)) => match read {
+                Err(_elapsed) => {
+                    metrics.http_idle_closed_total.inc();
+                    return Ok(());
+                }
+                Ok(Ok(0)) => return Ok(()),
+                Ok(Ok(_)) => io.rewind(Bytes::copy_from_slice(&first)),
+                Ok(Err(e)) => return Err(e.into()),
+            },
         }
     }
 }
