@@ -17,7 +17,8 @@
 //!   run) and peak (VmHWM), per proxy process and summed;
 //! - memory per idle keep-alive connection: a fresh proxy, warmed up, then N
 //!   connections that have each made one request (`--idle-connections`,
-//!   1000 and 10000): VmRSS growth / N and, for Ballast, jemalloc's
+//!   1000 and 10000), settled for `--idle-settle` (15 s): VmRSS growth / N
+//!   and, for Ballast, jemalloc's
 //!   allocated bytes growth / N (`process_memory_allocated_bytes` on its
 //!   admin /metrics). One hop: the outbound listener; two hops: proxy B's
 //!   inbound listener, reached directly.
@@ -89,6 +90,8 @@ pub struct Opts {
     connections: u32,
     wrk_connections: u32,
     idle_connections: Vec<usize>,
+    /// How long idle connections settle before memory is read.
+    idle_settle: Duration,
     targets: Vec<Target>,
     max_foreign: f64,
     retries: usize,
@@ -148,7 +151,7 @@ impl Target {
 const USAGE: &str =
     "Usage: proxy-bench [--ballast PATH] [--proxy PATH (ballast-proxy)] [--oha PATH] [--rounds N] \
 [--duration SECS] [--rates 1000,5000,20000] [--connections N] [--wrk-connections N] \
-[--idle-connections 1000,10000] [--targets direct,ballast,ballast-2hop,haproxy,haproxy-2hop] \
+[--idle-connections 1000,10000] [--idle-settle SECS (15)] [--targets direct,ballast,ballast-2hop,haproxy,haproxy-2hop] \
 [--max-foreign CORES] [--retries N] [--quiet-wait SECS] [--proxy-core N] [--load-core N] \
 [--keep-awake]\n\n\
 Needs: apt-get install -y nginx haproxy wrk; cargo install --locked oha; taskset, prlimit;\n\
@@ -191,6 +194,7 @@ fn opts() -> anyhow::Result<Opts> {
         connections: 16,
         wrk_connections: 64,
         idle_connections: vec![1_000, 10_000],
+        idle_settle: Duration::from_secs(15),
         targets: vec![
             Target::Direct,
             Target::Ballast,
@@ -227,6 +231,7 @@ fn opts() -> anyhow::Result<Opts> {
             "--rates" => o.rates = list(&value)?,
             "--connections" => o.connections = value.parse()?,
             "--wrk-connections" => o.wrk_connections = value.parse()?,
+            "--idle-settle" => o.idle_settle = Duration::from_secs(value.parse()?),
             "--idle-connections" => {
                 o.idle_connections = list(&value)?;
                 o.idle_connections.retain(|n| *n > 0);
@@ -536,8 +541,10 @@ async fn measure_idle(o: &Opts, env: &Env, t: Target, n: usize) -> anyhow::Resul
     warm_up(&addr, host, t).await?;
     let (rss_before, alloc_before) = (rss(pid).0, allocated().await);
     let conns = load::open_idle(&addr, host, n).await?;
-    // Let the proxy settle every connection into its idle state.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Let the proxy settle every connection into its idle state: Ballast
+    // parks an idle HTTP/1 connection within 2 s (--http1-park-after 1s),
+    // and jemalloc returns the pages freed then within its 10 s decay.
+    tokio::time::sleep(o.idle_settle).await;
     let (rss_with, alloc_with) = (rss(pid).0, allocated().await);
     drop(conns);
     running.stop().await;

@@ -13,12 +13,16 @@ use crate::{
 };
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     net::TcpStream,
     sync::watch,
 };
+
+/// How a connection is served once detected: boxed, so that its task holds
+/// a pointer to it.
+type Serving<'a> = Pin<Box<dyn Future<Output = bool> + Send + 'a>>;
 
 /// Where an accepted connection goes, decided once.
 pub struct Accepted<R> {
@@ -77,12 +81,23 @@ pub struct Pipeline {
 impl Pipeline {
     /// Serves one accepted connection.
     pub async fn serve<S: Side>(self: Arc<Self>, side: Arc<S>, stream: TcpStream) {
-        // Routing is boxed: a connection's task is sized for its largest
-        // state for its whole life, and most connections are idle HTTP.
-        let Some(accepted) = Box::pin(side.route(&stream)).await else {
+        // Routing and detection are boxed, and hand back the serving, boxed
+        // too: a connection's task is sized for its largest state for its
+        // whole life, and most connections are idle HTTP.
+        let Some((src, serving)) = Box::pin(self.route_and_detect(side, stream)).await else {
             return;
         };
-        self.serve_routed(side, stream, accepted).await;
+        src.close(serving.await);
+    }
+
+    async fn route_and_detect<S: Side>(
+        &self,
+        side: Arc<S>,
+        stream: TcpStream,
+    ) -> Option<(TcpMetrics, Serving<'_>)> {
+        let accepted = side.route(&stream).await?;
+        let (src, detected) = self.start(side, stream, accepted);
+        Some((src, detected.await))
     }
 
     /// Serves a connection whose route is already known.
@@ -92,39 +107,66 @@ impl Pipeline {
         stream: TcpStream,
         accepted: Accepted<S::Route>,
     ) {
+        let (src, detected) = self.start(side, stream, accepted);
+        let ok = detected.await.await;
+        src.close(ok);
+    }
+
+    /// Counts the connection open and returns its metrics with its
+    /// detection. Detection is boxed and hands back the serving, boxed too:
+    /// for the connection's life its task holds the metrics and a pointer.
+    fn start<S: Side>(
+        &self,
+        side: Arc<S>,
+        stream: TcpStream,
+        accepted: Accepted<S::Route>,
+    ) -> (
+        TcpMetrics,
+        Pin<Box<dyn Future<Output = Serving<'_>> + Send + '_>>,
+    ) {
         let Accepted {
             route,
             labels,
             opaque,
         } = accepted;
         let src = TcpMetrics::open(&self.metrics, Peer::src, labels);
-        let mut client = Counted::new(stream, src.read.clone(), src.write.clone());
-        let ok = if opaque {
-            Box::pin(side.forward_tcp(client, route)).await
-        } else {
-            match read_prefix(&mut client, self.detect_timeout).await {
-                Err(_) => false,
-                Ok((protocol, prefix)) => {
-                    let io = Prefixed::new(prefix, client);
-                    match protocol {
-                        Protocol::Http1 | Protocol::H2 => {
-                            self.serve_http(side, io, route, protocol).await
-                        }
-                        Protocol::Opaque => Box::pin(side.forward_tcp(io, route)).await,
-                    }
-                }
-            }
-        };
-        src.close(ok);
+        let client = Counted::new(stream, src.read.clone(), src.write.clone());
+        (src, Box::pin(self.detect(side, client, route, opaque)))
     }
 
-    async fn serve_http<S: Side, I>(
+    /// Reads what the client speaks (unless its port is opaque) and
+    /// returns how the connection is served.
+    async fn detect<S: Side>(
         &self,
         side: Arc<S>,
-        io: I,
+        mut client: Counted<TcpStream>,
+        route: S::Route,
+        opaque: bool,
+    ) -> Serving<'_> {
+        if opaque {
+            return Box::pin(async move { side.forward_tcp(client, route).await });
+        }
+        match read_prefix(&mut client, self.detect_timeout).await {
+            Err(_) => Box::pin(std::future::ready(false)),
+            Ok((protocol, prefix)) => {
+                let io = Prefixed::new(prefix, client);
+                match protocol {
+                    Protocol::Http1 | Protocol::H2 => self.serve_http(side, io, route, protocol),
+                    Protocol::Opaque => Box::pin(async move { side.forward_tcp(io, route).await }),
+                }
+            }
+        }
+    }
+
+    /// Binds the route and returns the connection's HTTP serving, boxed:
+    /// the connection's task holds a pointer to it, not its state.
+    fn serve_http<'a, S: Side, I>(
+        &'a self,
+        side: Arc<S>,
+        io: Prefixed<I>,
         route: S::Route,
         protocol: Protocol,
-    ) -> bool
+    ) -> Serving<'a>
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -148,6 +190,5 @@ impl Pipeline {
             self.shutdown.clone(),
             handler,
         )
-        .await
     }
 }

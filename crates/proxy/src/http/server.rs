@@ -31,7 +31,7 @@ use std::{
     task::{Context, Poll},
     time::Duration,
 };
-use tokio::{io::AsyncReadExt, sync::watch, time::Instant};
+use tokio::{io::AsyncRead, sync::watch, time::Instant};
 
 /// hyper refuses a smaller HTTP/1 buffer.
 const MIN_H1_BUFFER: usize = 8 * 1024;
@@ -124,35 +124,35 @@ impl Drop for InFlight<'_> {
 /// Serves `io` until the client is done, the connection idles out, or
 /// `shutdown` turns true (then in-flight requests finish first). Returns
 /// whether the connection ended without an error.
-pub async fn serve<I, H, Fut>(
-    io: I,
+pub fn serve<'a, I, H, Fut>(
+    io: Prefixed<I>,
     protocol: Protocol,
-    limits: &HttpLimits,
-    metrics: &Metrics,
+    limits: &'a HttpLimits,
+    metrics: &'a Metrics,
     shutdown: watch::Receiver<bool>,
     handler: H,
-) -> bool
+) -> Pin<Box<dyn Future<Output = bool> + Send + 'a>>
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     H: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
-    // Each protocol's connection state is boxed at its own size, so that an
-    // HTTP/1 connection does not carry room for HTTP/2's (per-connection
-    // memory is what a flood of idle connections costs).
-    let result = if protocol == Protocol::H2 {
-        Box::pin(serve_h2(
-            TokioIo::new(io),
-            limits,
-            metrics,
-            shutdown,
-            handler,
-        ))
-        .await
-        .map_err(Into::into)
+    // One box per connection, at its protocol's size: the caller's state
+    // holds a pointer, and an HTTP/1 connection carries no room for
+    // HTTP/2's (per-connection memory is what idle connections cost).
+    if protocol == Protocol::H2 {
+        Box::pin(async move {
+            let io = TokioIo::new(io);
+            ended(serve_h2(io, limits, metrics, shutdown, handler).await)
+        })
     } else {
-        Box::pin(serve_h1(io, limits, metrics, shutdown, handler)).await
-    };
+        let handler = Arc::new(handler);
+        Box::pin(serve_h1(io, limits, metrics, shutdown, handler))
+    }
+}
+
+/// Whether a connection ended without an error; logs the error.
+fn ended<E: std::fmt::Display>(result: Result<(), E>) -> bool {
     if let Err(e) = &result {
         tracing::debug!(error = %e, "client HTTP connection ended with an error");
     }
@@ -225,6 +225,87 @@ impl<F: Future<Output = Response<ResponseBody>>> Future for Answer<F> {
     }
 }
 
+type H1Parts<I, H> = hyper::server::conn::http1::Parts<TokioIo<Prefixed<I>>, H1Service<H>>;
+
+/// Serves `io` with hyper until the client is done or shutdown finishes it
+/// (`false`), or it idles for `park_after` between requests and hyper hands
+/// it back (`true`). Returns its parts either way.
+async fn serve_until_idle<I, H, Fut>(
+    io: Prefixed<I>,
+    service: H1Service<H>,
+    limits: &HttpLimits,
+    requests: &H1Requests,
+    shutdown: &mut watch::Receiver<bool>,
+    probe: &watch::Receiver<bool>,
+    may_park: &mut bool,
+) -> Result<(bool, Box<H1Parts<I, H>>), BoxError>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    H: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
+{
+    // Built per cycle: a parked connection keeps no builder.
+    let mut conn = h1_builder(limits).serve_connection(TokioIo::new(io), service);
+    let park_after = limits.h1_park_after;
+    let mut seen = requests.started.load(Ordering::Relaxed);
+    let stop = stopped(shutdown);
+    let check = tokio::time::sleep(park_after);
+    tokio::pin!(stop, check);
+    // Each wait is polled once to register its wake-up, and again only when
+    // it may be over (a connection's futures are polled by its one task,
+    // whose waker does not change).
+    let (mut stop_armed, mut check_armed) = (false, false);
+    let parked = loop {
+        let event = std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = conn.poll_without_shutdown(cx) {
+                return Poll::Ready(H1Event::Done(r));
+            }
+            if !stop_armed || probe.has_changed().unwrap_or(true) {
+                if stop.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(H1Event::Stop);
+                }
+                stop_armed = true;
+            }
+            if !check_armed || check.is_elapsed() {
+                if check.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(H1Event::Check);
+                }
+                check_armed = true;
+            }
+            Poll::Pending
+        })
+        .await;
+        match event {
+            H1Event::Done(r) => {
+                r?;
+                break false;
+            }
+            H1Event::Stop => {
+                Pin::new(&mut conn).graceful_shutdown();
+                std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)).await?;
+                break false;
+            }
+            H1Event::Check => {
+                let started = requests.started.load(Ordering::Relaxed);
+                let answered = requests.answered.load(Ordering::Relaxed);
+                if started != seen {
+                    *may_park = true;
+                } else if *may_park && answered == started {
+                    // hyper is between requests: it closes its side at
+                    // once, finishing a response still being written.
+                    Pin::new(&mut conn).graceful_shutdown();
+                    std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)).await?;
+                    break true;
+                }
+                seen = started;
+                check.as_mut().reset(Instant::now() + park_after);
+                check_armed = false;
+            }
+        }
+    };
+    Ok((parked, Box::new(conn.into_parts())))
+}
+
 /// What ended a wait of a serving HTTP/1 connection.
 enum H1Event {
     Done(hyper::Result<()>),
@@ -255,12 +336,12 @@ impl Drop for ParkedGauge<'_> {
 /// next byte holding only the socket. Keep-alive stays within
 /// `h1_header_read_timeout` in both states.
 async fn serve_h1<I, H, Fut>(
-    io: I,
+    mut io: Prefixed<I>,
     limits: &HttpLimits,
     metrics: &Metrics,
     mut shutdown: watch::Receiver<bool>,
-    handler: H,
-) -> Result<(), BoxError>
+    handler: Arc<H>,
+) -> bool
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     H: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
@@ -268,12 +349,10 @@ where
 {
     let requests = Arc::new(H1Requests::default());
     let mut service = H1Service {
-        handler: Arc::new(handler),
+        handler,
         requests: requests.clone(),
     };
-    let builder = h1_builder(limits);
     let park_after = limits.h1_park_after;
-    let mut io = Prefixed::new(Bytes::new(), io);
     // Whether the connection may park once it idles: not while a client is
     // partway through a head (that would restart its header read timeout).
     let mut may_park = true;
@@ -282,72 +361,26 @@ where
     // poll, and a busy connection is polled several times a request.
     let probe = shutdown.clone();
     loop {
-        // Boxed: a parked connection holds a pointer's worth of it.
-        let mut conn = Box::new(builder.serve_connection(TokioIo::new(io), service));
-        let mut seen = requests.started.load(Ordering::Relaxed);
-        let parked = {
-            let stop = stopped(&mut shutdown);
-            let check = tokio::time::sleep(park_after);
-            tokio::pin!(stop, check);
-            // Each wait is polled once to register its wake-up, and again
-            // only when it may be over (a connection's futures are polled
-            // by its one task, whose waker does not change).
-            let (mut stop_armed, mut check_armed) = (false, false);
-            loop {
-                let event = std::future::poll_fn(|cx| {
-                    if let Poll::Ready(r) = conn.poll_without_shutdown(cx) {
-                        return Poll::Ready(H1Event::Done(r));
-                    }
-                    if !stop_armed || probe.has_changed().unwrap_or(true) {
-                        if stop.as_mut().poll(cx).is_ready() {
-                            return Poll::Ready(H1Event::Stop);
-                        }
-                        stop_armed = true;
-                    }
-                    if !check_armed || check.is_elapsed() {
-                        if check.as_mut().poll(cx).is_ready() {
-                            return Poll::Ready(H1Event::Check);
-                        }
-                        check_armed = true;
-                    }
-                    Poll::Pending
-                })
-                .await;
-                match event {
-                    H1Event::Done(r) => {
-                        r?;
-                        break false;
-                    }
-                    H1Event::Stop => {
-                        Pin::new(&mut *conn).graceful_shutdown();
-                        std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)).await?;
-                        break false;
-                    }
-                    H1Event::Check => {
-                        let started = requests.started.load(Ordering::Relaxed);
-                        let answered = requests.answered.load(Ordering::Relaxed);
-                        if started != seen {
-                            may_park = true;
-                        } else if may_park && answered == started {
-                            // hyper is between requests: it closes its side
-                            // at once, finishing a response still being
-                            // written.
-                            Pin::new(&mut *conn).graceful_shutdown();
-                            std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)).await?;
-                            break true;
-                        }
-                        seen = started;
-                        check.as_mut().reset(Instant::now() + park_after);
-                        check_armed = false;
-                    }
-                }
-            }
+        // Boxed: a parked connection holds a pointer's worth of hyper.
+        let served = Box::pin(serve_until_idle(
+            io,
+            service,
+            limits,
+            &requests,
+            &mut shutdown,
+            &probe,
+            &mut may_park,
+        ))
+        .await;
+        let (parked, conn) = match served {
+            Ok(served) => served,
+            Err(e) => return ended(Err(e)),
         };
-        let parts = conn.into_parts();
+        let parts = *conn;
         io = parts.io.into_inner();
         service = parts.service;
         if !parked {
-            return Ok(());
+            return true;
         }
         if !parts.read_buf.is_empty() {
             // A head is arriving: serve it without parking.
@@ -358,21 +391,57 @@ where
         drop(parts.read_buf);
         let _gauge = ParkedGauge::enter(metrics);
         let keep_alive = limits.h1_header_read_timeout.saturating_sub(park_after);
-        let mut first = [0u8; 1];
-        tokio::select! {
-            biased;
-            _ = stopped(&mut shutdown) => return Ok(()),
-            read = tokio::time::timeout(keep_alive, io.read(&mut first)) => match read {
-                Err(_elapsed) => {
-                    metrics.http_idle_closed_total.inc();
-                    return Ok(());
-                }
-                Ok(Ok(0)) => return Ok(()),
-                Ok(Ok(_)) => io.rewind(Bytes::copy_from_slice(&first)),
-                Ok(Err(e)) => return Err(e.into()),
-            },
+        // Boxed: a connection that is not parked keeps no room for it.
+        match Box::pin(park(&mut io, &mut shutdown, keep_alive)).await {
+            Woke::Data(first) => io.rewind(Bytes::copy_from_slice(&[first])),
+            Woke::Stop | Woke::Eof => return true,
+            Woke::Idle => {
+                metrics.http_idle_closed_total.inc();
+                return true;
+            }
+            Woke::Failed(e) => return ended(Err(e)),
         }
     }
+}
+
+/// Waits, holding no buffer, for a parked connection's next byte, its
+/// close, `keep_alive`, or shutdown.
+async fn park<I: AsyncRead + Unpin>(
+    io: &mut Prefixed<I>,
+    shutdown: &mut watch::Receiver<bool>,
+    keep_alive: Duration,
+) -> Woke {
+    let idle = tokio::time::sleep(keep_alive);
+    // Only shutdown changes the watch (`changed` is smaller than a wait).
+    let stop = shutdown.changed();
+    tokio::pin!(idle, stop);
+    std::future::poll_fn(|cx| {
+        if stop.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Woke::Stop);
+        }
+        let mut first = [0u8; 1];
+        let mut buf = tokio::io::ReadBuf::new(&mut first);
+        match Pin::new(&mut *io).poll_read(cx, &mut buf) {
+            Poll::Ready(Ok(())) if buf.filled().is_empty() => return Poll::Ready(Woke::Eof),
+            Poll::Ready(Ok(())) => return Poll::Ready(Woke::Data(first[0])),
+            Poll::Ready(Err(e)) => return Poll::Ready(Woke::Failed(e)),
+            Poll::Pending => {}
+        }
+        if idle.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Woke::Idle);
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// What ended a parked connection's wait.
+enum Woke {
+    Data(u8),
+    Eof,
+    Idle,
+    Stop,
+    Failed(std::io::Error),
 }
 
 async fn serve_h2<I, H, Fut>(
