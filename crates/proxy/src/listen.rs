@@ -6,6 +6,7 @@ use crate::{
     memory::MemoryLimit,
     metrics::{ListenerLabels, Metrics, RefusedLabels},
 };
+use futures_util::FutureExt;
 use std::{
     future::Future,
     sync::Arc,
@@ -117,12 +118,13 @@ pub async fn accept_loop<F, Fut>(
                     let _ = stream.set_nodelay(true);
                     open.inc();
                     let open = open.clone();
-                    let fut = serve(stream);
-                    tokio::spawn(async move {
-                        fut.await;
+                    // `map`, not an async block awaiting `fut`: that would
+                    // keep room for the connection's future twice in its
+                    // task, for the connection's whole life.
+                    tokio::spawn(serve(stream).map(move |()| {
                         open.dec();
                         drop(permit);
-                    });
+                    }));
                     None
                 }
                 Err(_) => {

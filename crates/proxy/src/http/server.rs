@@ -335,71 +335,86 @@ impl Drop for ParkedGauge<'_> {
 /// (16 KiB of buffers and the dispatcher), then waits for the client's
 /// next byte holding only the socket. Keep-alive stays within
 /// `h1_header_read_timeout` in both states.
-async fn serve_h1<I, H, Fut>(
+// Not an async fn: see the body.
+#[allow(clippy::manual_async_fn)]
+fn serve_h1<'a, I, H, Fut>(
     mut io: Prefixed<I>,
-    limits: &HttpLimits,
-    metrics: &Metrics,
+    limits: &'a HttpLimits,
+    metrics: &'a Metrics,
     mut shutdown: watch::Receiver<bool>,
     handler: Arc<H>,
-) -> bool
+) -> impl Future<Output = bool> + Send + 'a
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     H: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
-    let requests = Arc::new(H1Requests::default());
-    let mut service = H1Service {
-        handler,
-        requests: requests.clone(),
-    };
-    let park_after = limits.h1_park_after;
-    // Whether the connection may park once it idles: not while a client is
-    // partway through a head (that would restart its header read timeout).
-    let mut may_park = true;
-    // Whether shutdown began is read from the watch's version before its
-    // wait is polled again: that wait re-registers under a lock on every
-    // poll, and a busy connection is polled several times a request.
-    let probe = shutdown.clone();
-    loop {
-        // Boxed: a parked connection holds a pointer's worth of hyper.
-        let served = Box::pin(serve_until_idle(
-            io,
-            service,
-            limits,
-            &requests,
-            &mut shutdown,
-            &probe,
-            &mut may_park,
-        ))
-        .await;
-        let (parked, conn) = match served {
-            Ok(served) => served,
-            Err(e) => return ended(Err(e)),
+    // An async block rather than an async fn, which would keep each
+    // argument twice for the connection's whole life.
+    async move {
+        let requests = Arc::new(H1Requests::default());
+        let mut service = H1Service {
+            handler,
+            requests: requests.clone(),
         };
-        let parts = *conn;
-        io = parts.io.into_inner();
-        service = parts.service;
-        if !parked {
-            return true;
-        }
-        if !parts.read_buf.is_empty() {
-            // A head is arriving: serve it without parking.
-            io.rewind(parts.read_buf);
-            may_park = false;
-            continue;
-        }
-        drop(parts.read_buf);
-        let _gauge = ParkedGauge::enter(metrics);
-        let keep_alive = limits.h1_header_read_timeout.saturating_sub(park_after);
-        // Boxed: a connection that is not parked keeps no room for it.
-        match Box::pin(park(&mut io, &mut shutdown, keep_alive)).await {
-            Woke::Data(first) => io.rewind(Bytes::copy_from_slice(&[first])),
-            Woke::Stop | Woke::Eof => return true,
-            Woke::Idle => {
-                metrics.http_idle_closed_total.inc();
+        // Whether the connection may park once it idles: not while a client
+        // is partway through a head (that would restart its header read
+        // timeout).
+        let mut may_park = true;
+        // Whether shutdown began is read from the watch's version before
+        // its wait is polled again: that wait re-registers under a lock on
+        // every poll, and a busy connection is polled several times a
+        // request.
+        let probe = shutdown.clone();
+        loop {
+            // Boxed: a parked connection holds a pointer's worth of hyper.
+            let (parked, conn) = match Box::pin(serve_until_idle(
+                io,
+                service,
+                limits,
+                &requests,
+                &mut shutdown,
+                &probe,
+                &mut may_park,
+            ))
+            .await
+            {
+                Ok(served) => served,
+                Err(e) => return ended(Err(e)),
+            };
+            let read_buf = {
+                let parts = *conn;
+                io = parts.io.into_inner();
+                service = parts.service;
+                parts.read_buf
+            };
+            if !parked {
                 return true;
             }
-            Woke::Failed(e) => return ended(Err(e)),
+            if !read_buf.is_empty() {
+                // A head is arriving: serve it without parking.
+                io.rewind(read_buf);
+                may_park = false;
+                continue;
+            }
+            drop(read_buf);
+            let keep_alive = limits
+                .h1_header_read_timeout
+                .saturating_sub(limits.h1_park_after);
+            let woke = {
+                let _gauge = ParkedGauge::enter(metrics);
+                // Boxed: a connection that is not parked keeps no room for it.
+                Box::pin(park(&mut io, &mut shutdown, keep_alive)).await
+            };
+            match woke {
+                Woke::Data(first) => io.rewind(Bytes::copy_from_slice(&[first])),
+                Woke::Stop | Woke::Eof => return true,
+                Woke::Idle => {
+                    metrics.http_idle_closed_total.inc();
+                    return true;
+                }
+                Woke::Failed(e) => return ended(Err(e)),
+            }
         }
     }
 }
