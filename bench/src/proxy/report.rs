@@ -434,11 +434,11 @@ pub fn print(o: &Opts, targets: &[Target], rounds: &[Round], discarded: usize) {
         let idle = over(rounds, Target::Ballast, |m| sum(&kib_f(&m.rss_idle_kib)));
         let anon = over(rounds, Target::Ballast, |m| sum(&kib_f(&m.anon_idle_kib)));
         verdict(
-            "idle RSS < 5 MB",
+            "idle RSS <= 5 MB",
             idle.map(|s| {
                 let anon = anon.map(|a| format!(", of which anonymous {}", mb(a.0)));
                 (
-                    s.0 * 1024.0 < 5e6,
+                    s.0 * 1024.0 <= 5e6,
                     format!("{}{}", mb(s.0), anon.unwrap_or_default()),
                 )
             }),
@@ -452,12 +452,12 @@ pub fn print(o: &Opts, targets: &[Target], rounds: &[Round], discarded: usize) {
                 }
                 verdict(
                     &format!(
-                        "memory per idle connection < 10 KB ({}, N = {n})",
+                        "memory per idle connection <= 2 KB ({}, N = {n})",
                         idle_side(t)
                     ),
                     r.map(|r| {
                         (
-                            r.0 < 10_000.0,
+                            r.0 <= 2_000.0,
                             format!(
                                 "{:.2} KB RSS{}",
                                 r.0 / 1000.0,

@@ -367,6 +367,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     ballast_admin::register_process_metrics(&mut registry);
     ballast_admin::register_build_info(&mut registry, "proxy", env!("CARGO_PKG_VERSION"));
     let _sampler = ballast_admin::spawn_memory_sampler();
+    // What parsing flags and setting up freed goes back to the kernel now,
+    // not when jemalloc next decays (it would wait for traffic).
+    ballast_admin::release_unused_memory();
     // Listeners are bound: the proxy is ready to take traffic.
     let ready = Arc::new(AtomicBool::new(true));
     let (stop_tx, stop_rx) = watch::channel(false);
