@@ -171,12 +171,7 @@ async fn idle_client_connections_are_closed() {
     assert!(h2.get(&web, "/").await.is_err(), "the connection is gone");
 
     // HTTP/1: an idle keep-alive connection closes at the header read timeout.
-    let mut s = TcpStream::connect(mesh.proxy.outbound)
-        .await
-        .expect("connect");
-    s.write_all(format!("GET / HTTP/1.1\r\nhost: {web}\r\n\r\n").as_bytes())
-        .await
-        .expect("write");
+    let mut s = sent_get(mesh.proxy.outbound, &web).await;
     let started = tokio::time::Instant::now();
     let mut buf = vec![0; 64 * 1024];
     let mut read = 0;
@@ -260,6 +255,15 @@ async fn idle_endpoint_connections_are_closed_after_the_pool_idle_timeout() {
     );
 }
 
+/// A connection to `addr` that has sent one `GET /` for `host`.
+async fn sent_get(addr: std::net::SocketAddr, host: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("GET / HTTP/1.1\r\nhost: {host}\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    s
+}
+
 /// Reads one whole HTTP/1 response with a `content-length` from `s`.
 async fn read_response(s: &mut TcpStream) -> String {
     let mut got = Vec::new();
@@ -322,12 +326,7 @@ async fn idle_http1_connections_park_and_keep_serving() {
     assert_eq!(opened, 3.0, "no client reconnected: {}", m.text);
 
     // A head that is partway in when the connection would park is kept.
-    let mut s = TcpStream::connect(mesh.proxy.outbound)
-        .await
-        .expect("connect");
-    s.write_all(format!("GET / HTTP/1.1\r\nhost: {web}\r\n\r\n").as_bytes())
-        .await
-        .expect("write");
+    let mut s = sent_get(mesh.proxy.outbound, &web).await;
     assert!(read_response(&mut s).await.starts_with("HTTP/1.1 200"));
     s.write_all(b"GET / HTTP/1.1\r\nho").await.expect("write");
     // Past several park periods with the head unfinished.
