@@ -4,7 +4,6 @@
 //! wiring them to a controller and a proxy.
 
 use crate::support::{
-    eventually,
     proxy::{authority, get, pods_of, start_backends, Cluster, Http1, Proxy, WEB_PORT},
     Controller, DEADLINE,
 };
@@ -573,14 +572,25 @@ impl Hostile {
     pub async fn warm(&self) {
         let web = self.web();
         let outbound = self.proxy.outbound;
-        eventually("a 200 for web through the proxy", || {
-            let web = web.clone();
-            async move {
-                let a = get(outbound, &web, "/").await.ok()?;
-                (a.status == StatusCode::OK).then_some(())
-            }
-        })
-        .await;
+        // The last answer, and the proxy's and controller's logs, are in
+        // the failure: a first 200 that never comes has been seen once on a
+        // loaded machine and not understood.
+        let started = Instant::now();
+        loop {
+            let last = match get(outbound, &web, "/").await {
+                Ok(a) if a.status == StatusCode::OK => break,
+                Ok(a) => format!("{} {:?}", a.status, a.header("l5d-proxy-error")),
+                Err(e) => e,
+            };
+            assert!(
+                started.elapsed() < DEADLINE,
+                "no 200 for web through the proxy in {DEADLINE:?}; last answer: {last}\n\
+                 proxy log:\n{}\ncontroller log:\n{}",
+                self.proxy.process.log(),
+                self.controller.logs.lock().unwrap().join("\n")
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let mut c = Http1::connect(outbound).await.unwrap();
         for _ in 0..20 {
             assert_eq!(c.get(&web, "/").await.unwrap().status, StatusCode::OK);
