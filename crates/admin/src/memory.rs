@@ -67,7 +67,7 @@ pub fn spawn_memory_sampler() -> JoinHandle<()> {
         loop {
             ticks.tick().await;
             match JemallocSample::read() {
-                Ok(_) => {
+                Ok(sample) => {
                     failing = false;
                     // jemalloc decays dirty pages only while the program
                     // allocates: a process that went quiet (thousands of
@@ -76,9 +76,7 @@ pub fn spawn_memory_sampler() -> JoinHandle<()> {
                     // would make every syscall of a one-thread proxy take
                     // glibc's multi-thread path (measured: 1.7% more
                     // instructions per request).
-                    if last_purge.elapsed() >= PURGE_INTERVAL
-                        && dirty_bytes().is_ok_and(should_purge)
-                    {
+                    if last_purge.elapsed() >= PURGE_INTERVAL && should_purge(sample.dirty) {
                         release_unused_memory();
                         last_purge = tokio::time::Instant::now();
                     }
@@ -98,6 +96,8 @@ pub fn spawn_memory_sampler() -> JoinHandle<()> {
 struct JemallocSample {
     allocated: u64,
     resident: u64,
+    /// Bytes in pages freed but not yet returned to the kernel.
+    dirty: usize,
 }
 
 impl JemallocSample {
@@ -112,6 +112,7 @@ impl JemallocSample {
         Ok(Self {
             allocated,
             resident,
+            dirty: dirty_bytes()?,
         })
     }
 }
@@ -258,10 +259,10 @@ fn should_purge(dirty: usize) -> bool {
     dirty >= PURGE_DIRTY_BYTES
 }
 
-/// Bytes in pages jemalloc holds freed but not yet returned, all arenas.
+/// Bytes in pages jemalloc holds freed but not yet returned, all arenas, as
+/// of the last epoch advance.
 fn dirty_bytes() -> Result<usize, tikv_jemalloc_ctl::Error> {
     use tikv_jemalloc_ctl::{Access, AsName};
-    tikv_jemalloc_ctl::epoch::advance()?;
     // 4096 is MALLCTL_ARENAS_ALL: the sum over arenas.
     let pages = Access::<usize>::read(b"stats.arenas.4096.pdirty\0".name())?;
     let page = Access::<usize>::read(b"arenas.page\0".name())?;
@@ -398,7 +399,7 @@ mod tests {
         // pages stay dirty once freed.
         let chunks: Vec<Vec<u8>> = (0..FREED / 4096).map(|_| vec![1u8; 4096]).collect();
         drop(std::hint::black_box(chunks));
-        let dirty = dirty_bytes().expect("jemalloc statistics");
+        let dirty = JemallocSample::read().expect("jemalloc statistics").dirty;
         assert!(
             dirty >= FREED / 2,
             "{dirty} dirty bytes after freeing {FREED}"
@@ -408,7 +409,7 @@ mod tests {
         // jemalloc's own clock does not move with tokio's paused one: only
         // the sampler can return these pages within this test.
         let mut waited = Duration::ZERO;
-        while dirty_bytes().expect("jemalloc statistics") >= FREED / 2 {
+        while JemallocSample::read().expect("jemalloc statistics").dirty >= FREED / 2 {
             assert!(
                 waited <= PURGE_INTERVAL + 2 * MEMORY_SAMPLE_INTERVAL,
                 "freed pages still dirty {waited:?} after the sampler started"

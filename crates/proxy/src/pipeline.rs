@@ -108,22 +108,20 @@ impl Pipeline {
         accepted: Accepted<S::Route>,
     ) {
         let (src, detected) = self.start(side, stream, accepted);
-        let ok = detected.await.await;
+        // Boxed: detection's state is not kept for the connection's life.
+        let ok = Box::pin(detected).await.await;
         src.close(ok);
     }
 
     /// Counts the connection open and returns its metrics with its
-    /// detection. Detection is boxed and hands back the serving, boxed too:
-    /// for the connection's life its task holds the metrics and a pointer.
+    /// detection, which hands back the serving, boxed: for the connection's
+    /// life its task holds the metrics and a pointer.
     fn start<S: Side>(
         &self,
         side: Arc<S>,
         stream: TcpStream,
         accepted: Accepted<S::Route>,
-    ) -> (
-        TcpMetrics,
-        Pin<Box<dyn Future<Output = Serving<'_>> + Send + '_>>,
-    ) {
+    ) -> (TcpMetrics, impl Future<Output = Serving<'_>> + Send + '_) {
         let Accepted {
             route,
             labels,
@@ -131,7 +129,7 @@ impl Pipeline {
         } = accepted;
         let src = TcpMetrics::open(&self.metrics, Peer::src, labels);
         let client = Counted::new(stream, src.read.clone(), src.write.clone());
-        (src, Box::pin(self.detect(side, client, route, opaque)))
+        (src, self.detect(side, client, route, opaque))
     }
 
     /// Reads what the client speaks (unless its port is opaque) and

@@ -234,7 +234,6 @@ async fn serve_until_idle<I, H, Fut>(
     io: Prefixed<I>,
     service: H1Service<H>,
     limits: &HttpLimits,
-    requests: &H1Requests,
     shutdown: &mut watch::Receiver<bool>,
     probe: &watch::Receiver<bool>,
     may_park: &mut bool,
@@ -244,6 +243,7 @@ where
     H: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
+    let requests = service.requests.clone();
     // Built per cycle: a parked connection keeps no builder.
     let mut conn = h1_builder(limits).serve_connection(TokioIo::new(io), service);
     let park_after = limits.h1_park_after;
@@ -352,10 +352,9 @@ where
     // An async block rather than an async fn, which would keep each
     // argument twice for the connection's whole life.
     async move {
-        let requests = Arc::new(H1Requests::default());
         let mut service = H1Service {
             handler,
-            requests: requests.clone(),
+            requests: Arc::default(),
         };
         // Whether the connection may park once it idles: not while a client
         // is partway through a head (that would restart its header read
@@ -372,7 +371,6 @@ where
                 io,
                 service,
                 limits,
-                &requests,
                 &mut shutdown,
                 &probe,
                 &mut may_park,
