@@ -1,0 +1,273 @@
+//! The Certify client: a P-256 key made in memory at start, a CSR naming the
+//! local identity, and a loop that asks the identity service for a
+//! certificate, renews at 70% of its remaining life (Linkerd's rule, clamped
+//! to [min, max] refresh), retries with backoff on failure, and keeps the
+//! current certificate in service meanwhile.
+
+use crate::{name::IdentityName, tls, tls::CertStore, Credentials};
+use ballast_backoff::{Backoff, BackoffConfig};
+use linkerd2_proxy_api::identity::{identity_client::IdentityClient, CertifyRequest};
+use rustls::{
+    pki_types::{CertificateDer, PrivatePkcs8KeyDer},
+    RootCertStore,
+};
+use std::{
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+/// Linkerd's bounds on the wait before a renewal.
+pub const DEFAULT_MIN_REFRESH: Duration = Duration::from_secs(10);
+pub const DEFAULT_MAX_REFRESH: Duration = Duration::from_secs(24 * 60 * 60);
+/// A service-account token is a few KB; anything much larger is not one.
+pub const MAX_TOKEN_BYTES: u64 = 64 * 1024;
+/// Leaf plus intermediates; a real chain is two or three certificates.
+pub const MAX_CHAIN_CERTS: usize = 8;
+/// The largest CertifyResponse read.
+pub const MAX_RESPONSE_BYTES: usize = 64 * 1024;
+
+/// The local key and the CSR that asks for `name`.
+pub struct LocalKey {
+    pub name: IdentityName,
+    pkcs8: PrivatePkcs8KeyDer<'static>,
+    spki: Vec<u8>,
+    csr: Vec<u8>,
+}
+
+impl LocalKey {
+    pub fn generate(name: IdentityName) -> Result<Self, CertifyError> {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+            .map_err(|e| CertifyError::Local(format!("key generation: {e}")))?;
+        let mut params = rcgen::CertificateParams::new(vec![name.to_string()])
+            .map_err(|e| CertifyError::Local(format!("CSR: {e}")))?;
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name.as_str());
+        let csr = params
+            .serialize_request(&key)
+            .map_err(|e| CertifyError::Local(format!("CSR: {e}")))?;
+        Ok(Self {
+            spki: rcgen::PublicKeyData::subject_public_key_info(&key),
+            pkcs8: PrivatePkcs8KeyDer::from(key.serialize_der()),
+            csr: csr.der().to_vec(),
+            name,
+        })
+    }
+
+    pub fn csr_der(&self) -> &[u8] {
+        &self.csr
+    }
+
+    /// Checks an issued chain (it carries our name and key, chains to the
+    /// anchors, is valid now) and makes it the credentials to serve with.
+    pub fn accept(
+        &self,
+        roots: Arc<RootCertStore>,
+        chain: Vec<CertificateDer<'static>>,
+    ) -> Result<Credentials, CertifyError> {
+        if chain.is_empty() || chain.len() > MAX_CHAIN_CERTS {
+            return Err(CertifyError::Response(format!(
+                "{} certificates in the chain (1 to {MAX_CHAIN_CERTS} expected)",
+                chain.len()
+            )));
+        }
+        if public_key_der(&chain[0]).as_deref() != Some(&self.spki[..]) {
+            return Err(CertifyError::Response(
+                "the certificate is not for our key".into(),
+            ));
+        }
+        tls::verify_server_chain(roots, &chain, &self.name, SystemTime::now())
+            .map_err(|e| CertifyError::Response(format!("the certificate does not verify: {e}")))?;
+        let not_after = tls::not_after(&chain[0])
+            .ok_or_else(|| CertifyError::Response("the certificate has no expiry".into()))?;
+        Credentials::new(self.name.clone(), chain, self.pkcs8.clone_key(), not_after)
+            .map_err(|e| CertifyError::Local(e.to_string()))
+    }
+}
+
+fn public_key_der(cert: &CertificateDer<'_>) -> Option<Vec<u8>> {
+    use x509_parser::prelude::FromDer;
+    let (_, c) = x509_parser::certificate::X509Certificate::from_der(cert).ok()?;
+    Some(c.public_key().raw.to_vec())
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CertifyError {
+    #[error("cannot read the token file {path}: {reason}")]
+    Token { path: String, reason: String },
+    #[error("the identity service refused: {0}")]
+    Refused(String),
+    #[error("the identity service is unreachable: {0}")]
+    Unreachable(String),
+    #[error("bad certificate from the identity service: {0}")]
+    Response(String),
+    #[error("{0}")]
+    Local(String),
+}
+
+impl CertifyError {
+    /// A short label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Token { .. } => "token",
+            Self::Refused(_) => "refused",
+            Self::Unreachable(_) => "unreachable",
+            Self::Response(_) => "bad_response",
+            Self::Local(_) => "local",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct CertifyConfig {
+    pub token_file: PathBuf,
+    pub roots: Arc<RootCertStore>,
+    pub min_refresh: Duration,
+    pub max_refresh: Duration,
+    pub backoff: BackoffConfig,
+    /// The deadline of one Certify call.
+    pub request_timeout: Duration,
+}
+
+/// Linkerd's refresh rule: 70% of the time left, within [min, max].
+pub fn refresh_in(now: SystemTime, not_after: SystemTime, min: Duration, max: Duration) -> Duration {
+    let left = not_after.duration_since(now).unwrap_or_default();
+    (left * 7 / 10).clamp(min, max.max(min))
+}
+
+async fn read_token(path: &PathBuf) -> Result<Vec<u8>, CertifyError> {
+    let err = |reason: String| CertifyError::Token {
+        path: path.display().to_string(),
+        reason,
+    };
+    let meta = tokio::fs::metadata(path).await.map_err(|e| err(e.to_string()))?;
+    if meta.len() > MAX_TOKEN_BYTES {
+        return Err(err(format!("over {MAX_TOKEN_BYTES} bytes")));
+    }
+    let token = tokio::fs::read(path).await.map_err(|e| err(e.to_string()))?;
+    let trimmed = token.trim_ascii();
+    if trimmed.is_empty() {
+        return Err(err("empty".into()));
+    }
+    Ok(trimmed.to_vec())
+}
+
+/// One Certify call: the token is read afresh (kubelet rotates it).
+pub async fn certify_once(
+    client: &mut IdentityClient<tonic::transport::Channel>,
+    key: &LocalKey,
+    config: &CertifyConfig,
+) -> Result<Credentials, CertifyError> {
+    let token = read_token(&config.token_file).await?;
+    let mut req = tonic::Request::new(CertifyRequest {
+        identity: key.name.to_string(),
+        token,
+        certificate_signing_request: key.csr.clone(),
+    });
+    req.set_timeout(config.request_timeout);
+    let rsp = tokio::time::timeout(config.request_timeout, client.certify(req))
+        .await
+        .map_err(|_| CertifyError::Unreachable("no answer within the request timeout".into()))?
+        .map_err(|s| {
+            let msg: String = s.message().chars().take(256).collect();
+            match s.code() {
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
+                    if msg.contains("transport") || msg.contains("connect") || msg.is_empty() =>
+                {
+                    CertifyError::Unreachable(format!("{:?}: {msg}", s.code()))
+                }
+                code => CertifyError::Refused(format!("{code:?}: {msg}")),
+            }
+        })?
+        .into_inner();
+    if rsp.valid_until.is_none() {
+        return Err(CertifyError::Response("no valid_until".into()));
+    }
+    let mut chain = Vec::with_capacity(1 + rsp.intermediate_certificates.len());
+    chain.push(CertificateDer::from(rsp.leaf_certificate));
+    chain.extend(
+        rsp.intermediate_certificates
+            .into_iter()
+            .map(CertificateDer::from),
+    );
+    key.accept(config.roots.clone(), chain)
+}
+
+/// Renews forever into `store`; `observe` hears every outcome (metrics).
+pub async fn run(
+    mut client: IdentityClient<tonic::transport::Channel>,
+    key: LocalKey,
+    config: CertifyConfig,
+    store: Arc<CertStore>,
+    observe: impl Fn(&Result<SystemTime, CertifyError>),
+) {
+    let mut backoff = Backoff::new(&config.backoff);
+    loop {
+        let outcome = certify_once(&mut client, &key, &config).await;
+        let wait = match &outcome {
+            Ok(creds) => {
+                let not_after = creds.not_after;
+                store.set(creds.clone());
+                backoff.reset();
+                let wait = refresh_in(SystemTime::now(), not_after, config.min_refresh, config.max_refresh);
+                tracing::info!(identity = %key.name, renew_in = ?wait, "certified");
+                wait
+            }
+            Err(e) => {
+                let wait = backoff.next_delay();
+                if store.get().is_some() {
+                    tracing::warn!(error = %e, retry_in = ?wait, "renewal failed; serving on the current certificate");
+                } else {
+                    tracing::warn!(error = %e, retry_in = ?wait, "cannot get a certificate yet");
+                }
+                wait
+            }
+        };
+        observe(&outcome.map(|c| c.not_after));
+        tokio::time::sleep(wait).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refreshes_at_seventy_percent_within_bounds() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let min = DEFAULT_MIN_REFRESH;
+        let max = DEFAULT_MAX_REFRESH;
+        let day = Duration::from_secs(86_400);
+        assert_eq!(refresh_in(now, now + day, min, max), day * 7 / 10);
+        assert_eq!(refresh_in(now, now + Duration::from_secs(5), min, max), min);
+        assert_eq!(refresh_in(now, now - day, min, max), min);
+        assert_eq!(refresh_in(now, now + day * 100, min, max), max);
+    }
+
+    #[test]
+    fn the_csr_names_the_identity() {
+        let name = IdentityName::parse("web.shop.serviceaccount.identity.linkerd.cluster.local").unwrap();
+        let key = LocalKey::generate(name).unwrap();
+        use x509_parser::prelude::FromDer;
+        let (_, csr) =
+            x509_parser::certification_request::X509CertificationRequest::from_der(key.csr_der())
+                .unwrap();
+        csr.verify_signature().unwrap();
+        let dns: Vec<String> = csr
+            .requested_extensions()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| match e {
+                x509_parser::extensions::ParsedExtension::SubjectAlternativeName(s) => Some(s),
+                _ => None,
+            })
+            .flat_map(|s| s.general_names.iter())
+            .filter_map(|n| match n {
+                x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(dns, vec!["web.shop.serviceaccount.identity.linkerd.cluster.local"]);
+    }
+}

@@ -1,0 +1,22 @@
+//! Mesh identity and TLS, shared by the proxy and the controller.
+//!
+//! - [`name`]: Linkerd's identity names (`SA.NS.serviceaccount.identity.CONTROL_NS.TRUST_DOMAIN`)
+//!   and SPIFFE URIs (pure).
+//! - [`pem`]: certificates and keys from PEM, as Linkerd writes them.
+//! - [`hello`]: the server name of a TLS ClientHello, peeked from the first bytes (pure).
+//! - [`header`]: Linkerd's opaque transport header (pure).
+//! - [`tls`]: rustls configurations (TLS 1.3, ring, ECDSA P-256), the swappable
+//!   certificate store, and the peer identity of a connection.
+//! - [`certify`]: the Certify client: key, CSR, renewal with backoff.
+
+#![forbid(unsafe_code)]
+
+pub mod certify;
+pub mod header;
+pub mod hello;
+pub mod name;
+pub mod pem;
+pub mod tls;
+
+pub use name::{IdentityName, NameError};
+pub use tls::{CertStore, Credentials};
