@@ -7,6 +7,8 @@
 //! - [`header`]: Linkerd's opaque transport header (pure).
 //! - [`tls`]: rustls configurations (TLS 1.3, ring, ECDSA P-256), the swappable
 //!   certificate store, and the peer identity of a connection.
+//! - [`server`]: a controller's gRPC port, TLS or plaintext per connection,
+//!   with bounded handshakes and connections.
 //! - [`certify`]: the Certify client: key, CSR, renewal with backoff.
 
 #![forbid(unsafe_code)]
@@ -16,6 +18,7 @@ pub mod header;
 pub mod hello;
 pub mod name;
 pub mod pem;
+pub mod server;
 pub mod tls;
 
 pub use name::{IdentityName, NameError};

@@ -1,0 +1,370 @@
+//! Proving a service account from a token. On Kubernetes, a TokenReview with
+//! Linkerd's audience (`identity.l5d.io`). On the manifests source, the token
+//! must equal a service-account token Secret's in the directory.
+
+use base64::Engine;
+use serde_json::Value;
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+use tokio::{sync::Mutex, time::Instant};
+
+/// Linkerd's TokenReview audience.
+pub const AUDIENCE: &str = "identity.l5d.io";
+
+/// The service account a token proves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceAccount {
+    pub namespace: String,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TokenError {
+    /// The token is not valid (FailedPrecondition, as Linkerd).
+    #[error("authentication token could not be authenticated")]
+    NotAuthenticated,
+    /// The token is valid but not a service account's (InvalidArgument).
+    #[error("{0}")]
+    Invalid(String),
+    /// The check itself failed (Internal).
+    #[error("error validating token: {0}")]
+    Unavailable(String),
+}
+
+pub enum TokenValidator {
+    Kubernetes(kube::Client),
+    Manifests(ManifestTokens),
+}
+
+impl TokenValidator {
+    pub async fn validate(&self, token: &[u8]) -> Result<ServiceAccount, TokenError> {
+        match self {
+            Self::Kubernetes(client) => token_review(client, token).await,
+            Self::Manifests(m) => m.validate(token).await,
+        }
+    }
+}
+
+/// `system:serviceaccount:NS:SA`, with DNS-label parts.
+pub fn parse_username(username: &str) -> Result<ServiceAccount, TokenError> {
+    let parts: Vec<&str> = username.split(':').collect();
+    let [system, kind, ns, sa] = parts.as_slice() else {
+        return Err(TokenError::Invalid(format!(
+            "Username must be in form system:TYPE:NS:SA: {}",
+            short(username)
+        )));
+    };
+    if *system != "system" || *kind != "serviceaccount" {
+        return Err(TokenError::Invalid(format!(
+            "Username must be in form system:serviceaccount:NS:SA: {}",
+            short(username)
+        )));
+    }
+    for part in [ns, sa] {
+        if !is_label(part) {
+            return Err(TokenError::Invalid(format!("Not a label: {}", short(part))));
+        }
+    }
+    Ok(ServiceAccount {
+        namespace: ns.to_string(),
+        name: sa.to_string(),
+    })
+}
+
+fn is_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn short(s: &str) -> String {
+    s.chars().take(128).collect()
+}
+
+async fn token_review(client: &kube::Client, token: &[u8]) -> Result<ServiceAccount, TokenError> {
+    use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+    let token = std::str::from_utf8(token)
+        .map_err(|_| TokenError::Invalid("token is not UTF-8".into()))?;
+    let api: kube::Api<TokenReview> = kube::Api::all(client.clone());
+    let review = |audiences: Option<Vec<String>>| TokenReview {
+        spec: TokenReviewSpec {
+            token: token.to_owned(),
+            audiences,
+        },
+        ..Default::default()
+    };
+    let post = kube::api::PostParams::default();
+    let mut rsp = api
+        .create(&post, &review(Some(vec![AUDIENCE.to_owned()])))
+        .await
+        .map_err(|e| TokenError::Unavailable(short(&e.to_string())))?;
+    // Tokens minted before projected audiences: Linkerd retries without.
+    let audience_error = rsp
+        .status
+        .as_ref()
+        .and_then(|s| s.error.as_deref())
+        .is_some_and(|e| e.contains("token audiences"));
+    if audience_error {
+        rsp = api
+            .create(&post, &review(None))
+            .await
+            .map_err(|e| TokenError::Unavailable(short(&e.to_string())))?;
+    }
+    let status = rsp.status.unwrap_or_default();
+    if let Some(e) = status.error.as_deref().filter(|e| !e.is_empty()) {
+        return Err(TokenError::Invalid(short(e)));
+    }
+    if status.authenticated != Some(true) {
+        return Err(TokenError::NotAuthenticated);
+    }
+    let username = status
+        .user
+        .and_then(|u| u.username)
+        .ok_or_else(|| TokenError::Invalid("the token review names no user".into()))?;
+    parse_username(&username)
+}
+
+/// Bounds of the manifests token scan.
+const MAX_FILES: usize = 10_000;
+const MAX_DEPTH: usize = 8;
+const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
+const MAX_TOKENS: usize = 100_000;
+/// A token not found triggers a rescan at most this often.
+const RESCAN_AFTER: Duration = Duration::from_secs(1);
+
+/// Service-account token Secrets of a manifests directory, by token digest.
+pub struct ManifestTokens {
+    dir: PathBuf,
+    state: Mutex<Scanned>,
+}
+
+#[derive(Default)]
+struct Scanned {
+    tokens: HashMap<[u8; 32], ServiceAccount>,
+    at: Option<Instant>,
+}
+
+fn digest(token: &[u8]) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, token);
+    let mut out = [0; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+impl ManifestTokens {
+    pub fn new(dir: PathBuf) -> Self {
+        Self {
+            dir,
+            state: Mutex::new(Scanned::default()),
+        }
+    }
+
+    /// Whether any token is known (for start-up logs).
+    pub async fn count(&self) -> usize {
+        let mut s = self.state.lock().await;
+        self.rescan(&mut s).await;
+        s.tokens.len()
+    }
+
+    async fn rescan(&self, s: &mut Scanned) {
+        let dir = self.dir.clone();
+        if let Ok(tokens) = tokio::task::spawn_blocking(move || scan(&dir)).await {
+            s.tokens = tokens;
+        }
+        s.at = Some(Instant::now());
+    }
+
+    /// A token found is checked against a scan at most [`RESCAN_AFTER`] old,
+    /// so a deleted Secret stops working within it; scans happen only when a
+    /// request comes, at most once per interval.
+    pub async fn validate(&self, token: &[u8]) -> Result<ServiceAccount, TokenError> {
+        let key = digest(token);
+        let mut s = self.state.lock().await;
+        if s.at.is_none_or(|at| at.elapsed() >= RESCAN_AFTER) {
+            self.rescan(&mut s).await;
+        }
+        s.tokens.get(&key).cloned().ok_or(TokenError::NotAuthenticated)
+    }
+}
+
+/// Reads every manifest under `dir`; unreadable or malformed files are
+/// skipped (the destination controller reports them).
+pub fn scan(dir: &Path) -> HashMap<[u8; 32], ServiceAccount> {
+    let mut files = Vec::new();
+    walk(dir, 0, &mut files);
+    let mut tokens = HashMap::new();
+    for file in files {
+        let Ok(meta) = std::fs::metadata(&file) else { continue };
+        if meta.len() > MAX_FILE_BYTES {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(&file) else { continue };
+        for (token, sa) in secrets_in(&text) {
+            if tokens.len() >= MAX_TOKENS {
+                tracing::warn!(dir = %dir.display(), "over {MAX_TOKENS} service-account tokens; the rest are ignored");
+                return tokens;
+            }
+            tokens.insert(digest(&token), sa);
+        }
+    }
+    tokens
+}
+
+fn walk(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let mut paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+    paths.sort();
+    for path in paths {
+        if out.len() >= MAX_FILES {
+            return;
+        }
+        let hidden = path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with('.'));
+        if hidden {
+            continue;
+        }
+        let Ok(meta) = std::fs::metadata(&path) else { continue };
+        if meta.is_dir() {
+            if depth < MAX_DEPTH {
+                walk(&path, depth + 1, out);
+            }
+        } else if path
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| matches!(e.to_ascii_lowercase().as_str(), "yaml" | "yml" | "json"))
+        {
+            out.push(path);
+        }
+    }
+}
+
+/// The service-account token Secrets of one manifest file's text.
+pub fn secrets_in(text: &str) -> Vec<(Vec<u8>, ServiceAccount)> {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(text).unwrap_or_default();
+    let mut out = Vec::new();
+    for doc in docs {
+        match doc.get("items").and_then(Value::as_array) {
+            Some(items) => out.extend(items.iter().filter_map(secret)),
+            None => out.extend(secret(&doc)),
+        }
+    }
+    out
+}
+
+fn secret(doc: &Value) -> Option<(Vec<u8>, ServiceAccount)> {
+    if doc.get("kind")?.as_str()? != "Secret"
+        || doc.get("type")?.as_str()? != "kubernetes.io/service-account-token"
+    {
+        return None;
+    }
+    let meta = doc.get("metadata")?;
+    let namespace = meta
+        .get("namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let name = meta
+        .get("annotations")?
+        .get("kubernetes.io/service-account.name")?
+        .as_str()?;
+    let token = match doc.get("data").and_then(|d| d.get("token")).and_then(Value::as_str) {
+        Some(b64) => base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .ok()?,
+        None => doc
+            .get("stringData")?
+            .get("token")?
+            .as_str()?
+            .as_bytes()
+            .to_vec(),
+    };
+    let token = token.trim_ascii().to_vec();
+    if token.is_empty() || !is_label(namespace) || !is_label(name) {
+        return None;
+    }
+    Some((
+        token,
+        ServiceAccount {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usernames_follow_linkerds_form() {
+        assert_eq!(
+            parse_username("system:serviceaccount:shop:web").unwrap(),
+            ServiceAccount { namespace: "shop".into(), name: "web".into() }
+        );
+        for bad in ["system:serviceaccount:shop", "user:serviceaccount:a:b", "system:node:a:b", "system:serviceaccount:Shop:web", "system:serviceaccount:a:b:c"] {
+            assert!(matches!(parse_username(bad), Err(TokenError::Invalid(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn finds_token_secrets_in_manifests() {
+        let text = r#"
+apiVersion: v1
+kind: Secret
+type: kubernetes.io/service-account-token
+metadata:
+  name: web-token
+  namespace: shop
+  annotations:
+    kubernetes.io/service-account.name: web
+data:
+  token: c2VjcmV0LXdlYg==
+---
+apiVersion: v1
+kind: Secret
+type: Opaque
+metadata: {name: other, namespace: shop}
+data: {token: c2VjcmV0LXdlYg==}
+---
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Secret
+  type: kubernetes.io/service-account-token
+  metadata:
+    name: db-token
+    annotations: {kubernetes.io/service-account.name: db}
+  stringData: {token: secret-db}
+"#;
+        let found = secrets_in(text);
+        assert_eq!(
+            found,
+            vec![
+                (b"secret-web".to_vec(), ServiceAccount { namespace: "shop".into(), name: "web".into() }),
+                (b"secret-db".to_vec(), ServiceAccount { namespace: "default".into(), name: "db".into() }),
+            ]
+        );
+        assert!(secrets_in("{{{ not yaml").is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deleted_secret_stops_validating() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sa.yaml");
+        std::fs::write(&path, "kind: Secret\ntype: kubernetes.io/service-account-token\nmetadata:\n  namespace: shop\n  annotations: {kubernetes.io/service-account.name: web}\nstringData: {token: tok}\n").unwrap();
+        let tokens = ManifestTokens::new(dir.path().to_owned());
+        assert_eq!(tokens.validate(b"tok").await.unwrap().name, "web");
+        assert!(matches!(tokens.validate(b"nope").await, Err(TokenError::NotAuthenticated)));
+        std::fs::remove_file(&path).unwrap();
+        // Within the interval the last scan stands; after it, a rescan.
+        assert!(tokens.validate(b"tok").await.is_ok());
+        tokio::time::advance(RESCAN_AFTER).await;
+        assert!(matches!(tokens.validate(b"tok").await, Err(TokenError::NotAuthenticated)));
+    }
+}
