@@ -6,6 +6,7 @@ mod backend;
 mod demo;
 mod destination;
 mod diagnostics;
+mod identity;
 
 use ballast_sidecar::{init, logging, proxy};
 use clap::{Parser, Subcommand};
@@ -35,6 +36,10 @@ enum Command {
     /// Run the destination controller: watch a cluster (or a manifests
     /// directory standing in for one) and serve Linkerd's Destination API.
     Destination(Box<destination::Args>),
+    /// Run the identity controller: a certificate authority serving
+    /// Linkerd's Identity API (Certify); `identity generate` makes a trust
+    /// anchor and issuer for local runs.
+    Identity(Box<identity::Args>),
     /// Run the sidecar proxy: carry a workload's traffic, resolved through
     /// the destination controller and balanced across endpoints.
     Proxy(Box<proxy::Args>),
@@ -59,6 +64,7 @@ fn main() -> std::process::ExitCode {
     }
     let result = match cli.command {
         Command::Destination(args) => on_runtime(destination::run(*args)),
+        Command::Identity(args) => on_runtime(identity::run(*args)),
         // The proxy sizes its own runtime; init only runs iptables.
         Command::Proxy(args) => proxy::run_blocking(*args),
         Command::Init(args) => init::run(*args),

@@ -368,3 +368,18 @@ items:
         assert!(matches!(tokens.validate(b"tok").await, Err(TokenError::NotAuthenticated)));
     }
 }
+
+/// A Kubernetes client from `kubeconfig`, else the usual places (KUBECONFIG,
+/// ~/.kube/config, the in-cluster service account).
+pub async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client, String> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| e.to_string())?
+        }
+        None => kube::Config::infer().await.map_err(|e| e.to_string())?,
+    };
+    kube::Client::try_from(config).map_err(|e| e.to_string())
+}

@@ -7,6 +7,7 @@
 //! - [`header`]: Linkerd's opaque transport header (pure).
 //! - [`tls`]: rustls configurations (TLS 1.3, ring, ECDSA P-256), the swappable
 //!   certificate store, and the peer identity of a connection.
+//! - [`io`]: a connection that is TLS or not; dialling TLS for an identity.
 //! - [`server`]: a controller's gRPC port, TLS or plaintext per connection,
 //!   with bounded handshakes and connections.
 //! - [`certify`]: the Certify client: key, CSR, renewal with backoff.
@@ -16,6 +17,7 @@
 pub mod certify;
 pub mod header;
 pub mod hello;
+pub mod io;
 pub mod name;
 pub mod pem;
 pub mod server;

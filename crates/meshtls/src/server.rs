@@ -4,6 +4,7 @@
 //! reach it. Handshakes are bounded in time and number; connections in
 //! number.
 
+use crate::io::MaybeTls;
 use futures_util::Stream;
 use rustls::ServerConfig;
 use std::{
@@ -56,10 +57,7 @@ pub struct ServeStats {
     pub handshakes_shed: AtomicU64,
 }
 
-enum Io {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
-}
+type Io = MaybeTls<TcpStream, Box<tokio_rustls::server::TlsStream<TcpStream>>>;
 
 /// An accepted connection, TLS or not, holding its connection permit.
 pub struct ServerIo {
@@ -70,7 +68,7 @@ pub struct ServerIo {
 
 impl ServerIo {
     pub fn is_tls(&self) -> bool {
-        matches!(self.io, Io::Tls(_))
+        self.io.is_tls()
     }
 }
 
@@ -83,47 +81,29 @@ impl Connected for ServerIo {
 
 impl AsyncRead for ServerIo {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().io {
-            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Io::Tls(s) => Pin::new(s).poll_read(cx, buf),
-        }
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for ServerIo {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match &mut self.get_mut().io {
-            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Io::Tls(s) => Pin::new(s).poll_write(cx, buf),
-        }
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().io {
-            Io::Plain(s) => Pin::new(s).poll_flush(cx),
-            Io::Tls(s) => Pin::new(s).poll_flush(cx),
-        }
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().io {
-            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Io::Tls(s) => Pin::new(s).poll_shutdown(cx),
-        }
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
     fn poll_write_vectored(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match &mut self.get_mut().io {
-            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Io::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-        }
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
     }
     fn is_write_vectored(&self) -> bool {
-        match &self.io {
-            Io::Plain(s) => s.is_write_vectored(),
-            Io::Tls(s) => s.is_write_vectored(),
-        }
+        self.io.is_write_vectored()
     }
 }
 
@@ -188,8 +168,8 @@ pub fn incoming(
                     }
                 };
                 match &io {
-                    Io::Tls(_) => stats.tls.fetch_add(1, Ordering::Relaxed),
-                    Io::Plain(_) => stats.plaintext.fetch_add(1, Ordering::Relaxed),
+                    MaybeTls::Tls(_) => stats.tls.fetch_add(1, Ordering::Relaxed),
+                    MaybeTls::Plain(_) => stats.plaintext.fetch_add(1, Ordering::Relaxed),
                 };
                 let _ = tx
                     .send(Ok(ServerIo {
@@ -211,12 +191,12 @@ fn socket_keepalive(stream: &TcpStream, idle: Duration) -> io::Result<()> {
 
 async fn start(stream: TcpStream, acceptor: Option<tokio_rustls::TlsAcceptor>) -> io::Result<Io> {
     let Some(acceptor) = acceptor else {
-        return Ok(Io::Plain(stream));
+        return Ok(MaybeTls::Plain(stream));
     };
     let mut first = [0u8; 1];
     let n = stream.peek(&mut first).await?;
     if n == 0 || first[0] != 0x16 {
-        return Ok(Io::Plain(stream));
+        return Ok(MaybeTls::Plain(stream));
     }
-    Ok(Io::Tls(Box::new(acceptor.accept(stream).await?)))
+    Ok(MaybeTls::Tls(Box::new(acceptor.accept(stream).await?)))
 }

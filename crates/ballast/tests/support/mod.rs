@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod backends;
+pub mod identity;
 pub mod manifests;
 pub mod proxy;
 pub mod updates;

@@ -1,0 +1,83 @@
+//! A connection that is TLS or not, decided per connection.
+
+use std::{
+    io,
+    pin::Pin,
+    task::{Context, Poll},
+};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+pub enum MaybeTls<P, T> {
+    Plain(P),
+    Tls(T),
+}
+
+impl<P, T> MaybeTls<P, T> {
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Self::Tls(_))
+    }
+}
+
+impl<P: AsyncRead + Unpin, T: AsyncRead + Unpin> AsyncRead for MaybeTls<P, T> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Self::Tls(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl<P: AsyncWrite + Unpin, T: AsyncWrite + Unpin> AsyncWrite for MaybeTls<P, T> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Self::Tls(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_flush(cx),
+            Self::Tls(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Self::Tls(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Self::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Self::Plain(s) => s.is_write_vectored(),
+            Self::Tls(s) => s.is_write_vectored(),
+        }
+    }
+}
+
+/// A client connection to a control-plane or mesh peer.
+pub type ClientIo = MaybeTls<tokio::net::TcpStream, Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>>;
+
+/// Dials TLS for `name` over `tcp`, or hands it back as is without `tls`.
+pub async fn connect(
+    tcp: tokio::net::TcpStream,
+    tls: Option<(&std::sync::Arc<rustls::ClientConfig>, &crate::IdentityName)>,
+) -> io::Result<ClientIo> {
+    match tls {
+        None => Ok(MaybeTls::Plain(tcp)),
+        Some((config, name)) => {
+            let connector = tokio_rustls::TlsConnector::from(config.clone());
+            let stream = connector.connect(crate::tls::server_name(name), tcp).await?;
+            Ok(MaybeTls::Tls(Box::new(stream)))
+        }
+    }
+}
