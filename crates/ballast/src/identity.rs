@@ -44,7 +44,11 @@ pub struct Args {
     addr: SocketAddr,
 
     /// Where to serve /live, /ready and /metrics.
-    #[arg(long, env = "BALLAST_IDENTITY_ADMIN_ADDR", default_value = "127.0.0.1:9990")]
+    #[arg(
+        long,
+        env = "BALLAST_IDENTITY_ADMIN_ADDR",
+        default_value = "127.0.0.1:9990"
+    )]
     admin_addr: SocketAddr,
 
     /// Directory with the issuer certificate and key (a mounted `linkerd-identity-issuer` Secret).
@@ -60,19 +64,35 @@ pub struct Args {
     manifests: Option<PathBuf>,
 
     /// Kubernetes client configuration for TokenReviews (else KUBECONFIG, ~/.kube/config or in-cluster).
-    #[arg(long, env = "BALLAST_IDENTITY_KUBECONFIG", conflicts_with = "manifests")]
+    #[arg(
+        long,
+        env = "BALLAST_IDENTITY_KUBECONFIG",
+        conflicts_with = "manifests"
+    )]
     kubeconfig: Option<PathBuf>,
 
     /// The control plane's namespace, part of every identity name.
-    #[arg(long, env = "BALLAST_IDENTITY_CONTROLLER_NAMESPACE", default_value = "linkerd")]
+    #[arg(
+        long,
+        env = "BALLAST_IDENTITY_CONTROLLER_NAMESPACE",
+        default_value = "linkerd"
+    )]
     controller_namespace: String,
 
     /// The trust domain, the last part of every identity name.
-    #[arg(long, env = "BALLAST_IDENTITY_TRUST_DOMAIN", default_value = "cluster.local")]
+    #[arg(
+        long,
+        env = "BALLAST_IDENTITY_TRUST_DOMAIN",
+        default_value = "cluster.local"
+    )]
     trust_domain: String,
 
     /// The service account this controller runs as; its identity names the TLS certificate it serves.
-    #[arg(long, env = "BALLAST_IDENTITY_SERVICE_ACCOUNT", default_value = "linkerd-identity")]
+    #[arg(
+        long,
+        env = "BALLAST_IDENTITY_SERVICE_ACCOUNT",
+        default_value = "linkerd-identity"
+    )]
     service_account: String,
 
     /// How long issued certificates live (Linkerd's default).
@@ -178,7 +198,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Some(Command::Generate(g)) => return generate_files(g),
         None => {}
     }
-    let (Some(issuer_dir), Some(trust_anchors)) = (args.issuer_dir.clone(), args.trust_anchors.clone()) else {
+    let (Some(issuer_dir), Some(trust_anchors)) =
+        (args.issuer_dir.clone(), args.trust_anchors.clone())
+    else {
         anyhow::bail!("--issuer-dir and --trust-anchors are required (`ballast identity generate --out DIR` makes a pair for local runs)");
     };
     let own_name = IdentityName::for_service_account(
@@ -254,7 +276,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let tls_config = match anchors.as_deref().map(tls::root_store) {
         Some(Ok(roots)) => Some(tls::server_config(roots, own_store.clone(), &[])?),
         _ => {
-            tracing::warn!("trust anchors unreadable at start: serving plaintext only until restarted");
+            tracing::warn!(
+                "trust anchors unreadable at start: serving plaintext only until restarted"
+            );
             None
         }
     };
@@ -267,8 +291,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     ));
 
     let ready = service.clone();
-    let admin_state = AdminState::new(Arc::new(registry), Readiness::from_fn(move || ready.status().is_ready()));
-    let admin_task = tokio::spawn(AdminServer::new(admin_state).serve(admin, stopped(stop_rx.clone())));
+    let admin_state = AdminState::new(
+        Arc::new(registry),
+        Readiness::from_fn(move || ready.status().is_ready()),
+    );
+    let admin_task =
+        tokio::spawn(AdminServer::new(admin_state).serve(admin, stopped(stop_rx.clone())));
 
     let incoming = tls_server::incoming(
         grpc,
@@ -319,11 +347,13 @@ fn generate_files(g: GenerateArgs) -> anyhow::Result<()> {
         issuer_lifetime: g.issuer_lifetime,
     };
     let issuer_dir = g.out.join("issuer");
-    std::fs::create_dir_all(&issuer_dir).with_context(|| format!("cannot create {}", issuer_dir.display()))?;
+    std::fs::create_dir_all(&issuer_dir)
+        .with_context(|| format!("cannot create {}", issuer_dir.display()))?;
     let (anchor_cert, anchor_key) = if g.rotate_issuer {
         let read = |name: &str| {
             let p = g.out.join(name);
-            std::fs::read_to_string(&p).with_context(|| format!("--rotate-issuer: cannot read {}", p.display()))
+            std::fs::read_to_string(&p)
+                .with_context(|| format!("--rotate-issuer: cannot read {}", p.display()))
         };
         (read("ca.crt")?, read("ca.key")?)
     } else {

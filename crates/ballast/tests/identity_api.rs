@@ -7,7 +7,10 @@ use ballast_meshtls::tls;
 use std::time::{Duration, SystemTime};
 use support::{
     eventually,
-    identity::{chain, controller_identity, identity, plaintext_client, request, tls_client, token_secret, IdentityCa, Pki},
+    identity::{
+        chain, controller_identity, identity, plaintext_client, request, tls_client, token_secret,
+        IdentityCa, Pki,
+    },
     write_atomic,
 };
 use tonic::Code;
@@ -15,7 +18,11 @@ use tonic::Code;
 fn manifests(dir: &std::path::Path) {
     write_atomic(
         &dir.join("tokens.yaml"),
-        &[token_secret("shop", "web", "tok-web"), token_secret("shop", "db", "tok-db")].join("---\n"),
+        &[
+            token_secret("shop", "web", "tok-web"),
+            token_secret("shop", "db", "tok-db"),
+        ]
+        .join("---\n"),
     );
 }
 
@@ -32,12 +39,21 @@ async fn certifies_what_linkerd_certifies_and_refuses_the_rest() {
     let web = identity("web", "shop");
     let (key, req) = request(&web, "tok-web");
     let rsp = client.certify(req).await.expect("certify web").into_inner();
-    let creds = key.accept(pki.roots(), chain(&rsp)).expect("the chain verifies for web");
-    assert_eq!(rsp.intermediate_certificates.len(), 1, "the issuer follows the leaf");
+    let creds = key
+        .accept(pki.roots(), chain(&rsp))
+        .expect("the chain verifies for web");
+    assert_eq!(
+        rsp.intermediate_certificates.len(),
+        1,
+        "the issuer follows the leaf"
+    );
     let valid_until: SystemTime = rsp.valid_until.unwrap().try_into().unwrap();
     assert_eq!(valid_until, creds.not_after);
     let life = valid_until.duration_since(SystemTime::now()).unwrap();
-    assert!(life > Duration::from_secs(23 * 3600) && life <= Duration::from_secs(24 * 3600 + 21), "{life:?}");
+    assert!(
+        life > Duration::from_secs(23 * 3600) && life <= Duration::from_secs(24 * 3600 + 21),
+        "{life:?}"
+    );
     let leaf = &chain(&rsp)[0];
     assert_eq!(tls::dns_names(leaf), vec![web.clone()]);
 
@@ -65,7 +81,10 @@ async fn certifies_what_linkerd_certifies_and_refuses_the_rest() {
     req.token.clear();
     assert_eq!(code(client.certify(req).await), Code::InvalidArgument);
     // A name outside this control plane's form.
-    let other = ballast_meshtls::IdentityName::parse("web.shop.serviceaccount.identity.other.cluster.local").unwrap();
+    let other = ballast_meshtls::IdentityName::parse(
+        "web.shop.serviceaccount.identity.other.cluster.local",
+    )
+    .unwrap();
     let (_, req) = request(&other, "tok-web");
     assert_eq!(code(client.certify(req).await), Code::InvalidArgument);
     // Oversized requests are refused before they are read whole.
@@ -74,10 +93,22 @@ async fn certifies_what_linkerd_certifies_and_refuses_the_rest() {
     assert_eq!(code(client.certify(req).await), Code::OutOfRange);
 
     let metrics = support::http_get(ca.admin, "/metrics").await.1;
-    assert!(metrics.contains("identity_certify_total{result=\"ok\"} 1"), "{metrics}");
-    assert!(metrics.contains("identity_certify_total{result=\"unauthenticated\"} 1"), "{metrics}");
-    assert!(metrics.contains("identity_cert_expiration_timestamp_seconds{cert=\"issuer\""), "{metrics}");
-    assert!(metrics.contains("identity_cert_expiration_timestamp_seconds{cert=\"anchor\""), "{metrics}");
+    assert!(
+        metrics.contains("identity_certify_total{result=\"ok\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("identity_certify_total{result=\"unauthenticated\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("identity_cert_expiration_timestamp_seconds{cert=\"issuer\""),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("identity_cert_expiration_timestamp_seconds{cert=\"anchor\""),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]
@@ -89,22 +120,34 @@ async fn serves_tls_as_its_own_identity() {
     manifests(&m);
     let ca = IdentityCa::start(&pki, &m, &[]).await;
 
-    let mut client = tls_client(ca.grpc, pki.roots(), controller_identity()).await.expect("TLS to the controller");
+    let mut client = tls_client(ca.grpc, pki.roots(), controller_identity())
+        .await
+        .expect("TLS to the controller");
     let (key, req) = request(&identity("db", "shop"), "tok-db");
-    let rsp = client.certify(req).await.expect("certify over TLS").into_inner();
+    let rsp = client
+        .certify(req)
+        .await
+        .expect("certify over TLS")
+        .into_inner();
     key.accept(pki.roots(), chain(&rsp)).unwrap();
 
     // Dialled as another identity, or under other anchors: refused.
     let mut wrong = tls_client(ca.grpc, pki.roots(), identity("web", "shop")).await;
     if let Ok(c) = &mut wrong {
         let (_, req) = request(&identity("db", "shop"), "tok-db");
-        assert!(c.certify(req).await.is_err(), "a server for another name was trusted");
+        assert!(
+            c.certify(req).await.is_err(),
+            "a server for another name was trusted"
+        );
     }
     let other = Pki::generate(&tmp.path().join("other")).await;
     let mut foreign = tls_client(ca.grpc, other.roots(), controller_identity()).await;
     if let Ok(c) = &mut foreign {
         let (_, req) = request(&identity("db", "shop"), "tok-db");
-        assert!(c.certify(req).await.is_err(), "a server under other anchors was trusted");
+        assert!(
+            c.certify(req).await.is_err(),
+            "a server under other anchors was trusted"
+        );
     }
 }
 
@@ -118,7 +161,9 @@ async fn rotates_the_issuer_and_refuses_one_that_does_not_chain() {
     let ca = IdentityCa::start(&pki, &m, &[]).await;
     let mut client = plaintext_client(ca.grpc).await;
     let web = identity("web", "shop");
-    let issuer_of = |rsp: &linkerd2_proxy_api::identity::CertifyResponse| rsp.intermediate_certificates[0].clone();
+    let issuer_of = |rsp: &linkerd2_proxy_api::identity::CertifyResponse| {
+        rsp.intermediate_certificates[0].clone()
+    };
 
     let (_, req) = request(&web, "tok-web");
     let first = issuer_of(&client.certify(req).await.unwrap().into_inner());
@@ -148,14 +193,25 @@ async fn rotates_the_issuer_and_refuses_one_that_does_not_chain() {
         let text = std::fs::read_to_string(other.issuer_dir().join(f)).unwrap();
         write_atomic(&pki.issuer_dir().join(f), &text);
     }
-    eventually("/ready to fail on a foreign issuer", || async { (ca.ready().await == 503).then_some(()) }).await;
+    eventually("/ready to fail on a foreign issuer", || async {
+        (ca.ready().await == 503).then_some(())
+    })
+    .await;
     eventually("the refusal to be logged", || async {
-        (!ca.process.logs_containing("does not chain to the trust anchors").is_empty()).then_some(())
+        (!ca.process
+            .logs_containing("does not chain to the trust anchors")
+            .is_empty())
+        .then_some(())
     })
     .await;
     let (key, req) = request(&web, "tok-web");
-    let rsp = client.certify(req).await.expect("still signing").into_inner();
-    key.accept(pki.roots(), chain(&rsp)).expect("with the last valid issuer");
+    let rsp = client
+        .certify(req)
+        .await
+        .expect("still signing")
+        .into_inner();
+    key.accept(pki.roots(), chain(&rsp))
+        .expect("with the last valid issuer");
     assert_eq!(issuer_of(&rsp), rotated);
 }
 
@@ -172,7 +228,13 @@ async fn a_client_over_its_rate_is_refused_and_others_are_not() {
     let mut codes = Vec::new();
     for _ in 0..5 {
         let (_, req) = request(&web, "tok-web");
-        codes.push(client.certify(req).await.map(|_| Code::Ok).unwrap_or_else(|s| s.code()));
+        codes.push(
+            client
+                .certify(req)
+                .await
+                .map(|_| Code::Ok)
+                .unwrap_or_else(|s| s.code()),
+        );
     }
     assert_eq!(&codes[..3], &[Code::Ok; 3]);
     assert_eq!(&codes[3..], &[Code::ResourceExhausted; 2]);

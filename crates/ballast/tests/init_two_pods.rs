@@ -87,6 +87,7 @@ async fn proxy(ns: &NetNs, destination: SocketAddr) -> Proxy {
     let mut cmd = ns.command_as_proxy_user(&ns.bin);
     cmd.arg("proxy")
         .args(["--destination-addr", &destination.to_string()])
+        .arg("--identity-disabled")
         .args(["--outbound-addr", "127.0.0.1:4140"])
         .args(["--inbound-addr", "0.0.0.0:4143"])
         .args(["--admin-addr", "127.0.0.1:4191"])

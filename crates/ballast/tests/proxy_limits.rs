@@ -38,6 +38,7 @@ async fn running_out_of_file_descriptors_pauses_accepts_and_the_proxy_recovers()
         .arg(env!("CARGO_BIN_EXE_ballast"))
         .arg("proxy")
         .args(["--destination-addr", &controller.grpc.to_string()])
+        .arg("--identity-disabled")
         .args(["--outbound-addr", "127.0.0.1:0"])
         .args(["--inbound-addr", "127.0.0.1:0"])
         .args(["--admin-addr", "127.0.0.1:0"]);

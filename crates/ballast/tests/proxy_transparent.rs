@@ -71,6 +71,7 @@ async fn redirected_connections_are_routed_by_their_original_destination() {
         let mut cmd = ns.command_as_proxy_user(&ns.bin);
         cmd.arg("proxy")
             .args(["--destination-addr", &grpc.to_string()])
+            .arg("--identity-disabled")
             .args(["--outbound-addr", "127.0.0.1:0"])
             .args(["--inbound-addr", "127.0.0.1:0"])
             .args(["--admin-addr", "127.0.0.1:0"]);

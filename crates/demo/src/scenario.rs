@@ -237,6 +237,8 @@ async fn start_proxy(
         "127.0.0.1:0",
         "--control-backoff-max",
         "2s",
+        // The demo runs no identity controller.
+        "--identity-disabled",
     ]
     .map(str::to_string);
     let (process, addrs) = Process::start(

@@ -123,7 +123,9 @@ mod tests {
         params.distinguished_name = rcgen::DistinguishedName::new();
         params.subject_alt_names = sans;
         if let Some(cn) = cn {
-            params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, cn);
         }
         params.serialize_request(&key).unwrap().der().to_vec()
     }
@@ -146,22 +148,40 @@ mod tests {
         let p256 = &rcgen::PKCS_ECDSA_P256_SHA256;
         let id = name(ID);
         assert_eq!(check(b"garbage", &id), Err(CsrError::Parse));
-        assert_eq!(check(&vec![0; MAX_CSR_BYTES + 1], &id), Err(CsrError::TooLarge));
         assert_eq!(
-            check(&csr(&rcgen::PKCS_ECDSA_P384_SHA384, vec![dns(ID)], None), &id),
+            check(&vec![0; MAX_CSR_BYTES + 1], &id),
+            Err(CsrError::TooLarge)
+        );
+        assert_eq!(
+            check(
+                &csr(&rcgen::PKCS_ECDSA_P384_SHA384, vec![dns(ID)], None),
+                &id
+            ),
             Err(CsrError::KeyType)
         );
         assert_eq!(
             check(&csr(&rcgen::PKCS_ED25519, vec![dns(ID)], None), &id),
             Err(CsrError::KeyType)
         );
-        assert_eq!(check(&csr(p256, vec![], None), &id), Err(CsrError::DnsNames));
+        assert_eq!(
+            check(&csr(p256, vec![], None), &id),
+            Err(CsrError::DnsNames)
+        );
         assert_eq!(
             check(&csr(p256, vec![dns(ID), dns("other.x")], None), &id),
             Err(CsrError::DnsNames)
         );
         assert!(matches!(
-            check(&csr(p256, vec![dns("other.shop.serviceaccount.identity.linkerd.cluster.local")], None), &id),
+            check(
+                &csr(
+                    p256,
+                    vec![dns(
+                        "other.shop.serviceaccount.identity.linkerd.cluster.local"
+                    )],
+                    None
+                ),
+                &id
+            ),
             Err(CsrError::Mismatch { .. })
         ));
         assert!(matches!(
@@ -169,12 +189,26 @@ mod tests {
             Err(CsrError::CommonName(_))
         ));
         assert_eq!(
-            check(&csr(p256, vec![dns(ID), rcgen::SanType::IpAddress([10, 0, 0, 1].into())], None), &id),
+            check(
+                &csr(
+                    p256,
+                    vec![dns(ID), rcgen::SanType::IpAddress([10, 0, 0, 1].into())],
+                    None
+                ),
+                &id
+            ),
             Err(CsrError::Ip)
         );
         assert_eq!(
             check(
-                &csr(p256, vec![dns(ID), rcgen::SanType::URI("spiffe://x/y".try_into().unwrap())], None),
+                &csr(
+                    p256,
+                    vec![
+                        dns(ID),
+                        rcgen::SanType::URI("spiffe://x/y".try_into().unwrap())
+                    ],
+                    None
+                ),
                 &id
             ),
             Err(CsrError::Uri)

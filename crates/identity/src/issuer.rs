@@ -170,14 +170,22 @@ impl Issuer {
         let key = pem::private_key(&raw.key).map_err(|e| IssuerError::Key(e.to_string()))?;
         let anchors_der =
             pem::certificates(&raw.anchors).map_err(|e| IssuerError::Anchors(e.to_string()))?;
-        let roots = tls::root_store(&anchors_der).map_err(|e| IssuerError::Anchors(e.to_string()))?;
+        let roots =
+            tls::root_store(&anchors_der).map_err(|e| IssuerError::Anchors(e.to_string()))?;
         let anchors = anchors_der
             .iter()
-            .map(|a| cert_info(a).ok_or_else(|| IssuerError::Anchors("a certificate does not parse".into())))
+            .map(|a| {
+                cert_info(a)
+                    .ok_or_else(|| IssuerError::Anchors("a certificate does not parse".into()))
+            })
             .collect::<Result<Vec<_>, _>>()?;
-        let info = cert_info(&chain[0]).ok_or_else(|| IssuerError::Cert("does not parse".into()))?;
+        let info =
+            cert_info(&chain[0]).ok_or_else(|| IssuerError::Cert("does not parse".into()))?;
         if now < info.not_before {
-            return Err(IssuerError::NotYetValid(rfc3339(info.not_before), rfc3339(now)));
+            return Err(IssuerError::NotYetValid(
+                rfc3339(info.not_before),
+                rfc3339(now),
+            ));
         }
         if now >= info.not_after {
             return Err(IssuerError::Expired(rfc3339(info.not_after), rfc3339(now)));
@@ -185,10 +193,13 @@ impl Issuer {
         if !is_ca(&chain[0]) {
             return Err(IssuerError::NotCa);
         }
-        let key = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(&key, &rcgen::PKCS_ECDSA_P256_SHA256)
-            .map_err(|e| IssuerError::Key(format!("not an ECDSA P-256 key ({e})")))?;
+        let key =
+            rcgen::KeyPair::from_pkcs8_der_and_sign_algo(&key, &rcgen::PKCS_ECDSA_P256_SHA256)
+                .map_err(|e| IssuerError::Key(format!("not an ECDSA P-256 key ({e})")))?;
         if rcgen::PublicKeyData::subject_public_key_info(&key) != spki(&chain[0]) {
-            return Err(IssuerError::Key("does not match the issuer certificate".into()));
+            return Err(IssuerError::Key(
+                "does not match the issuer certificate".into(),
+            ));
         }
         let signer = rcgen::Issuer::from_ca_cert_der(&chain[0], key)
             .map_err(|e| IssuerError::Cert(e.to_string()))?;
@@ -236,15 +247,26 @@ impl Issuer {
     /// Whether the issuer may sign at `now`.
     pub fn check_valid(&self, now: SystemTime) -> Result<(), IssuerError> {
         if now < self.info.not_before {
-            return Err(IssuerError::NotYetValid(rfc3339(self.info.not_before), rfc3339(now)));
+            return Err(IssuerError::NotYetValid(
+                rfc3339(self.info.not_before),
+                rfc3339(now),
+            ));
         }
         if now >= self.chain_not_after {
-            return Err(IssuerError::Expired(rfc3339(self.chain_not_after), rfc3339(now)));
+            return Err(IssuerError::Expired(
+                rfc3339(self.chain_not_after),
+                rfc3339(now),
+            ));
         }
         Ok(())
     }
 
-    pub fn sign(&self, spki_der: &[u8], name: &IdentityName, config: &SignConfig) -> Result<Signed, IssuerError> {
+    pub fn sign(
+        &self,
+        spki_der: &[u8],
+        name: &IdentityName,
+        config: &SignConfig,
+    ) -> Result<Signed, IssuerError> {
         self.sign_at(spki_der, name, config, SystemTime::now())
     }
 
@@ -327,9 +349,15 @@ mod tests {
         let now = SystemTime::now();
         let issuer = Issuer::load(&g.raw(), now).unwrap();
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        let name = IdentityName::parse("web.shop.serviceaccount.identity.linkerd.cluster.local").unwrap();
+        let name =
+            IdentityName::parse("web.shop.serviceaccount.identity.linkerd.cluster.local").unwrap();
         let s = issuer
-            .sign_at(&rcgen::PublicKeyData::subject_public_key_info(&key), &name, &sign_config(), now)
+            .sign_at(
+                &rcgen::PublicKeyData::subject_public_key_info(&key),
+                &name,
+                &sign_config(),
+                now,
+            )
             .unwrap();
         let mut chain = vec![s.leaf.clone()];
         chain.extend(s.intermediates.clone());
@@ -339,9 +367,13 @@ mod tests {
         assert!(info.not_before <= now - skew + Duration::from_secs(1));
         assert!(info.not_before >= now - skew - Duration::from_secs(1));
         let life = info.not_after.duration_since(now).unwrap();
-        assert!(life > DEFAULT_ISSUANCE_LIFETIME && life <= DEFAULT_ISSUANCE_LIFETIME + skew + Duration::from_secs(1));
+        assert!(
+            life > DEFAULT_ISSUANCE_LIFETIME
+                && life <= DEFAULT_ISSUANCE_LIFETIME + skew + Duration::from_secs(1)
+        );
         assert_eq!(tls::dns_names(&s.leaf), vec![name.clone()]);
-        let other = IdentityName::parse("db.shop.serviceaccount.identity.linkerd.cluster.local").unwrap();
+        let other =
+            IdentityName::parse("db.shop.serviceaccount.identity.linkerd.cluster.local").unwrap();
         assert!(tls::verify_server_chain(issuer.roots(), &chain, &other, now).is_err());
     }
 
@@ -355,9 +387,15 @@ mod tests {
         let now = SystemTime::now();
         let issuer = Issuer::load(&g.raw(), now).unwrap();
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        let name = IdentityName::parse("a.b.serviceaccount.identity.linkerd.cluster.local").unwrap();
+        let name =
+            IdentityName::parse("a.b.serviceaccount.identity.linkerd.cluster.local").unwrap();
         let s = issuer
-            .sign_at(&rcgen::PublicKeyData::subject_public_key_info(&key), &name, &sign_config(), now)
+            .sign_at(
+                &rcgen::PublicKeyData::subject_public_key_info(&key),
+                &name,
+                &sign_config(),
+                now,
+            )
             .unwrap();
         assert!(s.not_after <= issuer.info.not_after);
     }
@@ -367,9 +405,15 @@ mod tests {
         let g = generate(&GenerateConfig::default()).unwrap();
         let now = SystemTime::now();
         let later = now + Duration::from_secs(400 * 86_400);
-        assert!(matches!(Issuer::load(&g.raw(), later), Err(IssuerError::Expired(..))));
+        assert!(matches!(
+            Issuer::load(&g.raw(), later),
+            Err(IssuerError::Expired(..))
+        ));
         let earlier = now - Duration::from_secs(86_400);
-        assert!(matches!(Issuer::load(&g.raw(), earlier), Err(IssuerError::NotYetValid(..))));
+        assert!(matches!(
+            Issuer::load(&g.raw(), earlier),
+            Err(IssuerError::NotYetValid(..))
+        ));
         let other = generate(&GenerateConfig::default()).unwrap();
         let mixed = Raw {
             anchors: other.raw().anchors,
@@ -381,12 +425,18 @@ mod tests {
             key: other.raw().key,
             ..g.raw()
         };
-        assert!(matches!(Issuer::load(&wrong_key, now), Err(IssuerError::Key(_))));
+        assert!(matches!(
+            Issuer::load(&wrong_key, now),
+            Err(IssuerError::Key(_))
+        ));
         // The anchor is a CA too, but its own key is not given: refused.
         let garbage = Raw {
             cert: b"not pem".to_vec(),
             ..g.raw()
         };
-        assert!(matches!(Issuer::load(&garbage, now), Err(IssuerError::Cert(_))));
+        assert!(matches!(
+            Issuer::load(&garbage, now),
+            Err(IssuerError::Cert(_))
+        ));
     }
 }

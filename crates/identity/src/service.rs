@@ -94,7 +94,8 @@ impl IdentityService {
     }
 
     pub fn server(&self) -> IdentityServer<Self> {
-        IdentityServer::new(self.clone()).max_decoding_message_size(self.inner.config.max_request_bytes)
+        IdentityServer::new(self.clone())
+            .max_decoding_message_size(self.inner.config.max_request_bytes)
     }
 
     pub fn status(&self) -> Arc<IssuerStatus> {
@@ -127,7 +128,9 @@ impl IdentityService {
         if !clients.contains_key(&ip) && clients.len() >= c.max_tracked_clients {
             // Forget clients whose bucket has refilled: they are owed nothing.
             let full = f64::from(c.client_burst);
-            clients.retain(|_, b| b.tokens + now.duration_since(b.at).as_secs_f64() * c.client_rate < full);
+            clients.retain(|_, b| {
+                b.tokens + now.duration_since(b.at).as_secs_f64() * c.client_rate < full
+            });
             if clients.len() >= c.max_tracked_clients {
                 return false;
             }
@@ -150,13 +153,23 @@ impl IdentityService {
         admitted
     }
 
-    async fn certify_checked(&self, remote: Option<IpAddr>, req: CertifyRequest) -> Result<CertifyResponse, (&'static str, Status)> {
+    async fn certify_checked(
+        &self,
+        remote: Option<IpAddr>,
+        req: CertifyRequest,
+    ) -> Result<CertifyResponse, (&'static str, Status)> {
         if !self.admit(remote) {
-            return Err(("rate_limited", Status::resource_exhausted("too many certify requests from this client")));
+            return Err((
+                "rate_limited",
+                Status::resource_exhausted("too many certify requests from this client"),
+            ));
         }
         let status = self.status();
         let Some(issuer) = status.issuer.clone() else {
-            return Err(("not_ready", Status::unavailable("cert issuer not ready yet")));
+            return Err((
+                "not_ready",
+                Status::unavailable("cert issuer not ready yet"),
+            ));
         };
         let invalid = |m: &str| ("invalid_request", Status::invalid_argument(m.to_owned()));
         if req.identity.is_empty() {
@@ -169,13 +182,20 @@ impl IdentityService {
             return Err(invalid("missing certificate signing request"));
         }
         let c = &self.inner.config;
-        let name = IdentityName::parse(&req.identity)
-            .map_err(|e| ("invalid_request", Status::invalid_argument(format!("identity: {e}"))))?;
+        let name = IdentityName::parse(&req.identity).map_err(|e| {
+            (
+                "invalid_request",
+                Status::invalid_argument(format!("identity: {e}")),
+            )
+        })?;
         let Some((sa, ns)) = name.service_account(&c.sign.control_ns, &c.sign.trust_domain) else {
-            return Err(("invalid_request", Status::invalid_argument(format!(
-                "identity must be SA.NS.serviceaccount.identity.{}.{}",
-                c.sign.control_ns, c.sign.trust_domain
-            ))));
+            return Err((
+                "invalid_request",
+                Status::invalid_argument(format!(
+                    "identity must be SA.NS.serviceaccount.identity.{}.{}",
+                    c.sign.control_ns, c.sign.trust_domain
+                )),
+            ));
         };
         if let Err(e) = issuer.check_valid(SystemTime::now()) {
             return Err(("issuer_invalid", Status::unavailable(e.to_string())));
@@ -188,14 +208,30 @@ impl IdentityService {
             }
         })?;
         let Ok(_slot) = self.inner.signing.try_acquire() else {
-            return Err(("busy", Status::resource_exhausted("too many certify requests in flight")));
+            return Err((
+                "busy",
+                Status::resource_exhausted("too many certify requests in flight"),
+            ));
         };
         let _in_flight = InFlight::new(&self.inner.metrics);
-        let proven = self.inner.validator.validate(&req.token).await.map_err(|e| match e {
-            TokenError::NotAuthenticated => ("unauthenticated", Status::failed_precondition(e.to_string())),
-            TokenError::Invalid(_) => ("token_invalid", Status::invalid_argument(e.to_string())),
-            TokenError::Unavailable(_) => ("token_check_failed", Status::internal(format!("error validating token for {name}: {e}"))),
-        })?;
+        let proven = self
+            .inner
+            .validator
+            .validate(&req.token)
+            .await
+            .map_err(|e| match e {
+                TokenError::NotAuthenticated => (
+                    "unauthenticated",
+                    Status::failed_precondition(e.to_string()),
+                ),
+                TokenError::Invalid(_) => {
+                    ("token_invalid", Status::invalid_argument(e.to_string()))
+                }
+                TokenError::Unavailable(_) => (
+                    "token_check_failed",
+                    Status::internal(format!("error validating token for {name}: {e}")),
+                ),
+            })?;
         if proven.namespace != ns || proven.name != sa {
             return Err(("identity_mismatch", Status::failed_precondition(format!(
                 "requested identity did not match provided token: requested={name}; found={}.{}.serviceaccount.identity.{}.{}",
@@ -231,7 +267,10 @@ impl Drop for InFlight<'_> {
 
 #[tonic::async_trait]
 impl Identity for IdentityService {
-    async fn certify(&self, request: Request<CertifyRequest>) -> Result<Response<CertifyResponse>, Status> {
+    async fn certify(
+        &self,
+        request: Request<CertifyRequest>,
+    ) -> Result<Response<CertifyResponse>, Status> {
         let remote = request.remote_addr().map(|a| a.ip());
         match self.certify_checked(remote, request.into_inner()).await {
             Ok(rsp) => {
@@ -240,7 +279,12 @@ impl Identity for IdentityService {
             }
             Err((reason, status)) => {
                 self.count(reason);
-                tracing::debug!(?remote, reason, message = status.message(), "certify refused");
+                tracing::debug!(
+                    ?remote,
+                    reason,
+                    message = status.message(),
+                    "certify refused"
+                );
                 Err(status)
             }
         }
@@ -276,7 +320,12 @@ pub async fn watch_issuer(
     loop {
         let now = SystemTime::now();
         let metrics = &service.inner.metrics;
-        let reload = |result: &'static str| metrics.issuer_reloads.get_or_create(&ResultLabels { result }).inc();
+        let reload = |result: &'static str| {
+            metrics
+                .issuer_reloads
+                .get_or_create(&ResultLabels { result })
+                .inc()
+        };
         let current = service.status();
         match files.read() {
             Err(e) => {
@@ -284,7 +333,10 @@ pub async fn watch_issuer(
                     tracing::error!(error = %e, "cannot read the issuer");
                     reload("unreadable");
                 }
-                service.set_status(IssuerStatus { issuer: current.issuer.clone(), problem: Some(e.to_string()) });
+                service.set_status(IssuerStatus {
+                    issuer: current.issuer.clone(),
+                    problem: Some(e.to_string()),
+                });
             }
             Ok(raw) if last.as_ref() != Some(&raw) => {
                 match Issuer::load(&raw, now) {
@@ -292,18 +344,40 @@ pub async fn watch_issuer(
                         tracing::info!(subject = %issuer.info.subject, expires = %crate::issuer::rfc3339(issuer.info.not_after), "issuer loaded");
                         reload("ok");
                         metrics.expiration.clear();
-                        let unix = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
-                        metrics.expiration.get_or_create(&CertLabels { cert: "issuer", subject: issuer.info.subject.clone() }).set(unix(issuer.info.not_after));
+                        let unix = |t: SystemTime| {
+                            t.duration_since(SystemTime::UNIX_EPOCH)
+                                .map(|d| d.as_secs() as i64)
+                                .unwrap_or(0)
+                        };
+                        metrics
+                            .expiration
+                            .get_or_create(&CertLabels {
+                                cert: "issuer",
+                                subject: issuer.info.subject.clone(),
+                            })
+                            .set(unix(issuer.info.not_after));
                         for a in &issuer.anchors {
-                            metrics.expiration.get_or_create(&CertLabels { cert: "anchor", subject: a.subject.clone() }).set(unix(a.not_after));
+                            metrics
+                                .expiration
+                                .get_or_create(&CertLabels {
+                                    cert: "anchor",
+                                    subject: a.subject.clone(),
+                                })
+                                .set(unix(a.not_after));
                         }
-                        service.set_status(IssuerStatus { issuer: Some(Arc::new(issuer)), problem: None });
+                        service.set_status(IssuerStatus {
+                            issuer: Some(Arc::new(issuer)),
+                            problem: None,
+                        });
                         own_renew_at = None;
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "issuer refused; still signing with the last valid issuer, if any, and not ready");
                         reload("refused");
-                        service.set_status(IssuerStatus { issuer: current.issuer.clone(), problem: Some(e.to_string()) });
+                        service.set_status(IssuerStatus {
+                            issuer: current.issuer.clone(),
+                            problem: Some(e.to_string()),
+                        });
                     }
                 }
                 last = Some(raw);
@@ -314,28 +388,45 @@ pub async fn watch_issuer(
                         if current.problem.is_none() {
                             tracing::error!(error = %e, "the issuer is no longer valid");
                         }
-                        service.set_status(IssuerStatus { issuer: current.issuer.clone(), problem: Some(e.to_string()) });
+                        service.set_status(IssuerStatus {
+                            issuer: current.issuer.clone(),
+                            problem: Some(e.to_string()),
+                        });
                     }
                 }
             }
         }
-        if let (Some((name, store, key)), Some(issuer)) = (&own_key, service.status().issuer.clone()) {
+        if let (Some((name, store, key)), Some(issuer)) =
+            (&own_key, service.status().issuer.clone())
+        {
             if own_renew_at.is_none_or(|at| now >= at) {
                 let spki = rcgen::PublicKeyData::subject_public_key_info(key);
                 match issuer.sign(&spki, name, &service.inner.config.sign) {
                     Ok(signed) => {
                         let mut chain = vec![signed.leaf];
                         chain.extend(signed.intermediates);
-                        let pkcs8 = rustls::pki_types::PrivatePkcs8KeyDer::from(key.serialize_der());
+                        let pkcs8 =
+                            rustls::pki_types::PrivatePkcs8KeyDer::from(key.serialize_der());
                         match Credentials::new(name.clone(), chain, pkcs8, signed.not_after) {
                             Ok(c) => {
                                 store.set(c);
-                                own_renew_at = Some(now + refresh_in(now, signed.not_after, Duration::from_secs(10), Duration::from_secs(86_400)));
+                                own_renew_at = Some(
+                                    now + refresh_in(
+                                        now,
+                                        signed.not_after,
+                                        Duration::from_secs(10),
+                                        Duration::from_secs(86_400),
+                                    ),
+                                );
                             }
-                            Err(e) => tracing::error!(error = %e, "cannot use the controller's own certificate"),
+                            Err(e) => {
+                                tracing::error!(error = %e, "cannot use the controller's own certificate")
+                            }
                         }
                     }
-                    Err(e) => tracing::error!(error = %e, "cannot sign the controller's own certificate"),
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot sign the controller's own certificate")
+                    }
                 }
             }
         }

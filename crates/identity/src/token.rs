@@ -77,7 +77,8 @@ pub fn parse_username(username: &str) -> Result<ServiceAccount, TokenError> {
 fn is_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -88,8 +89,8 @@ fn short(s: &str) -> String {
 
 async fn token_review(client: &kube::Client, token: &[u8]) -> Result<ServiceAccount, TokenError> {
     use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
-    let token = std::str::from_utf8(token)
-        .map_err(|_| TokenError::Invalid("token is not UTF-8".into()))?;
+    let token =
+        std::str::from_utf8(token).map_err(|_| TokenError::Invalid("token is not UTF-8".into()))?;
     let api: kube::Api<TokenReview> = kube::Api::all(client.clone());
     let review = |audiences: Option<Vec<String>>| TokenReview {
         spec: TokenReviewSpec {
@@ -188,7 +189,10 @@ impl ManifestTokens {
         if s.at.is_none_or(|at| at.elapsed() >= RESCAN_AFTER) {
             self.rescan(&mut s).await;
         }
-        s.tokens.get(&key).cloned().ok_or(TokenError::NotAuthenticated)
+        s.tokens
+            .get(&key)
+            .cloned()
+            .ok_or(TokenError::NotAuthenticated)
     }
 }
 
@@ -199,11 +203,15 @@ pub fn scan(dir: &Path) -> HashMap<[u8; 32], ServiceAccount> {
     walk(dir, 0, &mut files);
     let mut tokens = HashMap::new();
     for file in files {
-        let Ok(meta) = std::fs::metadata(&file) else { continue };
+        let Ok(meta) = std::fs::metadata(&file) else {
+            continue;
+        };
         if meta.len() > MAX_FILE_BYTES {
             continue;
         }
-        let Ok(text) = std::fs::read_to_string(&file) else { continue };
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
         for (token, sa) in secrets_in(&text) {
             if tokens.len() >= MAX_TOKENS {
                 tracing::warn!(dir = %dir.display(), "over {MAX_TOKENS} service-account tokens; the rest are ignored");
@@ -216,7 +224,9 @@ pub fn scan(dir: &Path) -> HashMap<[u8; 32], ServiceAccount> {
 }
 
 fn walk(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     let mut paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
     paths.sort();
     for path in paths {
@@ -229,7 +239,9 @@ fn walk(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
         if hidden {
             continue;
         }
-        let Ok(meta) = std::fs::metadata(&path) else { continue };
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
         if meta.is_dir() {
             if depth < MAX_DEPTH {
                 walk(&path, depth + 1, out);
@@ -272,7 +284,11 @@ fn secret(doc: &Value) -> Option<(Vec<u8>, ServiceAccount)> {
         .get("annotations")?
         .get("kubernetes.io/service-account.name")?
         .as_str()?;
-    let token = match doc.get("data").and_then(|d| d.get("token")).and_then(Value::as_str) {
+    let token = match doc
+        .get("data")
+        .and_then(|d| d.get("token"))
+        .and_then(Value::as_str)
+    {
         Some(b64) => base64::engine::general_purpose::STANDARD
             .decode(b64.trim())
             .ok()?,
@@ -296,6 +312,21 @@ fn secret(doc: &Value) -> Option<(Vec<u8>, ServiceAccount)> {
     ))
 }
 
+/// A Kubernetes client from `kubeconfig`, else the usual places (KUBECONFIG,
+/// ~/.kube/config, the in-cluster service account).
+pub async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client, String> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| e.to_string())?
+        }
+        None => kube::Config::infer().await.map_err(|e| e.to_string())?,
+    };
+    kube::Client::try_from(config).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,10 +335,22 @@ mod tests {
     fn usernames_follow_linkerds_form() {
         assert_eq!(
             parse_username("system:serviceaccount:shop:web").unwrap(),
-            ServiceAccount { namespace: "shop".into(), name: "web".into() }
+            ServiceAccount {
+                namespace: "shop".into(),
+                name: "web".into()
+            }
         );
-        for bad in ["system:serviceaccount:shop", "user:serviceaccount:a:b", "system:node:a:b", "system:serviceaccount:Shop:web", "system:serviceaccount:a:b:c"] {
-            assert!(matches!(parse_username(bad), Err(TokenError::Invalid(_))), "{bad}");
+        for bad in [
+            "system:serviceaccount:shop",
+            "user:serviceaccount:a:b",
+            "system:node:a:b",
+            "system:serviceaccount:Shop:web",
+            "system:serviceaccount:a:b:c",
+        ] {
+            assert!(
+                matches!(parse_username(bad), Err(TokenError::Invalid(_))),
+                "{bad}"
+            );
         }
     }
 
@@ -346,8 +389,20 @@ items:
         assert_eq!(
             found,
             vec![
-                (b"secret-web".to_vec(), ServiceAccount { namespace: "shop".into(), name: "web".into() }),
-                (b"secret-db".to_vec(), ServiceAccount { namespace: "default".into(), name: "db".into() }),
+                (
+                    b"secret-web".to_vec(),
+                    ServiceAccount {
+                        namespace: "shop".into(),
+                        name: "web".into()
+                    }
+                ),
+                (
+                    b"secret-db".to_vec(),
+                    ServiceAccount {
+                        namespace: "default".into(),
+                        name: "db".into()
+                    }
+                ),
             ]
         );
         assert!(secrets_in("{{{ not yaml").is_empty());
@@ -360,26 +415,17 @@ items:
         std::fs::write(&path, "kind: Secret\ntype: kubernetes.io/service-account-token\nmetadata:\n  namespace: shop\n  annotations: {kubernetes.io/service-account.name: web}\nstringData: {token: tok}\n").unwrap();
         let tokens = ManifestTokens::new(dir.path().to_owned());
         assert_eq!(tokens.validate(b"tok").await.unwrap().name, "web");
-        assert!(matches!(tokens.validate(b"nope").await, Err(TokenError::NotAuthenticated)));
+        assert!(matches!(
+            tokens.validate(b"nope").await,
+            Err(TokenError::NotAuthenticated)
+        ));
         std::fs::remove_file(&path).unwrap();
         // Within the interval the last scan stands; after it, a rescan.
         assert!(tokens.validate(b"tok").await.is_ok());
         tokio::time::advance(RESCAN_AFTER).await;
-        assert!(matches!(tokens.validate(b"tok").await, Err(TokenError::NotAuthenticated)));
+        assert!(matches!(
+            tokens.validate(b"tok").await,
+            Err(TokenError::NotAuthenticated)
+        ));
     }
-}
-
-/// A Kubernetes client from `kubeconfig`, else the usual places (KUBECONFIG,
-/// ~/.kube/config, the in-cluster service account).
-pub async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client, String> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let file = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
-            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| e.to_string())?
-        }
-        None => kube::Config::infer().await.map_err(|e| e.to_string())?,
-    };
-    kube::Client::try_from(config).map_err(|e| e.to_string())
 }

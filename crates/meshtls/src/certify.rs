@@ -131,7 +131,12 @@ pub struct CertifyConfig {
 }
 
 /// Linkerd's refresh rule: 70% of the time left, within [min, max].
-pub fn refresh_in(now: SystemTime, not_after: SystemTime, min: Duration, max: Duration) -> Duration {
+pub fn refresh_in(
+    now: SystemTime,
+    not_after: SystemTime,
+    min: Duration,
+    max: Duration,
+) -> Duration {
     let left = not_after.duration_since(now).unwrap_or_default();
     (left * 7 / 10).clamp(min, max.max(min))
 }
@@ -141,11 +146,15 @@ async fn read_token(path: &PathBuf) -> Result<Vec<u8>, CertifyError> {
         path: path.display().to_string(),
         reason,
     };
-    let meta = tokio::fs::metadata(path).await.map_err(|e| err(e.to_string()))?;
+    let meta = tokio::fs::metadata(path)
+        .await
+        .map_err(|e| err(e.to_string()))?;
     if meta.len() > MAX_TOKEN_BYTES {
         return Err(err(format!("over {MAX_TOKEN_BYTES} bytes")));
     }
-    let token = tokio::fs::read(path).await.map_err(|e| err(e.to_string()))?;
+    let token = tokio::fs::read(path)
+        .await
+        .map_err(|e| err(e.to_string()))?;
     let trimmed = token.trim_ascii();
     if trimmed.is_empty() {
         return Err(err("empty".into()));
@@ -210,7 +219,12 @@ pub async fn run(
                 let not_after = creds.not_after;
                 store.set(creds.clone());
                 backoff.reset();
-                let wait = refresh_in(SystemTime::now(), not_after, config.min_refresh, config.max_refresh);
+                let wait = refresh_in(
+                    SystemTime::now(),
+                    not_after,
+                    config.min_refresh,
+                    config.max_refresh,
+                );
                 tracing::info!(identity = %key.name, renew_in = ?wait, "certified");
                 wait
             }
@@ -247,7 +261,8 @@ mod tests {
 
     #[test]
     fn the_csr_names_the_identity() {
-        let name = IdentityName::parse("web.shop.serviceaccount.identity.linkerd.cluster.local").unwrap();
+        let name =
+            IdentityName::parse("web.shop.serviceaccount.identity.linkerd.cluster.local").unwrap();
         let key = LocalKey::generate(name).unwrap();
         use x509_parser::prelude::FromDer;
         let (_, csr) =
@@ -268,6 +283,9 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(dns, vec!["web.shop.serviceaccount.identity.linkerd.cluster.local"]);
+        assert_eq!(
+            dns,
+            vec!["web.shop.serviceaccount.identity.linkerd.cluster.local"]
+        );
     }
 }

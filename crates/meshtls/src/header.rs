@@ -130,7 +130,11 @@ mod tests {
     #[test]
     fn round_trips_and_every_prefix_waits() {
         for h in [
-            TransportHeader { port: 8080, name: None, protocol: None },
+            TransportHeader {
+                port: 8080,
+                name: None,
+                protocol: None,
+            },
             TransportHeader {
                 port: 443,
                 name: Some("web.shop.svc.cluster.local".into()),
@@ -150,10 +154,16 @@ mod tests {
 
     #[test]
     fn refuses_what_is_not_a_header() {
-        assert_eq!(TransportHeader::decode(b"GET / HTTP/1.1"), Err(HeaderError::Preface));
+        assert_eq!(
+            TransportHeader::decode(b"GET / HTTP/1.1"),
+            Err(HeaderError::Preface)
+        );
         let mut big = PREFACE.to_vec();
         big.extend_from_slice(&(MAX_MESSAGE as u32 + 1).to_be_bytes());
-        assert!(matches!(TransportHeader::decode(&big), Err(HeaderError::TooLong(_))));
+        assert!(matches!(
+            TransportHeader::decode(&big),
+            Err(HeaderError::TooLong(_))
+        ));
         let mut zero = PREFACE.to_vec();
         zero.extend_from_slice(&0u32.to_be_bytes());
         assert_eq!(TransportHeader::decode(&zero), Err(HeaderError::Port(0)));

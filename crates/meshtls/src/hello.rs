@@ -168,7 +168,9 @@ mod tests {
 
     #[test]
     fn reads_the_server_name() {
-        let h = hello(Some("Web.Shop.serviceaccount.identity.linkerd.cluster.local"));
+        let h = hello(Some(
+            "Web.Shop.serviceaccount.identity.linkerd.cluster.local",
+        ));
         assert_eq!(
             peek(&h),
             Peek::ClientHello {
@@ -207,7 +209,8 @@ mod tests {
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
-        let name = rustls::pki_types::ServerName::try_from("x.y.serviceaccount.identity.l.c").unwrap();
+        let name =
+            rustls::pki_types::ServerName::try_from("x.y.serviceaccount.identity.l.c").unwrap();
         let mut conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
         let mut out = Vec::new();
         conn.write_tls(&mut out).unwrap();

@@ -19,7 +19,11 @@ impl<P, T> MaybeTls<P, T> {
 }
 
 impl<P: AsyncRead + Unpin, T: AsyncRead + Unpin> AsyncRead for MaybeTls<P, T> {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Self::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Self::Tls(s) => Pin::new(s).poll_read(cx, buf),
@@ -28,7 +32,11 @@ impl<P: AsyncRead + Unpin, T: AsyncRead + Unpin> AsyncRead for MaybeTls<P, T> {
 }
 
 impl<P: AsyncWrite + Unpin, T: AsyncWrite + Unpin> AsyncWrite for MaybeTls<P, T> {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Self::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Self::Tls(s) => Pin::new(s).poll_write(cx, buf),
@@ -65,7 +73,8 @@ impl<P: AsyncWrite + Unpin, T: AsyncWrite + Unpin> AsyncWrite for MaybeTls<P, T>
 }
 
 /// A client connection to a control-plane or mesh peer.
-pub type ClientIo = MaybeTls<tokio::net::TcpStream, Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>>;
+pub type ClientIo =
+    MaybeTls<tokio::net::TcpStream, Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>>;
 
 /// Dials TLS for `name` over `tcp`, or hands it back as is without `tls`.
 pub async fn connect(
@@ -76,7 +85,9 @@ pub async fn connect(
         None => Ok(MaybeTls::Plain(tcp)),
         Some((config, name)) => {
             let connector = tokio_rustls::TlsConnector::from(config.clone());
-            let stream = connector.connect(crate::tls::server_name(name), tcp).await?;
+            let stream = connector
+                .connect(crate::tls::server_name(name), tcp)
+                .await?;
             Ok(MaybeTls::Tls(Box::new(stream)))
         }
     }

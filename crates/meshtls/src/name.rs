@@ -76,7 +76,8 @@ impl IdentityName {
     /// The service account and namespace this name stands for, when it has
     /// Linkerd's form under `control_ns` and `trust_domain`.
     pub fn service_account(&self, control_ns: &str, trust_domain: &str) -> Option<(&str, &str)> {
-        let suffix_len = ".serviceaccount.identity.".len() + control_ns.len() + 1 + trust_domain.len();
+        let suffix_len =
+            ".serviceaccount.identity.".len() + control_ns.len() + 1 + trust_domain.len();
         let s = self.as_str();
         let head = s.get(..s.len().checked_sub(suffix_len)?)?;
         let tail = &s[head.len()..];
@@ -113,8 +114,9 @@ mod tests {
 
     #[test]
     fn parses_dns_like_names() {
-        let n = IdentityName::parse("Default.Emojivoto.serviceaccount.identity.linkerd.cluster.local")
-            .unwrap();
+        let n =
+            IdentityName::parse("Default.Emojivoto.serviceaccount.identity.linkerd.cluster.local")
+                .unwrap();
         assert_eq!(
             n.as_str(),
             "default.emojivoto.serviceaccount.identity.linkerd.cluster.local"
@@ -136,19 +138,24 @@ mod tests {
 
     #[test]
     fn service_account_round_trips() {
-        let n = IdentityName::for_service_account("web", "shop", "linkerd", "cluster.local").unwrap();
+        let n =
+            IdentityName::for_service_account("web", "shop", "linkerd", "cluster.local").unwrap();
         assert_eq!(
             n.as_str(),
             "web.shop.serviceaccount.identity.linkerd.cluster.local"
         );
-        assert_eq!(n.service_account("linkerd", "cluster.local"), Some(("web", "shop")));
+        assert_eq!(
+            n.service_account("linkerd", "cluster.local"),
+            Some(("web", "shop"))
+        );
         assert_eq!(
             n.spiffe_uri("linkerd", "cluster.local").as_deref(),
             Some("spiffe://cluster.local/ns/shop/sa/web")
         );
         assert_eq!(n.service_account("ballast", "cluster.local"), None);
         assert_eq!(n.service_account("linkerd", "example.org"), None);
-        let deep = IdentityName::parse("a.b.c.serviceaccount.identity.linkerd.cluster.local").unwrap();
+        let deep =
+            IdentityName::parse("a.b.c.serviceaccount.identity.linkerd.cluster.local").unwrap();
         assert_eq!(deep.service_account("linkerd", "cluster.local"), None);
         let short = IdentityName::parse("serviceaccount.identity.linkerd.cluster.local").unwrap();
         assert_eq!(short.service_account("linkerd", "cluster.local"), None);

@@ -55,8 +55,8 @@ pub fn private_key(bytes: &[u8]) -> Result<PrivatePkcs8KeyDer<'static>, PemError
 
 /// OID 1.2.840.10045.2.1 (id-ecPublicKey) and 1.2.840.10045.3.1.7 (P-256).
 const EC_P256_ALGORITHM: &[u8] = &[
-    0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08, 0x2a, 0x86,
-    0x48, 0xce, 0x3d, 0x03, 0x01, 0x07,
+    0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08, 0x2a, 0x86, 0x48,
+    0xce, 0x3d, 0x03, 0x01, 0x07,
 ];
 
 /// Wraps an RFC 5915 ECPrivateKey in an RFC 5208 PrivateKeyInfo, the one
@@ -127,7 +127,10 @@ iv3FTEBBC4libf53huXto8qdyADrImHxdg==
     #[test]
     fn bad_input_is_named() {
         assert!(matches!(private_key(b"hello"), Err(PemError::NoKey)));
-        assert!(matches!(certificates(b"hello"), Err(PemError::NoCertificate)));
+        assert!(matches!(
+            certificates(b"hello"),
+            Err(PemError::NoCertificate)
+        ));
         assert!(matches!(certificates(b""), Err(PemError::NoCertificate)));
     }
 }

@@ -80,13 +80,21 @@ impl Connected for ServerIo {
 }
 
 impl AsyncRead for ServerIo {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for ServerIo {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -123,7 +131,9 @@ pub fn incoming(
         loop {
             // At the connection bound, stop accepting: the kernel's backlog
             // holds the rest.
-            let Ok(permit) = conns.clone().acquire_owned().await else { return };
+            let Ok(permit) = conns.clone().acquire_owned().await else {
+                return;
+            };
             let (stream, remote) = tokio::select! {
                 r = listener.accept() => match r {
                     Ok(x) => x,

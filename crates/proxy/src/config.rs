@@ -263,6 +263,9 @@ pub struct Config {
     pub memory_limit: Option<u64>,
     pub admin_addr: SocketAddr,
     pub shutdown_grace: Duration,
+    /// This proxy's mesh identity and TLS; `None` runs without identity
+    /// (plaintext everywhere, `tls="disabled"`).
+    pub mesh: Option<std::sync::Arc<crate::identity::MeshTls>>,
 }
 
 /// Parses a comma-separated port list (`25,587,6379`); empty is none.

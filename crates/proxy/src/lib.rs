@@ -20,6 +20,7 @@ pub mod connect;
 pub mod detect;
 pub mod discovery;
 pub mod http;
+pub mod identity;
 mod inbound;
 mod io;
 mod listen;
@@ -92,6 +93,7 @@ pub async fn serve(
         metrics.clone(),
         own.clone(),
         &config.http,
+        config.mesh.clone(),
     );
     let inbound = inbound::Inbound::new(inbound::InboundParts {
         config: config.inbound.clone(),
@@ -99,6 +101,7 @@ pub async fn serve(
         limits: config.http,
         metrics: metrics.clone(),
         own,
+        mesh: config.mesh.clone(),
     });
     let pipeline = Arc::new(Pipeline {
         detect_timeout: config.traffic.detect_timeout,

@@ -149,6 +149,8 @@ pub struct TcpLabels {
     pub peer: Peer,
     #[prometheus(flatten)]
     pub dst: DstLabels,
+    #[prometheus(flatten)]
+    pub tls: TlsLabels,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -156,7 +158,37 @@ pub struct TcpCloseLabels {
     pub peer: Peer,
     #[prometheus(flatten)]
     pub dst: DstLabels,
+    #[prometheus(flatten)]
+    pub tls: TlsLabels,
     pub classification: &'static str,
+}
+
+/// A connection's TLS, as Linkerd labels it: `tls="true"` with `server_id`
+/// (outbound) or `client_id` (inbound); `tls="no_identity"` with
+/// `no_tls_reason`; `tls="opaque"` with `sni` for TLS passed through;
+/// `tls="disabled"` when the proxy has no identity.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub enum TlsLabels {
+    Disabled,
+    NoIdentity(&'static str),
+    ServerId(Arc<str>),
+    /// Empty when the client sent no certificate.
+    ClientId(Arc<str>),
+    Passthru(Arc<str>),
+}
+
+impl EncodeLabelSet for TlsLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        match self {
+            Self::Disabled => [("tls", "disabled")].encode(encoder),
+            Self::NoIdentity(reason) => {
+                [("tls", "no_identity"), ("no_tls_reason", reason)].encode(encoder)
+            }
+            Self::ServerId(id) => [("tls", "true"), ("server_id", id)].encode(encoder),
+            Self::ClientId(id) => [("tls", "true"), ("client_id", id)].encode(encoder),
+            Self::Passthru(sni) => [("tls", "opaque"), ("sni", sni)].encode(encoder),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -653,8 +685,8 @@ pub struct TcpMetrics {
 
 impl TcpMetrics {
     /// Counts a connection opened and returns its handles.
-    pub fn open(metrics: &Arc<Metrics>, peer: Peer, dst: DstLabels) -> Self {
-        let labels = TcpLabels { peer, dst };
+    pub fn open(metrics: &Arc<Metrics>, peer: Peer, dst: DstLabels, tls: TlsLabels) -> Self {
+        let labels = TcpLabels { peer, dst, tls };
         metrics.tcp_open_total.get(&labels).inc();
         let open = metrics.tcp_open_connections.get(&labels);
         open.inc();
@@ -674,6 +706,7 @@ impl TcpMetrics {
         let labels = TcpCloseLabels {
             peer: self.labels.peer,
             dst: self.labels.dst,
+            tls: self.labels.tls,
             classification: if success { "success" } else { "failure" },
         };
         self.metrics.tcp_close_total.get(&labels).inc();
@@ -886,7 +919,7 @@ mod tests {
         w.dst_serviceaccount = Arc::from("web-sa");
         w.dst_pod_template_hash = Arc::from("5d8f9");
         labels.workload = DstWorkload(Arc::new(w));
-        TcpMetrics::open(&metrics, Peer::dst, labels.clone()).close(true);
+        TcpMetrics::open(&metrics, Peer::dst, labels.clone(), TlsLabels::Disabled).close(true);
         HttpEndpointMetrics::new(metrics, labels).request();
         let text = scrape(&registry);
         for family in ["request_total", "tcp_open_total", "tcp_close_total"] {
@@ -910,7 +943,7 @@ mod tests {
     async fn a_closed_connection_records_how_long_it_lived() {
         let mut registry = Registry::default();
         let metrics = Metrics::register(&mut registry);
-        let tcp = TcpMetrics::open(&metrics, Peer::dst, web_labels());
+        let tcp = TcpMetrics::open(&metrics, Peer::dst, web_labels(), TlsLabels::Disabled);
         tokio::time::advance(Duration::from_millis(1500)).await;
         tcp.close(false);
         let text = scrape(&registry);

@@ -11,7 +11,13 @@ use crate::{
     memory::MemoryLimit,
     metrics::{DstLabels, Metrics, Peer, TcpMetrics},
 };
-use http::{Request, Response, StatusCode};
+use crate::{identity::MeshTls, metrics::TlsLabels};
+use ballast_meshtls::{
+    header, hello,
+    tls::{self, TRANSPORT_HEADER_ALPN},
+};
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 use tokio::{
@@ -23,6 +29,52 @@ use tokio::{
 /// How a connection is served once detected: boxed, so that its task holds
 /// a pointer to it.
 type Serving<'a> = Pin<Box<dyn Future<Output = bool> + Send + 'a>>;
+
+/// Linkerd's header naming a meshed client's identity to the workload.
+pub const L5D_CLIENT_ID: &str = "l5d-client-id";
+
+/// What the requests of a connection say of the client's identity: set to
+/// the identity its certificate proved, or removed (a client cannot claim
+/// one in plaintext); untouched on a side that terminates no mesh TLS.
+#[derive(Clone)]
+enum ClientIdHeader {
+    Untouched,
+    Strip,
+    Set(HeaderValue),
+}
+
+/// Reads into a buffer until `decide` answers, the bound is reached, the
+/// peer closes, or `timeout` passes; returns the answer (if any) and every
+/// byte read.
+async fn read_until<T, R>(
+    io: &mut T,
+    timeout: Duration,
+    max: usize,
+    mut decide: impl FnMut(&[u8]) -> Option<R>,
+) -> std::io::Result<(Option<R>, Bytes)>
+where
+    T: AsyncRead + Unpin,
+{
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::with_capacity(512);
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(r) = decide(&buf) {
+            return Ok((Some(r), Bytes::from(buf)));
+        }
+        if buf.len() >= max {
+            return Ok((None, Bytes::from(buf)));
+        }
+        if buf.len() == buf.capacity() {
+            buf.reserve((buf.capacity() * 2).min(max) - buf.len());
+        }
+        match tokio::time::timeout_at(deadline, io.read_buf(&mut buf)).await {
+            Ok(Ok(0)) | Err(_) => return Ok((None, Bytes::from(buf))),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(e),
+        }
+    }
+}
 
 /// Where an accepted connection goes, decided once.
 pub struct Accepted<R> {
@@ -58,6 +110,24 @@ pub trait Side: Send + Sync + 'static {
 
     /// Binds a connection found to speak HTTP.
     fn bind_http(self: &Arc<Self>, route: Self::Route) -> Self::Http;
+
+    /// This side's mesh TLS termination (inbound, with identity): TLS for
+    /// the proxy's own identity is terminated, other TLS passes through.
+    fn mesh(&self) -> Option<&Arc<MeshTls>> {
+        None
+    }
+
+    /// A plaintext connection's `tls` labels.
+    fn plain_tls(&self) -> TlsLabels {
+        TlsLabels::Disabled
+    }
+
+    /// The route for a connection whose transport header names `port`;
+    /// `None` refuses it.
+    fn reroute(&self, route: Self::Route, port: u16) -> Option<Self::Route> {
+        let _ = port;
+        Some(route)
+    }
 
     /// Answers one request.
     fn request(
@@ -96,8 +166,144 @@ impl Pipeline {
         stream: TcpStream,
     ) -> Option<(TcpMetrics, Serving<'_>)> {
         let accepted = side.route(&stream).await?;
+        if let Some(mesh) = side.mesh().cloned() {
+            return self.accept_mesh(side, stream, accepted, mesh).await;
+        }
         let (src, detected) = self.start(side, stream, accepted);
         Some((src, detected.await))
+    }
+
+    /// A connection to a side that terminates mesh TLS: the ClientHello
+    /// decides. TLS for this proxy's identity is terminated (the client's
+    /// identity recorded, and Linkerd's transport header read when the
+    /// client negotiated it); TLS for another name passes through as
+    /// opaque bytes; anything else is served as before.
+    async fn accept_mesh<S: Side>(
+        &self,
+        side: Arc<S>,
+        mut stream: TcpStream,
+        accepted: Accepted<S::Route>,
+        mesh: Arc<MeshTls>,
+    ) -> Option<(TcpMetrics, Serving<'_>)> {
+        let Accepted {
+            route,
+            labels,
+            opaque,
+        } = accepted;
+        let decided =
+            read_until(
+                &mut stream,
+                self.detect_timeout,
+                hello::MAX_RECORD,
+                |b| match hello::peek(b) {
+                    hello::Peek::NeedMore => None,
+                    other => Some(other),
+                },
+            )
+            .await;
+        let (peek, prefix) = match decided {
+            Ok((Some(p), prefix)) => (p, prefix),
+            // Closed, timed out or over the bound before deciding: whatever
+            // was read is served as plaintext (detection decides on it).
+            Ok((None, prefix)) => (hello::Peek::NotTls, prefix),
+            Err(_) => return None,
+        };
+        let name = match peek {
+            hello::Peek::ClientHello { server_name } => server_name,
+            _ => {
+                let src = TcpMetrics::open(&self.metrics, Peer::src, labels, side.plain_tls());
+                let client = Counted::new(
+                    Prefixed::new(prefix, stream),
+                    src.read.clone(),
+                    src.write.clone(),
+                );
+                let serving = self
+                    .detect(side, client, route, opaque, ClientIdHeader::Strip)
+                    .await;
+                return Some((src, serving));
+            }
+        };
+        if name.as_deref() != Some(mesh.name.as_str()) {
+            let sni: Arc<str> = Arc::from(name.unwrap_or_default());
+            let src = TcpMetrics::open(&self.metrics, Peer::src, labels, TlsLabels::Passthru(sni));
+            let client = Counted::new(
+                Prefixed::new(prefix, stream),
+                src.read.clone(),
+                src.write.clone(),
+            );
+            let serving: Serving<'_> =
+                Box::pin(async move { side.forward_tcp(client, route).await });
+            return Some((src, serving));
+        }
+        let direction = labels.direction;
+        let Ok(slot) = mesh.handshakes.clone().try_acquire_owned() else {
+            mesh.metrics.error(direction, "shed");
+            return None;
+        };
+        mesh.metrics.handshakes_in_flight.inc();
+        let acceptor = tokio_rustls::TlsAcceptor::from(mesh.server.clone());
+        let accepted = tokio::time::timeout(
+            mesh.handshake_timeout,
+            acceptor.accept(Prefixed::new(prefix, stream)),
+        )
+        .await;
+        mesh.metrics.handshakes_in_flight.dec();
+        drop(slot);
+        let mut tls = match accepted {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(e)) => {
+                mesh.metrics.error(direction, "handshake");
+                tracing::debug!(error = %e, "inbound TLS handshake failed");
+                return None;
+            }
+            Err(_) => {
+                mesh.metrics.error(direction, "timeout");
+                return None;
+            }
+        };
+        let conn = tls.get_ref().1;
+        let client_id = tls::peer_identity(conn.peer_certificates());
+        let wants_header = conn.alpn_protocol() == Some(TRANSPORT_HEADER_ALPN);
+        let (route, opaque, rest) = if wants_header {
+            let read = read_until(
+                &mut tls,
+                self.detect_timeout,
+                header::MAX_MESSAGE + 64,
+                |b| match header::TransportHeader::decode(b) {
+                    Ok(None) => None,
+                    decided => {
+                        Some(decided.map(|h| h.map(|(h, n)| (h.port, h.protocol.is_none(), n))))
+                    }
+                },
+            )
+            .await;
+            let (port, opaque, used, buf) = match read {
+                Ok((Some(Ok(Some((port, opaque, used)))), buf)) => (port, opaque, used, buf),
+                _ => {
+                    mesh.metrics.error(direction, "header");
+                    return None;
+                }
+            };
+            let route = side.reroute(route, port)?;
+            (route, opaque, buf.slice(used..))
+        } else {
+            (route, opaque, Bytes::new())
+        };
+        let id: Arc<str> = Arc::from(client_id.as_ref().map_or("", |n| n.as_str()));
+        let header = match &client_id {
+            Some(n) => {
+                HeaderValue::from_str(n.as_str()).map_or(ClientIdHeader::Strip, ClientIdHeader::Set)
+            }
+            None => ClientIdHeader::Strip,
+        };
+        let src = TcpMetrics::open(&self.metrics, Peer::src, labels, TlsLabels::ClientId(id));
+        let client = Counted::new(
+            Prefixed::new(rest, tls),
+            src.read.clone(),
+            src.write.clone(),
+        );
+        let serving = self.detect(side, client, route, opaque, header).await;
+        Some((src, serving))
     }
 
     /// Serves a connection whose route is already known.
@@ -127,20 +333,27 @@ impl Pipeline {
             labels,
             opaque,
         } = accepted;
-        let src = TcpMetrics::open(&self.metrics, Peer::src, labels);
+        let src = TcpMetrics::open(&self.metrics, Peer::src, labels, side.plain_tls());
         let client = Counted::new(stream, src.read.clone(), src.write.clone());
-        (src, self.detect(side, client, route, opaque))
+        (
+            src,
+            self.detect(side, client, route, opaque, ClientIdHeader::Untouched),
+        )
     }
 
     /// Reads what the client speaks (unless its port is opaque) and
     /// returns how the connection is served.
-    async fn detect<S: Side>(
+    async fn detect<S: Side, I>(
         &self,
         side: Arc<S>,
-        mut client: Counted<TcpStream>,
+        mut client: Counted<I>,
         route: S::Route,
         opaque: bool,
-    ) -> Serving<'_> {
+        client_id: ClientIdHeader,
+    ) -> Serving<'_>
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
         if opaque {
             return Box::pin(async move { side.forward_tcp(client, route).await });
         }
@@ -149,7 +362,9 @@ impl Pipeline {
             Ok((protocol, prefix)) => {
                 let io = Prefixed::new(prefix, client);
                 match protocol {
-                    Protocol::Http1 | Protocol::H2 => self.serve_http(side, io, route, protocol),
+                    Protocol::Http1 | Protocol::H2 => {
+                        self.serve_http(side, io, route, protocol, client_id)
+                    }
                     Protocol::Opaque => Box::pin(async move { side.forward_tcp(io, route).await }),
                 }
             }
@@ -164,15 +379,25 @@ impl Pipeline {
         io: Prefixed<I>,
         route: S::Route,
         protocol: Protocol,
+        client_id: ClientIdHeader,
     ) -> Serving<'a>
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let http = Arc::new(side.bind_http(route));
         let memory = self.memory.clone();
-        let handler = move |req| {
+        let handler = move |mut req: Request<Incoming>| {
             let (side, http) = (side.clone(), http.clone());
             let shed = memory.shed("request");
+            match &client_id {
+                ClientIdHeader::Untouched => {}
+                ClientIdHeader::Strip => {
+                    req.headers_mut().remove(L5D_CLIENT_ID);
+                }
+                ClientIdHeader::Set(id) => {
+                    req.headers_mut().insert(L5D_CLIENT_ID, id.clone());
+                }
+            }
             async move {
                 if shed {
                     return error_response(StatusCode::SERVICE_UNAVAILABLE, "memory_limit");

@@ -3,11 +3,11 @@
 
 use crate::{
     balance::{BalanceError, Balancer, MAX_CONNECT_ATTEMPTS},
-    connect::connect,
+    connect::Dialer,
     io::Counted,
     metrics::{Metrics, Peer, TcpMetrics},
 };
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     time::Instant,
@@ -23,7 +23,7 @@ pub type TcpBalancer = Balancer<()>;
 pub async fn forward<C>(
     mut client: C,
     balancer: &TcpBalancer,
-    connect_timeout: Duration,
+    dialer: &Dialer,
     metrics: &Arc<Metrics>,
 ) -> bool
 where
@@ -42,12 +42,12 @@ where
                 return false;
             }
         };
-        match connect(endpoint.endpoint.addr, connect_timeout).await {
-            Ok(server) => {
+        match dialer.dial(&endpoint.endpoint, true).await {
+            Ok((server, tls)) => {
                 endpoint.connect_succeeded();
                 let in_flight = endpoint.start();
                 in_flight.observe();
-                let dst = TcpMetrics::open(metrics, Peer::dst, endpoint.labels.clone());
+                let dst = TcpMetrics::open(metrics, Peer::dst, endpoint.labels.clone(), tls);
                 let mut server = Counted::new(server, dst.read.clone(), dst.write.clone());
                 let result = tokio::io::copy_bidirectional(&mut client, &mut server).await;
                 dst.close(result.is_ok());

@@ -10,7 +10,7 @@ use ballast_proxy::config::{
     PodIdentity, TrafficConfig,
 };
 use clap::Args as ClapArgs;
-use std::{net::SocketAddr, sync::atomic::AtomicBool, sync::Arc, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, sync::atomic::AtomicBool, sync::Arc, time::Duration};
 use tokio::{net::TcpListener, sync::watch};
 
 #[derive(ClapArgs, Debug)]
@@ -195,6 +195,76 @@ pub struct Args {
     #[arg(long, env = "BALLAST_PROXY_SHUTDOWN_GRACE", default_value = "30s", value_parser = GRACE)]
     shutdown_grace: Duration,
 
+    /// Run without a mesh identity: no certificate, no mutual TLS, plaintext
+    /// everywhere (local runs without `ballast identity`).
+    #[arg(long, env = "BALLAST_PROXY_IDENTITY_DISABLED")]
+    identity_disabled: bool,
+
+    /// The identity service (`ballast identity`), HOST:PORT; dialled in TLS
+    /// as --identity-server-name unless it is a loopback address.
+    #[arg(
+        long,
+        env = "BALLAST_PROXY_IDENTITY_ADDR",
+        default_value = "ballast-identity-headless.ballast.svc.cluster.local:8080"
+    )]
+    identity_addr: String,
+
+    /// The identity service's own identity (default: the `linkerd-identity`
+    /// service account's, under --identity-controller-namespace and --identity-trust-domain).
+    #[arg(long, env = "BALLAST_PROXY_IDENTITY_SERVER_NAME")]
+    identity_server_name: Option<String>,
+
+    /// The trust anchors (PEM bundle) every mesh certificate must chain to.
+    #[arg(long, env = "BALLAST_PROXY_IDENTITY_TRUST_ANCHORS")]
+    identity_trust_anchors: Option<PathBuf>,
+
+    /// This proxy's identity (default: --pod-service-account in --pod-namespace,
+    /// SA.NS.serviceaccount.identity.CONTROLLER_NS.TRUST_DOMAIN).
+    #[arg(long, env = "BALLAST_PROXY_IDENTITY_LOCAL_NAME")]
+    identity_local_name: Option<String>,
+
+    /// The service-account token sent with each certificate request; re-read at each renewal.
+    #[arg(
+        long,
+        env = "BALLAST_PROXY_IDENTITY_TOKEN_FILE",
+        default_value = "/var/run/secrets/tokens/linkerd-identity-token"
+    )]
+    identity_token_file: PathBuf,
+
+    /// The control plane's namespace, part of identity names.
+    #[arg(
+        long,
+        env = "BALLAST_PROXY_IDENTITY_CONTROLLER_NAMESPACE",
+        default_value = "linkerd"
+    )]
+    identity_controller_namespace: String,
+
+    /// The trust domain, the last part of identity names.
+    #[arg(
+        long,
+        env = "BALLAST_PROXY_IDENTITY_TRUST_DOMAIN",
+        default_value = "cluster.local"
+    )]
+    identity_trust_domain: String,
+
+    /// Renewals wait at least this long (Linkerd's default), even for a certificate about to expire.
+    #[arg(long, env = "BALLAST_PROXY_IDENTITY_MIN_REFRESH", default_value = "10s", value_parser = TIMEOUT)]
+    identity_min_refresh: Duration,
+
+    /// Renewals wait at most this long (Linkerd's default).
+    #[arg(long, env = "BALLAST_PROXY_IDENTITY_MAX_REFRESH", default_value = "24h",
+          value_parser = ballast_flags::duration(Duration::from_secs(1), Duration::from_secs(366 * 86_400)))]
+    identity_max_refresh: Duration,
+
+    /// A mesh TLS handshake must complete within this, or the connection is cut.
+    #[arg(long, env = "BALLAST_PROXY_TLS_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = TIMEOUT)]
+    tls_handshake_timeout: Duration,
+
+    /// Inbound TLS handshakes in progress at once; more connections are closed (tls_errors_total{error="shed"}).
+    #[arg(long, env = "BALLAST_PROXY_MAX_TLS_HANDSHAKES", default_value_t = ballast_proxy::identity::DEFAULT_MAX_TLS_HANDSHAKES,
+          value_parser = count(1, MANY))]
+    max_tls_handshakes: usize,
+
     /// Workload port for inbound connections that were not redirected by
     /// iptables (runs without iptables: local runs, tests). Unset: such
     /// connections are refused.
@@ -370,15 +440,23 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // What parsing flags and setting up freed goes back to the kernel now,
     // not when jemalloc next decays (it would wait for traffic).
     ballast_admin::release_unused_memory();
-    // Listeners are bound: the proxy is ready to take traffic.
-    let ready = Arc::new(AtomicBool::new(true));
+    let mesh = identity(&args, &mut registry)?;
+    // Listeners are bound: the proxy is ready to take traffic, once it holds
+    // a certificate when it has an identity.
+    let ready = match &mesh {
+        Some(m) => {
+            let store = m.store.clone();
+            Readiness::from_fn(move || store.is_ready())
+        }
+        None => Readiness::from_flag(Arc::new(AtomicBool::new(true))),
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     let admin_addr = admin.local_addr()?;
     // POST /shutdown (loopback only) stops the proxy as SIGTERM does: a Job's
     // workload can end its sidecar when it is done.
     let shutdown_request = ShutdownRequest::new();
-    let admin_state = AdminState::new(Arc::new(registry), Readiness::from_flag(ready))
-        .with_shutdown(shutdown_request.clone());
+    let admin_state =
+        AdminState::new(Arc::new(registry), ready).with_shutdown(shutdown_request.clone());
     let mut admin_stop = stop_rx.clone();
     let admin_task = tokio::spawn(AdminServer::new(admin_state).serve(admin, async move {
         let _ = admin_stop.wait_for(|s| *s).await;
@@ -454,6 +532,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         memory_limit: (args.memory_limit > 0).then_some(args.memory_limit),
         admin_addr,
         shutdown_grace: args.shutdown_grace,
+        mesh,
     };
     let listeners = ballast_proxy::Listeners {
         outbound,
@@ -471,6 +550,67 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     let _ = admin_task.await;
     result.map_err(|e| anyhow::anyhow!(e))
+}
+
+/// The proxy's identity from its flags, started; `None` with --identity-disabled.
+fn identity(
+    args: &Args,
+    registry: &mut prometheus_client::registry::Registry,
+) -> anyhow::Result<Option<Arc<ballast_proxy::identity::MeshTls>>> {
+    use ballast_meshtls::IdentityName;
+    if args.identity_disabled {
+        tracing::info!("identity disabled: no mutual TLS");
+        return Ok(None);
+    }
+    let Some(anchors_path) = &args.identity_trust_anchors else {
+        anyhow::bail!("--identity-trust-anchors is required (or pass --identity-disabled to run without mesh identity)");
+    };
+    let anchors = std::fs::read(anchors_path).with_context(|| {
+        format!(
+            "cannot read --identity-trust-anchors {}",
+            anchors_path.display()
+        )
+    })?;
+    let trust_anchors = ballast_meshtls::pem::certificates(&anchors)
+        .map_err(|e| anyhow::anyhow!("--identity-trust-anchors {}: {e}", anchors_path.display()))?;
+    let (ns, td) = (
+        &args.identity_controller_namespace,
+        &args.identity_trust_domain,
+    );
+    let local_name = match &args.identity_local_name {
+        Some(n) => IdentityName::parse(n).map_err(|e| anyhow::anyhow!("--identity-local-name {n:?}: {e}"))?,
+        None => IdentityName::for_service_account(&args.pod_service_account, &args.pod_namespace, ns, td)
+            .map_err(|e| anyhow::anyhow!("--pod-service-account and --pod-namespace make no identity name ({e}); set --identity-local-name"))?,
+    };
+    let server_name = match &args.identity_server_name {
+        Some(n) => IdentityName::parse(n).map_err(|e| anyhow::anyhow!("--identity-server-name {n:?}: {e}"))?,
+        None => IdentityName::for_service_account("linkerd-identity", ns, ns, td)
+            .map_err(|e| anyhow::anyhow!("--identity-controller-namespace and --identity-trust-domain make no identity name: {e}"))?,
+    };
+    let metrics = ballast_proxy::identity::IdentityMetrics::default();
+    metrics.register(registry);
+    let config = ballast_proxy::identity::IdentityConfig {
+        local_name,
+        trust_anchors,
+        token_file: args.identity_token_file.clone(),
+        addr: args.identity_addr.clone(),
+        server_name,
+        min_refresh: args.identity_min_refresh,
+        max_refresh: args.identity_max_refresh,
+        backoff: BackoffConfig {
+            initial: args.control_backoff_min,
+            max: args.control_backoff_max,
+            jitter: args.control_backoff_jitter,
+            ..defaults::default_control_backoff()
+        },
+        connect_timeout: args.connect_timeout,
+        request_timeout: Duration::from_secs(10),
+        handshake_timeout: args.tls_handshake_timeout,
+        max_handshakes: args.max_tls_handshakes,
+    };
+    ballast_proxy::identity::start(config, metrics)
+        .map(Some)
+        .map_err(|e| anyhow::anyhow!("identity: {e}"))
 }
 
 /// `KIND/NAME`, as `--pod-owner` takes it.

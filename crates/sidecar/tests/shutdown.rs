@@ -44,6 +44,7 @@ fn post_shutdown_stops_an_idle_proxy_with_exit_code_zero() {
             "--inbound-addr=127.0.0.1:0",
             "--admin-addr=127.0.0.1:0",
             "--shutdown-grace=5s",
+            "--identity-disabled",
         ])
         .env("BALLAST_LOG", "info")
         .stdin(Stdio::null())

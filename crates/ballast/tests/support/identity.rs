@@ -6,7 +6,9 @@
 use super::{eventually, http_get, proxy::Logged};
 use ballast_meshtls::{certify::LocalKey, io, pem, tls, IdentityName};
 use hyper_util::rt::TokioIo;
-use linkerd2_proxy_api::identity::{identity_client::IdentityClient, CertifyRequest, CertifyResponse};
+use linkerd2_proxy_api::identity::{
+    identity_client::IdentityClient, CertifyRequest, CertifyResponse,
+};
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
@@ -43,7 +45,9 @@ pub struct Pki {
 impl Pki {
     pub async fn generate(dir: &Path) -> Pki {
         run_generate(dir, &[]).await;
-        Pki { dir: dir.to_owned() }
+        Pki {
+            dir: dir.to_owned(),
+        }
     }
 
     /// A new issuer under the same anchor.
@@ -119,7 +123,11 @@ impl IdentityCa {
         let mut process = Logged::spawn(cmd);
         let grpc = process.listening("identity gRPC listening on ", 1).await[0];
         let admin = process.listening("admin listening on ", 1).await[0];
-        IdentityCa { process, grpc, admin }
+        IdentityCa {
+            process,
+            grpc,
+            admin,
+        }
     }
 
     pub async fn ready(&self) -> u16 {
@@ -149,7 +157,9 @@ pub async fn tls_client(
         let name = name.clone();
         async move {
             let tcp = tokio::net::TcpStream::connect(addr).await?;
-            io::connect(tcp, Some((&config, &name))).await.map(TokioIo::new)
+            io::connect(tcp, Some((&config, &name)))
+                .await
+                .map(TokioIo::new)
         }
     });
     let channel = Endpoint::from_static("http://identity.invalid")
@@ -172,6 +182,10 @@ pub fn request(name: &IdentityName, token: &str) -> (LocalKey, CertifyRequest) {
 /// The chain of a response, leaf first.
 pub fn chain(rsp: &CertifyResponse) -> Vec<rustls::pki_types::CertificateDer<'static>> {
     let mut chain = vec![rsp.leaf_certificate.clone().into()];
-    chain.extend(rsp.intermediate_certificates.iter().map(|c| c.clone().into()));
+    chain.extend(
+        rsp.intermediate_certificates
+            .iter()
+            .map(|c| c.clone().into()),
+    );
     chain
 }

@@ -158,6 +158,9 @@ impl Proxy {
             .args(["--inbound-addr", "127.0.0.1:0"])
             .args(["--admin-addr", "127.0.0.1:0"])
             .args(extra);
+        if !extra.contains(&"--identity-trust-anchors") {
+            cmd.arg("--identity-disabled");
+        }
         let routes = extra.iter().filter(|a| **a == "--outbound-tcp").count();
         let proxy = Proxy::from_command(cmd, routes).await;
         eventually("the proxy's /ready", || async {

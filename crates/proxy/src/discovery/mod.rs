@@ -32,6 +32,12 @@ pub struct Endpoint {
     pub pod: Arc<str>,
     /// The pod's owner, service account and template hash, as metric labels.
     pub workload: crate::metrics::DstWorkload,
+    /// The endpoint's mesh identity: connections to it are mutual TLS.
+    pub identity: Option<ballast_meshtls::IdentityName>,
+    /// The controller's hints: the endpoint's proxy takes HTTP/2 (HTTP/1
+    /// may travel upgraded), and its inbound port for opaque transport.
+    pub h2_hint: bool,
+    pub opaque_port: Option<u16>,
 }
 
 impl Endpoint {
@@ -45,6 +51,9 @@ impl Endpoint {
             service: empty.clone(),
             pod: empty,
             workload: crate::metrics::DstWorkload::none(),
+            identity: None,
+            h2_hint: false,
+            opaque_port: None,
         }
     }
 

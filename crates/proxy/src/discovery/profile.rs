@@ -24,6 +24,9 @@ impl Profile {
     pub fn from_wire(p: DestinationProfile) -> Self {
         let name = p.fully_qualified_name.trim_end_matches('.');
         let endpoint = p.endpoint.and_then(|e| {
+            let identity = super::resolve::tls_identity(&e);
+            let (h2_hint, opaque_port) =
+                (super::resolve::h2_hint(&e), super::resolve::opaque_port(&e));
             let labels = e.metric_labels;
             let addr = SocketAddr::try_from(e.addr?).ok()?;
             let get = |k: &str| Arc::from(labels.get(k).map(String::as_str).unwrap_or(""));
@@ -34,6 +37,9 @@ impl Profile {
                 service: get("service"),
                 pod: get("pod"),
                 workload: crate::metrics::DstWorkload::none(),
+                identity,
+                h2_hint,
+                opaque_port,
             })
         });
         Self {

@@ -5,7 +5,8 @@ use super::{
 };
 use crate::metrics::{empty_label, DstWorkload, WorkloadLabels};
 use linkerd2_proxy_api::destination::{
-    destination_client::DestinationClient, update, GetDestination, Update, WeightedAddr,
+    destination_client::DestinationClient, protocol_hint, tls_identity, update, GetDestination,
+    Update, WeightedAddr,
 };
 use std::{collections::BTreeMap, collections::HashMap, net::SocketAddr, sync::Arc};
 use tokio::sync::watch;
@@ -160,7 +161,38 @@ fn endpoint(
         service: label(&addr.metric_labels, "service", service),
         pod: label(&addr.metric_labels, "pod", None),
         workload: workload(&addr.metric_labels),
+        identity: tls_identity(&addr),
+        h2_hint: h2_hint(&addr),
+        opaque_port: opaque_port(&addr),
     })
+}
+
+pub(super) fn h2_hint(addr: &WeightedAddr) -> bool {
+    matches!(
+        addr.protocol_hint
+            .as_ref()
+            .and_then(|h| h.protocol.as_ref()),
+        Some(protocol_hint::Protocol::H2(_))
+    )
+}
+
+pub(super) fn opaque_port(addr: &WeightedAddr) -> Option<u16> {
+    addr.protocol_hint
+        .as_ref()
+        .and_then(|h| h.opaque_transport.as_ref())
+        .and_then(|o| u16::try_from(o.inbound_port).ok())
+        .filter(|p| *p != 0)
+}
+
+/// The DNS-like identity the controller gives an endpoint; a malformed one
+/// is no identity (the connection is then plaintext, and labelled so).
+pub(super) fn tls_identity(addr: &WeightedAddr) -> Option<ballast_meshtls::IdentityName> {
+    match addr.tls_identity.as_ref()?.strategy.as_ref()? {
+        tls_identity::Strategy::DnsLikeIdentity(d) => {
+            ballast_meshtls::IdentityName::parse(&d.name).ok()
+        }
+        tls_identity::Strategy::UriLikeIdentity(_) => None,
+    }
 }
 
 /// A target's endpoints, kept current by a background stream that lives as

@@ -4,10 +4,12 @@
 
 use crate::{
     config::{HttpLimits, TrafficConfig},
-    connect::{connect, ConnectError},
+    connect::{ConnectError, Dialer},
+    discovery::Endpoint,
     io::Counted,
-    metrics::{DstLabels, HttpEndpointMetrics, Metrics, TcpMetrics},
+    metrics::{DstLabels, HttpEndpointMetrics, Metrics, TcpMetrics, TlsLabels},
 };
+use ballast_meshtls::io::ClientIo;
 use hyper::{
     body::Incoming,
     client::conn::{http1, http2},
@@ -21,7 +23,7 @@ use std::{
     },
     time::{Duration, Instant},
 };
-use tokio::{net::TcpStream, sync::Notify};
+use tokio::sync::Notify;
 
 /// Pool limits and timeouts.
 #[derive(Clone, Copy, Debug)]
@@ -79,12 +81,12 @@ impl Drop for Slot {
 
 /// Connects, then counts the connection and its bytes.
 async fn connect_counted(
-    addr: SocketAddr,
-    timeout: Duration,
-    tcp: impl FnOnce() -> TcpMetrics,
-) -> Result<(Counted<TcpStream>, TcpMetrics), ConnectError> {
-    let stream = connect(addr, timeout).await?;
-    let tcp = tcp();
+    dialer: &Dialer,
+    ep: &Endpoint,
+    tcp: impl FnOnce(TlsLabels) -> TcpMetrics,
+) -> Result<(Counted<ClientIo>, TcpMetrics), ConnectError> {
+    let (stream, tls) = dialer.dial(ep, false).await?;
+    let tcp = tcp(tls);
     let stream = Counted::new(stream, tcp.read.clone(), tcp.write.clone());
     Ok((stream, tcp))
 }
@@ -188,16 +190,17 @@ impl EndpointConns {
     /// `tcp` opens the new connection's metrics once it is connected.
     pub async fn connect_h1(
         &self,
-        addr: SocketAddr,
+        (dialer, ep): (&Dialer, &Endpoint),
         config: &PoolConfig,
         deadline: tokio::time::Instant,
-        tcp: impl FnOnce() -> TcpMetrics,
+        tcp: impl FnOnce(TlsLabels) -> TcpMetrics,
     ) -> Result<(http1::SendRequest<Incoming>, bool), ConnectError> {
+        let addr = ep.addr;
         let slot = match self.h1_slot(addr, config, deadline).await? {
             Ok(slot) => slot,
             Err(pooled) => return Ok((pooled, false)),
         };
-        let (stream, tcp) = connect_counted(addr, config.connect_timeout, tcp).await?;
+        let (stream, tcp) = connect_counted(dialer, ep, tcp).await?;
         let limits = &config.limits;
         let mut builder = http1::Builder::new();
         builder
@@ -239,11 +242,12 @@ impl EndpointConns {
     /// and share its connection, or its failure.
     pub async fn h2(
         &self,
-        addr: SocketAddr,
+        (dialer, ep): (&Dialer, &Endpoint),
         config: &PoolConfig,
         deadline: tokio::time::Instant,
-        tcp: impl FnOnce() -> TcpMetrics,
+        tcp: impl FnOnce(TlsLabels) -> TcpMetrics,
     ) -> Result<http2::SendRequest<Incoming>, ConnectError> {
+        let addr = ep.addr;
         if let Some(s) = self.open_h2() {
             return Ok(s);
         }
@@ -260,7 +264,7 @@ impl EndpointConns {
             // rather than queueing another connect behind it.
             return Err(ConnectError::SharedAttemptFailed(addr));
         }
-        let connect = Box::pin(self.connect_h2(addr, config, tcp));
+        let connect = Box::pin(self.connect_h2((dialer, ep), config, tcp));
         let result = tokio::time::timeout_at(deadline, connect)
             .await
             .unwrap_or(Err(ConnectError::Deadline(addr)));
@@ -270,11 +274,12 @@ impl EndpointConns {
 
     async fn connect_h2(
         &self,
-        addr: SocketAddr,
+        (dialer, ep): (&Dialer, &Endpoint),
         config: &PoolConfig,
-        tcp: impl FnOnce() -> TcpMetrics,
+        tcp: impl FnOnce(TlsLabels) -> TcpMetrics,
     ) -> Result<http2::SendRequest<Incoming>, ConnectError> {
-        let (stream, tcp) = connect_counted(addr, config.connect_timeout, tcp).await?;
+        let addr = ep.addr;
+        let (stream, tcp) = connect_counted(dialer, ep, tcp).await?;
         let limits = &config.limits;
         let handshake = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
@@ -355,10 +360,19 @@ mod tests {
         for _ in 0..50 {
             let (conns, config, metrics) = (conns.clone(), config.clone(), metrics.clone());
             tasks.push(tokio::spawn(async move {
-                let tcp = || {
-                    TcpMetrics::open(&metrics, Peer::dst, DstLabels::unknown(Direction::outbound))
+                let tcp = |tls| {
+                    TcpMetrics::open(
+                        &metrics,
+                        Peer::dst,
+                        DstLabels::unknown(Direction::outbound),
+                        tls,
+                    )
                 };
-                conns.h2(addr, &config, deadline, tcp).await.map(|_| ())
+                let dialer = Dialer::plain(Duration::from_secs(5), Direction::outbound);
+                conns
+                    .h2((&dialer, &Endpoint::bare(addr)), &config, deadline, tcp)
+                    .await
+                    .map(|_| ())
             }));
         }
         for t in tasks {
@@ -377,19 +391,28 @@ mod tests {
         let metrics = metrics();
         let conns = EndpointConns::new(metrics.clone());
         let config = pool(2);
-        let tcp = || TcpMetrics::open(&metrics, Peer::dst, DstLabels::unknown(Direction::outbound));
+        let tcp = |tls| {
+            TcpMetrics::open(
+                &metrics,
+                Peer::dst,
+                DstLabels::unknown(Direction::outbound),
+                tls,
+            )
+        };
+        let dialer = Dialer::plain(Duration::from_secs(5), Direction::outbound);
+        let ep = Endpoint::bare(addr);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         let mut held = Vec::new();
         for _ in 0..2 {
             let (sender, fresh) = conns
-                .connect_h1(addr, &config, deadline, tcp)
+                .connect_h1((&dialer, &ep), &config, deadline, tcp)
                 .await
                 .expect("under the bound");
             assert!(fresh);
             held.push(sender);
         }
         let soon = tokio::time::Instant::now() + Duration::from_millis(200);
-        let third = conns.connect_h1(addr, &config, soon, tcp).await;
+        let third = conns.connect_h1((&dialer, &ep), &config, soon, tcp).await;
         assert!(
             matches!(third, Err(ConnectError::Exhausted(_))),
             "{:?}",
@@ -402,7 +425,7 @@ mod tests {
         // A connection returned to the pool is handed to the next request.
         conns.put_h1(held.pop().expect("held"), &config);
         let (_, fresh) = conns
-            .connect_h1(addr, &config, deadline, tcp)
+            .connect_h1((&dialer, &ep), &config, deadline, tcp)
             .await
             .expect("the returned connection");
         assert!(!fresh, "the pooled connection, not a new one");

@@ -5,6 +5,7 @@
 
 mod body;
 mod conns;
+pub mod orig_proto;
 pub mod server;
 
 pub use body::{grpc_status, ResponseBody};
@@ -217,6 +218,8 @@ enum Attempt {
 #[derive(Debug)]
 pub struct Forwarder {
     pub pool: Arc<PoolConfig>,
+    /// How endpoint connections are opened (mutual TLS to meshed ones).
+    pub dialer: crate::connect::Dialer,
     pub metrics: Arc<Metrics>,
     pub direction: Direction,
 }
@@ -280,14 +283,15 @@ impl Forwarder {
         let addr = endpoint.endpoint.addr;
         let metrics = endpoint.conns.metrics(&endpoint.labels);
         // Endpoint connections count like TCP forwarding's (`peer="dst"`).
-        let tcp = || TcpMetrics::open(&self.metrics, Peer::dst, endpoint.labels.clone());
+        let tcp = |tls| TcpMetrics::open(&self.metrics, Peer::dst, endpoint.labels.clone(), tls);
+        let dial = (&self.dialer, &endpoint.endpoint);
         if h2 {
             // The shared connection, when open; connecting (boxed: the rare
             // state of a request's future) otherwise.
             let open = endpoint.conns.open_h2();
             let connected = match open {
                 Some(s) => Ok(s),
-                None => Box::pin(endpoint.conns.h2(addr, &self.pool, deadline, tcp)).await,
+                None => Box::pin(endpoint.conns.h2(dial, &self.pool, deadline, tcp)).await,
             };
             let mut sender = match connected {
                 Ok(s) => s,
@@ -309,7 +313,7 @@ impl Forwarder {
             // Boxed: a request future is moved whole, and is sized for its
             // largest state; connecting is the rare one.
             None => {
-                match Box::pin(endpoint.conns.connect_h1(addr, &self.pool, deadline, tcp)).await {
+                match Box::pin(endpoint.conns.connect_h1(dial, &self.pool, deadline, tcp)).await {
                     Ok((s, fresh)) => {
                         if fresh {
                             endpoint.connect_succeeded();

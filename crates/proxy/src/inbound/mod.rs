@@ -15,11 +15,15 @@ use crate::{
     balance::{BalanceConfig, Balancer, MakeConns, TargetName},
     cache::{spawn_sweeper, sweep_period, IdleCache},
     config::{HttpLimits, InboundConfig, OwnerKind, PodIdentity, TrafficConfig},
+    connect::Dialer,
     discovery::{Endpoint, EndpointSet, Resolution, SetState},
     http::{
-        error_response, EndpointConns, Forwarder, HttpBalancer, Naming, PoolConfig, ResponseBody,
+        error_response, orig_proto, EndpointConns, Forwarder, HttpBalancer, Naming, PoolConfig,
+        ResponseBody,
     },
-    metrics::{empty_label, BalancerProtocol, Direction, DstWorkload, Metrics, WorkloadLabels},
+    metrics::{
+        empty_label, BalancerProtocol, Direction, DstWorkload, Metrics, TlsLabels, WorkloadLabels,
+    },
     orig_dst::original_dst,
     own::OwnListeners,
     pipeline::{Accepted, Side},
@@ -53,6 +57,7 @@ pub struct Inbound {
     /// This pod as an endpoint (its address aside): what inbound series
     /// name as their destination.
     this_pod: Endpoint,
+    mesh: Option<Arc<crate::identity::MeshTls>>,
 }
 
 /// Where an inbound connection goes: the workload port, and the original
@@ -60,6 +65,9 @@ pub struct Inbound {
 pub struct Route {
     target: SocketAddr,
     orig: SocketAddr,
+    /// Addressed to the proxy itself (not redirected): only a meshed
+    /// client's transport header can say where it goes.
+    direct: bool,
 }
 
 /// Everything the inbound side is built from.
@@ -69,12 +77,15 @@ pub struct InboundParts {
     pub limits: HttpLimits,
     pub metrics: Arc<Metrics>,
     pub own: Arc<OwnListeners>,
+    /// This proxy's identity, to terminate mesh TLS; `None` when disabled.
+    pub mesh: Option<Arc<crate::identity::MeshTls>>,
 }
 
 impl Inbound {
     pub fn new(p: InboundParts) -> Arc<Self> {
         let forwarder = Forwarder {
             pool: Arc::new(PoolConfig::new(&p.traffic, &p.limits)),
+            dialer: Dialer::plain(p.traffic.connect_timeout, DIRECTION),
             metrics: p.metrics.clone(),
             direction: DIRECTION,
         };
@@ -97,6 +108,7 @@ impl Inbound {
             metrics: p.metrics,
             own: p.own,
             forwarder,
+            mesh: p.mesh,
         });
         // Balancers of workload ports no longer in use are dropped, and idle
         // connections to the workload closed.
@@ -178,6 +190,22 @@ impl Side for Inbound {
                     .unwrap_or_else(|_| SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port));
                 SocketAddr::new(local.ip(), port)
             }
+            (None, None) if self.mesh.is_some() => {
+                // Addressed to the proxy: a meshed client's opaque transport.
+                let local = stream.local_addr().ok()?;
+                let labels = self
+                    .this_pod
+                    .dst_labels(DIRECTION, Arc::from(local.to_string()));
+                return Some(Accepted {
+                    route: Route {
+                        target: local,
+                        orig: local,
+                        direct: true,
+                    },
+                    labels,
+                    opaque: true,
+                });
+            }
             (None, None) => {
                 // Not redirected: there is no workload port to go to.
                 self.metrics.error(DIRECTION, "no_original_dst");
@@ -194,7 +222,11 @@ impl Side for Inbound {
             .this_pod
             .dst_labels(DIRECTION, Arc::from(orig.to_string()));
         Some(Accepted {
-            route: Route { target, orig },
+            route: Route {
+                target,
+                orig,
+                direct: false,
+            },
             labels,
             opaque: self.config.opaque_ports.contains(&orig.port()),
         })
@@ -204,25 +236,65 @@ impl Side for Inbound {
     where
         C: AsyncRead + AsyncWrite + Unpin + Send,
     {
+        if route.direct {
+            self.metrics.error(DIRECTION, "no_original_dst");
+            return false;
+        }
         match self.tcp_balancer(route.target, route.orig) {
-            Some(b) => tcp::forward(client, &b, self.traffic.connect_timeout, &self.metrics).await,
+            Some(b) => tcp::forward(client, &b, &self.forwarder.dialer, &self.metrics).await,
             None => false,
         }
     }
 
     fn bind_http(self: &Arc<Self>, route: Route) -> Self::Http {
+        if route.direct {
+            self.metrics.error(DIRECTION, "no_original_dst");
+            return None;
+        }
         self.http_balancer(route.target, route.orig)
+    }
+
+    fn mesh(&self) -> Option<&Arc<crate::identity::MeshTls>> {
+        self.mesh.as_ref()
+    }
+
+    fn plain_tls(&self) -> TlsLabels {
+        match self.mesh {
+            Some(_) => TlsLabels::NoIdentity("no_tls_from_remote"),
+            None => TlsLabels::Disabled,
+        }
+    }
+
+    fn reroute(&self, route: Route, port: u16) -> Option<Route> {
+        if port == 0 {
+            return None;
+        }
+        let target = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port);
+        if self.own.is_own(target) {
+            self.metrics.error(DIRECTION, "loop");
+            return None;
+        }
+        Some(Route {
+            target,
+            orig: SocketAddr::new(route.orig.ip(), port),
+            direct: false,
+        })
     }
 
     async fn request(
         self: Arc<Self>,
         http: Arc<Self::Http>,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
     ) -> Response<ResponseBody> {
-        match &*http {
+        let downgraded = orig_proto::downgrade(&mut req);
+        let mut rsp = match &*http {
             Some(b) => self.forwarder.forward(b, req, Naming::Exact).await,
             None => error_response(StatusCode::SERVICE_UNAVAILABLE, "too_many_targets"),
+        };
+        if let Some(orig) = downgraded {
+            orig_proto::mark(&mut rsp, orig);
         }
+        rsp
     }
 }
 

@@ -16,6 +16,7 @@ use crate::{
     balance::{BalanceConfig, Balancer, MakeConns, TargetName},
     cache::{spawn_sweeper, sweep_period, CacheFull, IdleCache},
     config::{HttpLimits, OutboundConfig, TrafficConfig},
+    connect::Dialer,
     discovery::{Discovery, Endpoint, EndpointSet, ProfileWatch, Resolution, SetState},
     http::{
         error_response, EndpointConns, Forwarder, HttpBalancer, Naming, PoolConfig, ResponseBody,
@@ -114,10 +115,16 @@ impl Outbound {
         metrics: Arc<Metrics>,
         own: Arc<OwnListeners>,
         limits: &HttpLimits,
+        mesh: Option<Arc<crate::identity::MeshTls>>,
     ) -> Arc<Self> {
         let idle = traffic.discovery_idle_timeout;
         let forwarder = Forwarder {
             pool: Arc::new(PoolConfig::new(&traffic, limits)),
+            dialer: Dialer {
+                timeout: traffic.connect_timeout,
+                mesh,
+                direction: DIRECTION,
+            },
             metrics: metrics.clone(),
             direction: DIRECTION,
         };
@@ -345,11 +352,19 @@ impl Side for Outbound {
             return false;
         };
         match self.tcp_balancer(&target) {
-            Ok(b) => tcp::forward(client, &b, self.traffic.connect_timeout, &self.metrics).await,
+            Ok(b) => tcp::forward(client, &b, &self.forwarder.dialer, &self.metrics).await,
             Err(e) => {
                 self.too_many_targets(&e);
                 false
             }
+        }
+    }
+
+    fn plain_tls(&self) -> crate::metrics::TlsLabels {
+        // The workload's own connections to its proxy (Linkerd's label).
+        match self.forwarder.dialer.mesh {
+            Some(_) => crate::metrics::TlsLabels::NoIdentity("loopback"),
+            None => crate::metrics::TlsLabels::Disabled,
         }
     }
 

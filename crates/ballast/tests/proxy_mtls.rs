@@ -1,0 +1,412 @@
+//! Two proxies with identities from `ballast identity`, on loopback: the
+//! bytes between them are TLS, the workload learns its caller's identity,
+//! a peer with the wrong identity, another CA's certificate or an expired
+//! one is refused, the issuer rotates under load with no failed request,
+//! and proxies ride out the identity controller's absence.
+
+mod support;
+
+use http::StatusCode;
+use hyper::{body::Incoming, service::service_fn, Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::{
+    net::SocketAddr,
+    path::Path,
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
+};
+use support::{
+    eventually,
+    identity::{identity, token_secret, IdentityCa, Pki},
+    proxy::{authority, Http1, Proxy, NS},
+    write_atomic, Controller,
+};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A workload that answers with the `l5d-client-id` it was given.
+async fn whoami() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let svc = service_fn(|req: Request<Incoming>| async move {
+                    let id = req
+                        .headers()
+                        .get("l5d-client-id")
+                        .map(|v| v.to_str().unwrap_or("?").to_string())
+                        .unwrap_or_else(|| "none".into());
+                    Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
+                        hyper::body::Bytes::from(format!("client={id} path={}", req.uri().path())),
+                    )))
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// A relay in front of `to` keeping the first 64 KiB each client sent.
+async fn tap(to: SocketAddr) -> (SocketAddr, Arc<Mutex<Vec<u8>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let keep = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let keep = keep.clone();
+            tokio::spawn(async move {
+                let Ok(mut server) = TcpStream::connect(to).await else {
+                    return;
+                };
+                let (mut cr, mut cw) = client.split();
+                let (mut sr, mut sw) = server.split();
+                let up = async {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        let n = match cr.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        {
+                            let mut k = keep.lock().unwrap();
+                            if k.len() < 64 * 1024 {
+                                k.extend_from_slice(&buf[..n]);
+                            }
+                        }
+                        if sw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = sw.shutdown().await;
+                };
+                let down = tokio::io::copy(&mut sr, &mut cw);
+                let _ = tokio::join!(up, down);
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// The `api` pod (service account `sa`), reachable at `addr`, meshed.
+fn api_pod(dir: &Path, sa: &str, addr: SocketAddr) {
+    write_atomic(
+        &dir.join("api.yaml"),
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: api-1\n  namespace: {NS}\n  labels: {{app: api, linkerd.io/control-plane-ns: linkerd}}\n\
+             spec:\n  serviceAccountName: {sa}\n  containers: [{{name: main, ports: [{{name: http, containerPort: {port}}}]}}]\n\
+             status: {{phase: Running, podIP: {ip}, hostIP: 127.99.0.1}}\n---\n\
+             apiVersion: v1\nkind: Service\nmetadata: {{name: api, namespace: {NS}}}\n\
+             spec:\n  clusterIP: 127.0.0.100\n  selector: {{app: api}}\n  ports: [{{name: http, port: 80, targetPort: http}}]\n",
+            port = addr.port(),
+            ip = addr.ip(),
+        ),
+    );
+}
+
+struct World {
+    _tmp: tempfile::TempDir,
+    pki: Pki,
+    ca: IdentityCa,
+    cluster: std::path::PathBuf,
+    _controller: Controller,
+    client: Proxy,
+    server: Proxy,
+    seen: Arc<Mutex<Vec<u8>>>,
+    tap: SocketAddr,
+    tmp_path: std::path::PathBuf,
+}
+
+fn identity_flags(
+    pki: &Pki,
+    ca: SocketAddr,
+    sa: &str,
+    token: &Path,
+    extra: &[&str],
+) -> Vec<String> {
+    let mut flags: Vec<String> = vec![
+        "--identity-trust-anchors".into(),
+        pki.anchors().display().to_string(),
+        "--identity-addr".into(),
+        ca.to_string(),
+        "--identity-token-file".into(),
+        token.display().to_string(),
+        "--pod-namespace".into(),
+        NS.into(),
+        "--pod-service-account".into(),
+        sa.into(),
+        "--control-backoff-max".into(),
+        "500ms".into(),
+    ];
+    flags.extend(extra.iter().map(|s| s.to_string()));
+    flags
+}
+
+async fn world(ca_flags: &[&str], proxy_flags: &[&str]) -> World {
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = Pki::generate(&tmp.path().join("pki")).await;
+    let tokens = tmp.path().join("tokens");
+    std::fs::create_dir_all(&tokens).unwrap();
+    write_atomic(
+        &tokens.join("secrets.yaml"),
+        &[
+            token_secret(NS, "web", "tok-web"),
+            token_secret(NS, "api", "tok-api"),
+            token_secret(NS, "db", "tok-db"),
+        ]
+        .join("---\n"),
+    );
+    for (sa, tok) in [("web", "tok-web"), ("api", "tok-api")] {
+        std::fs::write(tmp.path().join(format!("{sa}.token")), tok).unwrap();
+    }
+    let ca = IdentityCa::start(&pki, &tokens, ca_flags).await;
+
+    let app = whoami().await;
+    let server_flags = identity_flags(
+        &pki,
+        ca.grpc,
+        "api",
+        &tmp.path().join("api.token"),
+        proxy_flags,
+    );
+    let mut args: Vec<&str> = server_flags.iter().map(String::as_str).collect();
+    let port = app.port().to_string();
+    args.extend(["--inbound-forward-port", &port]);
+    // No controller is needed by the server side; any address will do.
+    let server = Proxy::start("127.0.0.1:1".parse().unwrap(), &args).await;
+    let (tap_addr, seen) = tap(server.inbound).await;
+
+    let cluster = tmp.path().join("cluster");
+    std::fs::create_dir_all(&cluster).unwrap();
+    api_pod(&cluster, "api", tap_addr);
+    let controller = Controller::start(&cluster, &[]).await;
+    let client_flags = identity_flags(
+        &pki,
+        ca.grpc,
+        "web",
+        &tmp.path().join("web.token"),
+        proxy_flags,
+    );
+    let args: Vec<&str> = client_flags.iter().map(String::as_str).collect();
+    let client = Proxy::start(controller.grpc, &args).await;
+    World {
+        tmp_path: tmp.path().to_owned(),
+        _tmp: tmp,
+        pki,
+        ca,
+        cluster,
+        _controller: controller,
+        client,
+        server,
+        seen,
+        tap: tap_addr,
+    }
+}
+
+async fn get(proxy: &Proxy, path: &str) -> Result<support::proxy::Answer, String> {
+    let mut c = Http1::connect(proxy.outbound).await?;
+    c.get(&authority("api", 80), path).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn meshed_traffic_is_mutual_tls_and_names_both_ends() {
+    let w = world(&[], &[]).await;
+    let answer = eventually("a 200 through both proxies", || async {
+        let a = get(&w.client, "/secret-path").await.ok()?;
+        (a.status == StatusCode::OK).then_some(a)
+    })
+    .await;
+    let web = identity("web", NS);
+    let api = identity("api", NS);
+    assert_eq!(answer.text(), format!("client={web} path=/secret-path"));
+
+    let wire = w.seen.lock().unwrap().clone();
+    assert_eq!(
+        wire.first(),
+        Some(&0x16),
+        "the first byte on the wire is a TLS handshake"
+    );
+    assert!(
+        !wire
+            .windows(b"secret-path".len())
+            .any(|x| x == b"secret-path"),
+        "the request crossed the wire in plaintext"
+    );
+
+    let mc = w.client.metrics().await;
+    assert!(
+        mc.sum(
+            "tcp_open_total",
+            &[
+                ("peer", "dst"),
+                ("tls", "true"),
+                ("server_id", api.as_str())
+            ]
+        ) >= 1.0,
+        "{}",
+        mc.text
+    );
+    let ms = w.server.metrics().await;
+    assert!(
+        ms.sum(
+            "tcp_open_total",
+            &[
+                ("peer", "src"),
+                ("tls", "true"),
+                ("client_id", web.as_str())
+            ]
+        ) >= 1.0,
+        "{}",
+        ms.text
+    );
+    assert!(mc.sum("identity_cert_expiration_timestamp_seconds", &[]) > 0.0);
+
+    // A plaintext caller cannot claim an identity.
+    let mut plain = Http1::connect(w.server.inbound).await.unwrap();
+    let request = Request::get("/")
+        .header(http::header::HOST, authority("api", 80))
+        .header(
+            "l5d-client-id",
+            "admin.kube-system.serviceaccount.identity.linkerd.cluster.local",
+        )
+        .body(http_body_util::Full::new(hyper::body::Bytes::new()))
+        .unwrap();
+    let forged = plain.send(request).await.unwrap();
+    assert_eq!(forged.text(), "client=none path=/");
+}
+
+/// A TLS server that presents `chain` whatever name it is dialled as.
+async fn tls_server(
+    chain: Vec<rustls::pki_types::CertificateDer<'static>>,
+    key: rustls::pki_types::PrivateKeyDer<'static>,
+) -> SocketAddr {
+    let config = rustls::ServerConfig::builder_with_provider(ballast_meshtls::tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                if let Ok(tls) = acceptor.accept(s).await {
+                    let svc = service_fn(|_req: Request<Incoming>| async {
+                        Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
+                            hyper::body::Bytes::from("impostor"),
+                        )))
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tls), svc)
+                        .await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A leaf for `name` signed by `pki`'s issuer, valid over [from, until].
+fn leaf(
+    pki: &Pki,
+    name: &str,
+    from: SystemTime,
+    until: SystemTime,
+) -> (
+    Vec<rustls::pki_types::CertificateDer<'static>>,
+    rustls::pki_types::PrivateKeyDer<'static>,
+) {
+    let issuer_pem = std::fs::read_to_string(pki.issuer_dir().join("tls.crt")).unwrap();
+    let issuer_key = std::fs::read_to_string(pki.issuer_dir().join("tls.key")).unwrap();
+    let issuer = rcgen::Issuer::from_ca_cert_pem(
+        &issuer_pem,
+        rcgen::KeyPair::from_pem(&issuer_key).unwrap(),
+    )
+    .unwrap();
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut params = rcgen::CertificateParams::new(vec![name.to_string()]).unwrap();
+    params.not_before = from.into();
+    params.not_after = until.into();
+    params.extended_key_usages = vec![
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let issuer_der = ballast_meshtls::pem::certificates(issuer_pem.as_bytes()).unwrap();
+    let mut chain = vec![cert.der().clone()];
+    chain.extend(issuer_der);
+    (
+        chain,
+        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_with_the_wrong_identity_another_ca_or_an_expired_certificate_is_refused() {
+    let w = world(&[], &[]).await;
+    eventually("a 200 through both proxies", || async {
+        (get(&w.client, "/").await.ok()?.status == StatusCode::OK).then_some(())
+    })
+    .await;
+    let api = identity("api", NS).to_string();
+    let now = SystemTime::now();
+    let day = Duration::from_secs(86_400);
+    let other = Pki::generate(&w.tmp_path.join("other")).await;
+    let cases = [
+        (
+            "another identity",
+            leaf(
+                &w.pki,
+                &identity("db", NS).to_string(),
+                now - day,
+                now + day,
+            ),
+        ),
+        ("another CA", leaf(&other, &api, now - day, now + day)),
+        (
+            "an expired certificate",
+            leaf(&w.pki, &api, now - 3 * day, now - day),
+        ),
+    ];
+    let mut refused_before = 0.0;
+    for (what, (chain, key)) in cases {
+        let impostor = tls_server(chain, key).await;
+        api_pod(&w.cluster, "api", impostor);
+        // Until the controller's update arrives, answers come from the real
+        // pod; once it has, every request must fail, and none reach the impostor.
+        eventually(&format!("{what} refused"), || async {
+            let a = get(&w.client, "/").await.ok()?;
+            assert_ne!(a.text(), "impostor", "{what}: the impostor was trusted");
+            let m = w.client.metrics().await;
+            let refused = m.sum(
+                "tls_errors_total",
+                &[("direction", "outbound"), ("error", "identity")],
+            );
+            (refused > refused_before).then_some(refused)
+        })
+        .await;
+        for _ in 0..3 {
+            let a = get(&w.client, "/").await.unwrap();
+            assert_ne!(a.text(), "impostor", "{what}: the impostor was trusted");
+            assert_eq!(a.status, StatusCode::BAD_GATEWAY, "{what}: {a:?}");
+        }
+        refused_before = w.client.metrics().await.sum(
+            "tls_errors_total",
+            &[("direction", "outbound"), ("error", "identity")],
+        );
+    }
+    // Back to the real pod: served again.
+    api_pod(&w.cluster, "api", w.tap);
+    eventually("the real pod again", || async {
+        (get(&w.client, "/").await.ok()?.status == StatusCode::OK).then_some(())
+    })
+    .await;
+    drop(w.ca);
+}
