@@ -97,7 +97,7 @@ pub struct Args {
 
     /// How long issued certificates live (Linkerd's default).
     #[arg(long, env = "BALLAST_IDENTITY_ISSUANCE_LIFETIME", default_value = "24h",
-          value_parser = ballast_flags::duration(Duration::from_secs(60), Duration::from_secs(366 * 86_400)))]
+          value_parser = ballast_flags::duration(Duration::from_secs(10), Duration::from_secs(366 * 86_400)))]
     issuance_lifetime: Duration,
 
     /// How far back certificates are dated, for peers whose clocks run behind (Linkerd's default).

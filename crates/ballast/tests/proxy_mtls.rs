@@ -119,6 +119,7 @@ struct World {
     seen: Arc<Mutex<Vec<u8>>>,
     tap: SocketAddr,
     tmp_path: std::path::PathBuf,
+    tokens: std::path::PathBuf,
 }
 
 fn identity_flags(
@@ -163,7 +164,17 @@ async fn world(ca_flags: &[&str], proxy_flags: &[&str]) -> World {
     for (sa, tok) in [("web", "tok-web"), ("api", "tok-api")] {
         std::fs::write(tmp.path().join(format!("{sa}.token")), tok).unwrap();
     }
-    let ca = IdentityCa::start(&pki, &tokens, ca_flags).await;
+    // A port of its own, so that a restarted controller is found again.
+    let ca_addr = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let ca = IdentityCa::spawn_at(&pki, &tokens, ca_addr, ca_flags).await;
+    eventually("the identity controller's /ready", || async {
+        (ca.ready().await == 200).then_some(())
+    })
+    .await;
 
     let app = whoami().await;
     let server_flags = identity_flags(
@@ -204,6 +215,7 @@ async fn world(ca_flags: &[&str], proxy_flags: &[&str]) -> World {
         server,
         seen,
         tap: tap_addr,
+        tokens,
     }
 }
 
@@ -409,4 +421,150 @@ async fn a_peer_with_the_wrong_identity_another_ca_or_an_expired_certificate_is_
     })
     .await;
     drop(w.ca);
+}
+
+/// Requests through both proxies until `stop`, each on a new client
+/// connection; returns (answered 200, failed) and the first failure.
+fn steady_load(
+    client: SocketAddr,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<(u64, u64, Option<String>)> {
+    tokio::spawn(async move {
+        let (mut ok, mut failed, mut first) = (0u64, 0u64, None);
+        while !*stop.borrow() {
+            let answer = async {
+                let mut c = Http1::connect(client).await?;
+                c.get(&authority("api", 80), "/load").await
+            }
+            .await;
+            match answer {
+                Ok(a) if a.status == StatusCode::OK => ok += 1,
+                other => {
+                    failed += 1;
+                    first.get_or_insert(format!("{other:?}"));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        (ok, failed, first)
+    })
+}
+
+async fn refreshed_total(p: &Proxy) -> f64 {
+    p.metrics().await.sum("identity_cert_refresh_total", &[])
+}
+
+async fn refreshed(p: &Proxy, result: &str) -> f64 {
+    p.metrics()
+        .await
+        .sum("identity_cert_refresh_total", &[("result", result)])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_issuer_rotates_under_steady_load_with_no_failed_request() {
+    // Certificates of 12 s, renewed about every 8 s.
+    let w = world(
+        &["--issuance-lifetime", "12s", "--clock-skew-allowance", "0s"],
+        &["--identity-min-refresh", "1s"],
+    )
+    .await;
+    eventually("a 200 through both proxies", || async {
+        (get(&w.client, "/").await.ok()?.status == StatusCode::OK).then_some(())
+    })
+    .await;
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let load = steady_load(w.client.outbound, stop);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = (
+        refreshed(&w.client, "ok").await,
+        refreshed(&w.server, "ok").await,
+    );
+    w.pki.rotate_issuer().await;
+    // Both proxies renew from the rotated issuer, then renew again.
+    eventually("both proxies renewed twice after the rotation", || async {
+        let now = (
+            refreshed(&w.client, "ok").await,
+            refreshed(&w.server, "ok").await,
+        );
+        (now.0 >= before.0 + 2.0 && now.1 >= before.1 + 2.0).then_some(())
+    })
+    .await;
+    let _ = stop_tx.send(true);
+    let (ok, failed, first) = load.await.unwrap();
+    assert!(ok > 10, "only {ok} requests answered");
+    assert_eq!(
+        failed,
+        0,
+        "{failed} of {} requests failed; the first: {first:?}",
+        ok + failed
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxies_ride_out_the_identity_controller_being_down_and_renew_when_it_returns() {
+    // Certificates of 30 s: renewal falls due after about 21 s.
+    let ca_flags = ["--issuance-lifetime", "30s", "--clock-skew-allowance", "0s"];
+    let mut w = world(&ca_flags, &["--identity-min-refresh", "1s"]).await;
+    eventually("a 200 through both proxies", || async {
+        (get(&w.client, "/").await.ok()?.status == StatusCode::OK).then_some(())
+    })
+    .await;
+    let ca_addr = w.ca.grpc;
+    let renewed = (
+        refreshed(&w.client, "ok").await,
+        refreshed(&w.server, "ok").await,
+    );
+    w.ca.process.child.kill().await.unwrap();
+    let _ = w.ca.process.child.wait().await;
+
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let load = steady_load(w.client.outbound, stop);
+    // Past the renewal time: both proxies have tried and failed, and serve on.
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    loop {
+        let failed = (
+            refreshed_total(&w.client).await - refreshed(&w.client, "ok").await,
+            refreshed_total(&w.server).await - refreshed(&w.server, "ok").await,
+        );
+        if failed.0 >= 1.0 && failed.1 >= 1.0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no failed renewal while the identity controller was down"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        w.client
+            .metrics()
+            .await
+            .sum("identity_cert_refresh_total", &[("result", "ok")]),
+        renewed.0
+    );
+    let answer = get(&w.client, "/").await.unwrap();
+    assert_eq!(
+        answer.status,
+        StatusCode::OK,
+        "serving on the current certificates: {answer:?}"
+    );
+
+    w.ca = IdentityCa::spawn_at(&w.pki, &w.tokens, ca_addr, &ca_flags).await;
+    eventually("both proxies renewed once it was back", || async {
+        let now = (
+            refreshed(&w.client, "ok").await,
+            refreshed(&w.server, "ok").await,
+        );
+        (now.0 > renewed.0 && now.1 > renewed.1).then_some(())
+    })
+    .await;
+    let _ = stop_tx.send(true);
+    let (ok, failed, first) = load.await.unwrap();
+    assert!(ok > 10, "only {ok} requests answered");
+    assert_eq!(
+        failed,
+        0,
+        "{failed} of {} requests failed; the first: {first:?}",
+        ok + failed
+    );
 }

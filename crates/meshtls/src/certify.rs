@@ -181,9 +181,8 @@ pub async fn certify_once(
         .map_err(|s| {
             let msg: String = s.message().chars().take(256).collect();
             match s.code() {
-                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
-                    if msg.contains("transport") || msg.contains("connect") || msg.is_empty() =>
-                {
+                // No answer from the service (or it cannot answer yet).
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown => {
                     CertifyError::Unreachable(format!("{:?}: {msg}", s.code()))
                 }
                 code => CertifyError::Refused(format!("{code:?}: {msg}")),

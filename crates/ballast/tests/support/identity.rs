@@ -109,9 +109,19 @@ impl IdentityCa {
 
     /// Starts it without waiting for /ready.
     pub async fn spawn(pki: &Pki, manifests: &Path, extra: &[&str]) -> IdentityCa {
+        Self::spawn_at(pki, manifests, "127.0.0.1:0".parse().unwrap(), extra).await
+    }
+
+    /// Starts it on `addr` (to restart it where proxies look for it).
+    pub async fn spawn_at(
+        pki: &Pki,
+        manifests: &Path,
+        addr: SocketAddr,
+        extra: &[&str],
+    ) -> IdentityCa {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_ballast"));
         cmd.arg("identity")
-            .args(["--addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+            .args(["--addr", &addr.to_string(), "--admin-addr", "127.0.0.1:0"])
             .arg("--issuer-dir")
             .arg(pki.issuer_dir())
             .arg("--trust-anchors")
