@@ -13,6 +13,11 @@ use ballast_destination::{
     store::Store,
 };
 use ballast_flags::{bytes, count, BACKOFF, GIB, GRACE, KIB, MANY, TIMEOUT};
+use ballast_meshtls::{
+    certify,
+    tls::{self, CertStore},
+    IdentityName,
+};
 use clap::Args as ClapArgs;
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use tokio::{net::TcpListener, sync::watch};
@@ -155,6 +160,106 @@ pub struct Args {
     /// On SIGTERM, how long open streams and connections get to close before exit.
     #[arg(long, env = "BALLAST_DESTINATION_SHUTDOWN_GRACE", default_value = "10s", value_parser = GRACE)]
     shutdown_grace: Duration,
+
+    /// Serve TLS with the controller's own identity (certified by the
+    /// identity service) to clients that start a TLS handshake; the trust
+    /// anchors (PEM). Without it, plaintext only.
+    #[arg(long, env = "BALLAST_DESTINATION_IDENTITY_TRUST_ANCHORS")]
+    identity_trust_anchors: Option<PathBuf>,
+
+    /// The identity service, HOST:PORT.
+    #[arg(
+        long,
+        env = "BALLAST_DESTINATION_IDENTITY_ADDR",
+        default_value = "ballast-identity-headless.ballast.svc.cluster.local:8080"
+    )]
+    identity_addr: String,
+
+    /// The identity service's identity; it is dialled in TLS verifying this
+    /// name (default: the `linkerd-identity` service account's), except at a
+    /// loopback address when no name is given.
+    #[arg(long, env = "BALLAST_DESTINATION_IDENTITY_SERVER_NAME")]
+    identity_server_name: Option<String>,
+
+    /// The service-account token sent with each certificate request.
+    #[arg(
+        long,
+        env = "BALLAST_DESTINATION_IDENTITY_TOKEN_FILE",
+        default_value = "/var/run/secrets/tokens/linkerd-identity-token"
+    )]
+    identity_token_file: PathBuf,
+
+    /// The service account this controller runs as: its identity names the certificate it serves.
+    #[arg(
+        long,
+        env = "BALLAST_DESTINATION_SERVICE_ACCOUNT",
+        default_value = "linkerd-destination"
+    )]
+    service_account: String,
+}
+
+/// The controller's own serving certificate, from the identity service,
+/// renewed in the background; and the TLS configuration that serves it.
+fn own_identity(
+    args: &Args,
+) -> anyhow::Result<Option<(Arc<rustls::ServerConfig>, Arc<CertStore>)>> {
+    let Some(path) = &args.identity_trust_anchors else {
+        return Ok(None);
+    };
+    let anchors = std::fs::read(path)
+        .with_context(|| format!("cannot read --identity-trust-anchors {}", path.display()))?;
+    let anchors = ballast_meshtls::pem::certificates(&anchors)
+        .map_err(|e| anyhow::anyhow!("--identity-trust-anchors {}: {e}", path.display()))?;
+    let roots = tls::root_store(&anchors)?;
+    let (ns, td) = (&args.controller_namespace, &args.identity_trust_domain);
+    let name = IdentityName::for_service_account(&args.service_account, ns, ns, td)
+        .map_err(|e| anyhow::anyhow!("--service-account, --controller-namespace and --identity-trust-domain make no identity: {e}"))?;
+    let server_name = match &args.identity_server_name {
+        Some(n) => Some(
+            IdentityName::parse(n)
+                .map_err(|e| anyhow::anyhow!("--identity-server-name {n:?}: {e}"))?,
+        ),
+        None if is_loopback(&args.identity_addr) => None,
+        None => Some(
+            IdentityName::for_service_account("linkerd-identity", ns, ns, td)
+                .map_err(|e| anyhow::anyhow!("no identity service name: {e}"))?,
+        ),
+    };
+    let channel = certify::channel(
+        &args.identity_addr,
+        server_name,
+        roots.clone(),
+        Duration::from_secs(5),
+    )
+    .map_err(|e| anyhow::anyhow!("--identity-addr: {e}"))?;
+    let store = CertStore::new();
+    let key = certify::LocalKey::generate(name.clone())?;
+    let config = certify::CertifyConfig {
+        token_file: args.identity_token_file.clone(),
+        roots: roots.clone(),
+        min_refresh: certify::DEFAULT_MIN_REFRESH,
+        max_refresh: certify::DEFAULT_MAX_REFRESH,
+        backoff: ballast_backoff::BackoffConfig::default(),
+        request_timeout: Duration::from_secs(10),
+    };
+    let client = linkerd2_proxy_api::identity::identity_client::IdentityClient::new(channel)
+        .max_decoding_message_size(certify::MAX_RESPONSE_BYTES);
+    tracing::info!(identity = %name, service = %args.identity_addr, "requesting the controller's certificate");
+    tokio::spawn(certify::run(client, key, config, store.clone(), |_| {}));
+    Ok(Some((
+        tls::server_config(roots, store.clone(), &[])?,
+        store,
+    )))
+}
+
+/// `127.0.0.1:8080`, `[::1]:8080`, `localhost:8080`.
+fn is_loopback(addr: &str) -> bool {
+    match addr.parse::<SocketAddr>() {
+        Ok(a) => a.ip().is_loopback(),
+        Err(_) => addr
+            .rsplit_once(':')
+            .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost")),
+    }
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -187,10 +292,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let _ = rx.wait_for(|s| *s).await;
     };
 
+    let own = own_identity(&args)?;
     let ready_store = store.clone();
+    let ready_cert = own.as_ref().map(|(_, certs)| certs.clone());
     let admin_state = AdminState::new(
         Arc::new(registry),
-        Readiness::from_fn(move || ready_store.is_ready()),
+        Readiness::from_fn(move || {
+            ready_store.is_ready() && ready_cert.as_ref().is_none_or(|c| c.is_ready())
+        }),
     );
     let admin_task =
         tokio::spawn(AdminServer::new(admin_state).serve(admin, stopped(stop_rx.clone())));
@@ -252,7 +361,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ..ServerConfig::default()
     };
     let service = DestinationService::new(store.clone(), config, stop_rx.clone());
-    let mut grpc_task = tokio::spawn(server::serve(grpc, service, stopped(stop_rx.clone())));
+    let tls = own.map(|(config, _)| config);
+    let mut grpc_task = tokio::spawn(server::serve(grpc, tls, service, stopped(stop_rx.clone())));
 
     let outcome: anyhow::Result<()> = tokio::select! {
         _ = ballast_sidecar::signal::shutdown() => Ok(()),

@@ -161,7 +161,7 @@ async fn world(ca_flags: &[&str], proxy_flags: &[&str]) -> World {
         ]
         .join("---\n"),
     );
-    for (sa, tok) in [("web", "tok-web"), ("api", "tok-api")] {
+    for (sa, tok) in [("web", "tok-web"), ("api", "tok-api"), ("dst", "tok-dst")] {
         std::fs::write(tmp.path().join(format!("{sa}.token")), tok).unwrap();
     }
     // A port of its own, so that a restarted controller is found again.

@@ -202,6 +202,41 @@ pub async fn certify_once(
     key.accept(config.roots.clone(), chain)
 }
 
+/// A lazily connected channel to a control-plane service at `addr`
+/// (HOST:PORT): TLS verifying it as `server_name` when one is given (no
+/// client certificate: the caller may have none yet), plaintext otherwise.
+pub fn channel(
+    addr: &str,
+    server_name: Option<IdentityName>,
+    roots: Arc<RootCertStore>,
+    connect_timeout: Duration,
+) -> Result<tonic::transport::Channel, String> {
+    let config = tls::client_config(roots, None, &[]).map_err(|e| e.to_string())?;
+    let target = addr.to_owned();
+    let connector = tower::service_fn(move |_: http::Uri| {
+        let (target, config, name) = (target.clone(), config.clone(), server_name.clone());
+        async move {
+            let connect = async {
+                let tcp = tokio::net::TcpStream::connect(target.as_str()).await?;
+                let _ = tcp.set_nodelay(true);
+                crate::io::connect(tcp, name.as_ref().map(|n| (&config, n))).await
+            };
+            match tokio::time::timeout(connect_timeout, connect).await {
+                Ok(r) => r.map(hyper_util::rt::TokioIo::new),
+                Err(_) => Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("connect to {target} timed out"),
+                )),
+            }
+        }
+    });
+    Ok(
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| format!("invalid address {addr:?}: {e}"))?
+            .connect_with_connector_lazy(connector),
+    )
+}
+
 /// Renews forever into `store`; `observe` hears every outcome (metrics).
 pub async fn run(
     mut client: IdentityClient<tonic::transport::Channel>,

@@ -118,6 +118,16 @@ pub struct ControlConfig {
     /// Context token sent with every request (Linkerd's
     /// `LINKERD2_PROXY_DESTINATION_CONTEXT`): JSON naming this pod's namespace.
     pub context_token: String,
+    /// TLS to the controller, verifying it as this identity; `None` dials
+    /// plaintext (identity disabled, or a loopback controller).
+    pub tls: Option<ControlTls>,
+}
+
+/// How the controller connection is secured.
+#[derive(Clone, Debug)]
+pub struct ControlTls {
+    pub config: std::sync::Arc<rustls::ClientConfig>,
+    pub server_name: ballast_meshtls::IdentityName,
 }
 
 /// Settings of the outbound side.

@@ -6,11 +6,9 @@
 use ballast_backoff::BackoffConfig;
 use ballast_meshtls::{
     certify::{self, CertifyConfig, CertifyError, LocalKey},
-    io,
     tls::{self, CertStore, TRANSPORT_HEADER_ALPN},
     IdentityName,
 };
-use hyper_util::rt::TokioIo;
 use linkerd2_proxy_api::identity::identity_client::IdentityClient;
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -20,7 +18,6 @@ use prometheus_client::{
 use rustls::{pki_types::CertificateDer, ClientConfig, RootCertStore, ServerConfig};
 use std::{path::PathBuf, sync::Arc, time::Duration};
 use tokio::sync::Semaphore;
-use tonic::transport::Endpoint;
 
 /// Linkerd's defaults.
 pub const DEFAULT_TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -34,9 +31,10 @@ pub struct IdentityConfig {
     pub token_file: PathBuf,
     /// The identity service, HOST:PORT.
     pub addr: String,
-    /// The identity service's own TLS identity; a loopback `addr` is dialled
-    /// in plaintext (as Linkerd does).
+    /// The identity service's own TLS identity, and whether to dial it in
+    /// TLS (Linkerd dials a loopback address in plaintext).
     pub server_name: IdentityName,
+    pub tls_to_identity: bool,
     pub min_refresh: Duration,
     pub max_refresh: Duration,
     pub backoff: BackoffConfig,
@@ -127,34 +125,10 @@ pub fn start(config: IdentityConfig, metrics: IdentityMetrics) -> Result<Arc<Mes
         .map_err(|e| e.to_string())?;
     let key = LocalKey::generate(config.local_name.clone()).map_err(|e| e.to_string())?;
 
-    // The identity service: TLS for its identity unless it is on loopback.
-    // No client certificate: we have none yet.
-    let to_identity = tls::client_config(roots.clone(), None, &[]).map_err(|e| e.to_string())?;
-    let addr = config.addr.clone();
-    let loopback = is_loopback(&addr);
-    let server_name = config.server_name.clone();
-    let connect_timeout = config.connect_timeout;
-    let connector = tower::service_fn(move |_: http::Uri| {
-        let (addr, config, name) = (addr.clone(), to_identity.clone(), server_name.clone());
-        async move {
-            let connect = async {
-                let tcp = tokio::net::TcpStream::connect(addr.as_str()).await?;
-                let _ = tcp.set_nodelay(true);
-                let tls = (!loopback).then_some((&config, &name));
-                io::connect(tcp, tls).await
-            };
-            match tokio::time::timeout(connect_timeout, connect).await {
-                Ok(r) => r.map(TokioIo::new),
-                Err(_) => Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "connect to the identity service timed out",
-                )),
-            }
-        }
-    });
-    let channel = Endpoint::from_shared(format!("http://{}", config.addr))
-        .map_err(|e| format!("invalid identity service address {:?}: {e}", config.addr))?
-        .connect_with_connector_lazy(connector);
+    // The identity service: TLS for its identity unless it is on loopback
+    // (and no name was asked for). No client certificate: we have none yet.
+    let name = config.tls_to_identity.then(|| config.server_name.clone());
+    let channel = certify::channel(&config.addr, name, roots.clone(), config.connect_timeout)?;
     let identity_client =
         IdentityClient::new(channel).max_decoding_message_size(certify::MAX_RESPONSE_BYTES);
 
@@ -209,7 +183,7 @@ pub fn start(config: IdentityConfig, metrics: IdentityMetrics) -> Result<Arc<Mes
 }
 
 /// `127.0.0.1:8080`, `[::1]:8080`, `localhost:8080`.
-fn is_loopback(addr: &str) -> bool {
+pub fn is_loopback(addr: &str) -> bool {
     if let Ok(a) = addr.parse::<std::net::SocketAddr>() {
         return a.ip().is_loopback();
     }

@@ -211,8 +211,16 @@ pub struct Args {
 
     /// The identity service's own identity (default: the `linkerd-identity`
     /// service account's, under --identity-controller-namespace and --identity-trust-domain).
+    /// The service is dialled in TLS verifying this name, except at a loopback
+    /// address when no name is given (as Linkerd does).
     #[arg(long, env = "BALLAST_PROXY_IDENTITY_SERVER_NAME")]
     identity_server_name: Option<String>,
+
+    /// The destination controller's identity (default: the `linkerd-destination`
+    /// service account's). With identity enabled, the controller is dialled in
+    /// TLS verifying this name, except at a loopback address when no name is given.
+    #[arg(long, env = "BALLAST_PROXY_DESTINATION_SERVER_NAME")]
+    destination_server_name: Option<String>,
 
     /// The trust anchors (PEM bundle) every mesh certificate must chain to.
     #[arg(long, env = "BALLAST_PROXY_IDENTITY_TRUST_ANCHORS")]
@@ -462,8 +470,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let _ = admin_stop.wait_for(|s| *s).await;
     }));
 
+    let control_tls = control_tls(&args, mesh.as_ref())?;
     let config = ballast_proxy::Config {
         control: ControlConfig {
+            tls: control_tls,
             addr: args.destination_addr,
             connect_timeout: args.connect_timeout,
             backoff: BackoffConfig {
@@ -594,6 +604,8 @@ fn identity(
         trust_anchors,
         token_file: args.identity_token_file.clone(),
         addr: args.identity_addr.clone(),
+        tls_to_identity: args.identity_server_name.is_some()
+            || !ballast_proxy::identity::is_loopback(&args.identity_addr),
         server_name,
         min_refresh: args.identity_min_refresh,
         max_refresh: args.identity_max_refresh,
@@ -611,6 +623,31 @@ fn identity(
     ballast_proxy::identity::start(config, metrics)
         .map(Some)
         .map_err(|e| anyhow::anyhow!("identity: {e}"))
+}
+
+/// TLS to the destination controller: with an identity, unless it is on
+/// loopback and no name was given.
+fn control_tls(
+    args: &Args,
+    mesh: Option<&Arc<ballast_proxy::identity::MeshTls>>,
+) -> anyhow::Result<Option<ballast_proxy::config::ControlTls>> {
+    use ballast_meshtls::IdentityName;
+    let Some(mesh) = mesh else { return Ok(None) };
+    let (ns, td) = (
+        &args.identity_controller_namespace,
+        &args.identity_trust_domain,
+    );
+    let server_name = match &args.destination_server_name {
+        Some(n) => IdentityName::parse(n).map_err(|e| anyhow::anyhow!("--destination-server-name {n:?}: {e}"))?,
+        None if ballast_proxy::identity::is_loopback(&args.destination_addr) => return Ok(None),
+        None => IdentityName::for_service_account("linkerd-destination", ns, ns, td)
+            .map_err(|e| anyhow::anyhow!("--identity-controller-namespace and --identity-trust-domain make no identity name: {e}"))?,
+    };
+    // Our certificate is sent when we hold one (the controller may use it).
+    Ok(Some(ballast_proxy::config::ControlTls {
+        config: mesh.client.clone(),
+        server_name,
+    }))
 }
 
 /// `KIND/NAME`, as `--pod-owner` takes it.

@@ -41,6 +41,9 @@ pub struct ServerConfig {
     /// Concurrent streams (Get and GetProfile together) before new ones are
     /// refused with `RESOURCE_EXHAUSTED`.
     pub max_streams: usize,
+    /// Open client connections; beyond it new ones wait in the listen
+    /// backlog.
+    pub max_connections: usize,
     /// Largest request message accepted.
     pub max_request_bytes: usize,
     /// HTTP/2 keepalive pings, so that vanished clients are noticed.
@@ -90,6 +93,7 @@ impl Default for ServerConfig {
             stream_queue: DEFAULT_STREAM_QUEUE as usize,
             stream_send_wait: DEFAULT_STREAM_SEND_WAIT,
             max_streams: DEFAULT_MAX_STREAMS as usize,
+            max_connections: ballast_meshtls::server::DEFAULT_MAX_CONNECTIONS,
             max_request_bytes: 16 * 1024,
             keepalive: Duration::from_secs(10),
             http2_max_concurrent_streams: DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
@@ -285,9 +289,12 @@ impl Drop for StreamGauge {
 }
 
 /// Serves the Destination API and gRPC health on `listener` until `shutdown`
-/// resolves, then waits for open connections to close.
+/// resolves, then waits for open connections to close. With `tls`, clients
+/// that start a TLS handshake get the controller's own certificate; others
+/// are served plaintext.
 pub async fn serve(
     listener: tokio::net::TcpListener,
+    tls: Option<std::sync::Arc<rustls::ServerConfig>>,
     service: DestinationService,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
@@ -308,11 +315,19 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(destination)
         .serve_with_incoming_shutdown(
-            // Updates are small and latency-bound: no Nagle delay. TCP
-            // keepalive finds peers that vanished without a FIN.
-            tonic::transport::server::TcpIncoming::from(listener)
-                .with_nodelay(Some(true))
-                .with_keepalive(Some(config.keepalive)),
+            // Updates are small and latency-bound: no Nagle delay (set by
+            // the acceptor). TCP keepalive finds peers that vanished
+            // without a FIN.
+            ballast_meshtls::server::incoming(
+                listener,
+                tls,
+                ballast_meshtls::server::ServeLimits {
+                    max_connections: config.max_connections,
+                    keepalive: Some(config.keepalive),
+                    ..Default::default()
+                },
+                std::sync::Arc::new(ballast_meshtls::server::ServeStats::default()),
+            ),
             shutdown,
         )
         .await

@@ -27,6 +27,7 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 struct Gate {
     addr: String,
     connect_timeout: Duration,
+    tls: Option<crate::config::ControlTls>,
     schedule: Mutex<GateState>,
     metrics: Arc<Metrics>,
 }
@@ -38,7 +39,7 @@ struct GateState {
 }
 
 impl Gate {
-    async fn connect(&self) -> std::io::Result<TcpStream> {
+    async fn connect(&self) -> std::io::Result<ballast_meshtls::io::ClientIo> {
         // Take a turn: each attempt books the next one a backoff step later.
         let turn = {
             let mut s = self.schedule.lock().unwrap_or_else(|e| e.into_inner());
@@ -57,7 +58,8 @@ impl Gate {
                 match TcpStream::connect(addr).await {
                     Ok(s) => {
                         let _ = s.set_nodelay(true);
-                        return Ok(s);
+                        let tls = self.tls.as_ref().map(|t| (&t.config, &t.server_name));
+                        return ballast_meshtls::io::connect(s, tls).await;
                     }
                     Err(e) => last = Some(e),
                 }
@@ -101,6 +103,7 @@ impl ControlPlane {
         let gate = Arc::new(Gate {
             addr: config.addr.clone(),
             connect_timeout: config.connect_timeout,
+            tls: config.tls.clone(),
             schedule: Mutex::new(GateState {
                 backoff: Backoff::new(&config.backoff),
                 next_attempt: None,

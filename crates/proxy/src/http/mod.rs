@@ -237,6 +237,12 @@ impl Forwarder {
     ) -> Response<ResponseBody> {
         let deadline = Instant::now() + balancer.failfast_timeout();
         let h2 = req.version() == Version::HTTP_2;
+        // HTTP/1 to a meshed proxy that takes HTTP/2 travels upgraded
+        // (Linkerd's l5d-orig-proto), unless it asks for a protocol upgrade.
+        let upgradable = !h2
+            && self.dialer.mesh.is_some()
+            && req.method() != http::Method::CONNECT
+            && !req.headers().contains_key(header::UPGRADE);
         if !h2 {
             strip_hop_by_hop(req.headers_mut());
             // Endpoints get origin-form targets; the Host header stays.
@@ -254,9 +260,27 @@ impl Forwarder {
                 Ok(e) => e,
                 Err(e) => return balance_error_response(&e, naming, &self.metrics, self.direction),
             };
-            match self.send(&endpoint, req, h2, deadline).await {
-                Attempt::Sent(rsp) => return rsp,
-                Attempt::Unsent(returned, connect_error) => {
+            let upgrade =
+                upgradable && endpoint.endpoint.h2_hint && endpoint.endpoint.identity.is_some();
+            let orig = if upgrade {
+                orig_proto::upgrade(&mut req)
+            } else {
+                None
+            };
+            match self
+                .send(&endpoint, req, h2 || orig.is_some(), deadline)
+                .await
+            {
+                Attempt::Sent(mut rsp) => {
+                    if let Some(version) = orig {
+                        orig_proto::restore(&mut rsp, version);
+                    }
+                    return rsp;
+                }
+                Attempt::Unsent(mut returned, connect_error) => {
+                    if let Some(version) = orig {
+                        orig_proto::undo(&mut returned, version);
+                    }
                     if let Some(e) = connect_error {
                         tracing::debug!(error = %e, "endpoint connect failed");
                         endpoint.connect_failed();
