@@ -245,8 +245,10 @@ pub async fn ballast(a: &BallastArgs<'_>) -> anyhow::Result<Server> {
         "127.0.0.1:0",
         "--max-connections",
         &a.max_connections.to_string(),
-        "--identity-disabled",
     ]);
+    if !a.extra.iter().any(|f| f == "--identity-trust-anchors") {
+        cmd.arg("--identity-disabled");
+    }
     if let Some(port) = a.forward_port {
         cmd.args(["--inbound-forward-port", &port.to_string()]);
     }

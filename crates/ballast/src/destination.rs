@@ -196,6 +196,11 @@ pub struct Args {
         default_value = "linkerd-destination"
     )]
     service_account: String,
+
+    /// The namespace this controller runs in (its service account's; default:
+    /// --controller-namespace).
+    #[arg(long, env = "BALLAST_DESTINATION_NAMESPACE")]
+    namespace: Option<String>,
 }
 
 /// The controller's own serving certificate, from the identity service,
@@ -212,7 +217,8 @@ fn own_identity(
         .map_err(|e| anyhow::anyhow!("--identity-trust-anchors {}: {e}", path.display()))?;
     let roots = tls::root_store(&anchors)?;
     let (ns, td) = (&args.controller_namespace, &args.identity_trust_domain);
-    let name = IdentityName::for_service_account(&args.service_account, ns, ns, td)
+    let own_ns = args.namespace.as_deref().unwrap_or(ns);
+    let name = IdentityName::for_service_account(&args.service_account, own_ns, ns, td)
         .map_err(|e| anyhow::anyhow!("--service-account, --controller-namespace and --identity-trust-domain make no identity: {e}"))?;
     let server_name = match &args.identity_server_name {
         Some(n) => Some(

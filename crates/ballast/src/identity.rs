@@ -95,6 +95,11 @@ pub struct Args {
     )]
     service_account: String,
 
+    /// The namespace this controller runs in (its service account's; default:
+    /// --controller-namespace).
+    #[arg(long, env = "BALLAST_IDENTITY_NAMESPACE")]
+    namespace: Option<String>,
+
     /// How long issued certificates live (Linkerd's default).
     #[arg(long, env = "BALLAST_IDENTITY_ISSUANCE_LIFETIME", default_value = "24h",
           value_parser = ballast_flags::duration(Duration::from_secs(10), Duration::from_secs(366 * 86_400)))]
@@ -205,7 +210,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let own_name = IdentityName::for_service_account(
         &args.service_account,
-        &args.controller_namespace,
+        args.namespace.as_deref().unwrap_or(&args.controller_namespace),
         &args.controller_namespace,
         &args.trust_domain,
     )

@@ -1,5 +1,6 @@
-//! The manifests in deploy/ parse, and grant the controller exactly what its
-//! watchers read: get, list and watch on the kinds they watch, nothing more.
+//! The manifests in deploy/ parse, and grant each controller exactly what it
+//! uses: the destination controller get, list and watch on the kinds it
+//! watches; the identity controller create on tokenreviews; nothing more.
 //! (The sidecar example is checked against `ballast-proxy` in
 //! crates/sidecar/tests/deploy.rs.)
 
@@ -45,23 +46,18 @@ fn of_kind<'a>(docs: &'a [(String, Value)], kind: &str) -> Vec<&'a Value> {
         .collect()
 }
 
-#[test]
-fn rbac_grants_exactly_what_the_watchers_read() {
-    let docs = deploy_documents();
-    let roles = of_kind(&docs, "ClusterRole");
-    assert_eq!(roles.len(), 1, "one ClusterRole");
+/// (apiGroup, resource) pairs a ClusterRole grants, and the verbs of each rule.
+fn grants(role: &Value) -> (BTreeSet<(String, String)>, Vec<BTreeSet<String>>) {
     let mut granted = BTreeSet::new();
-    for rule in roles[0]["rules"].as_array().expect("rules") {
-        let verbs: BTreeSet<&str> = rule["verbs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_str().unwrap())
-            .collect();
-        assert_eq!(
-            verbs,
-            BTreeSet::from(["get", "list", "watch"]),
-            "read-only verbs"
+    let mut verbs = Vec::new();
+    for rule in role["rules"].as_array().expect("rules") {
+        verbs.push(
+            rule["verbs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect(),
         );
         for group in rule["apiGroups"].as_array().unwrap() {
             for resource in rule["resources"].as_array().unwrap() {
@@ -72,76 +68,120 @@ fn rbac_grants_exactly_what_the_watchers_read() {
             }
         }
     }
+    (granted, verbs)
+}
+
+fn named<'a>(docs: &'a [(String, Value)], kind: &str, name: &str) -> &'a Value {
+    of_kind(docs, kind)
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+#[test]
+fn rbac_grants_exactly_what_each_controller_uses() {
+    let docs = deploy_documents();
+    assert_eq!(
+        of_kind(&docs, "ClusterRole").len(),
+        2,
+        "one ClusterRole per controller"
+    );
+
+    // The destination controller only reads, exactly the kinds it watches.
+    let (granted, verbs) = grants(named(&docs, "ClusterRole", "ballast-destination"));
+    for v in verbs {
+        assert_eq!(
+            v,
+            BTreeSet::from(["get", "list", "watch"].map(String::from)),
+            "read-only verbs"
+        );
+    }
     let watched: BTreeSet<(String, String)> = ballast_destination::source::kube::WATCHED_RESOURCES
         .iter()
         .map(|(group, _version, plural)| (group.to_string(), plural.to_string()))
         .collect();
     assert_eq!(granted, watched);
 
-    // The binding ties that role to the Deployment's service account.
-    let bindings = of_kind(&docs, "ClusterRoleBinding");
-    assert_eq!(bindings.len(), 1);
-    assert_eq!(bindings[0]["roleRef"]["name"], roles[0]["metadata"]["name"]);
-    let deployment = of_kind(&docs, "Deployment")[0];
-    let sa = &deployment["spec"]["template"]["spec"]["serviceAccountName"];
-    let subject = &bindings[0]["subjects"][0];
-    assert_eq!(&subject["name"], sa);
-    assert!(of_kind(&docs, "ServiceAccount")
-        .iter()
-        .any(|s| &s["metadata"]["name"] == sa));
+    // The identity controller only creates TokenReviews.
+    let (granted, verbs) = grants(named(&docs, "ClusterRole", "ballast-identity"));
+    assert_eq!(verbs, vec![BTreeSet::from(["create".to_string()])]);
+    assert_eq!(
+        granted,
+        BTreeSet::from([(
+            "authentication.k8s.io".to_string(),
+            "tokenreviews".to_string()
+        )])
+    );
+
+    // Each binding ties its role to its Deployment's service account.
+    for name in ["ballast-destination", "ballast-identity"] {
+        let binding = named(&docs, "ClusterRoleBinding", name);
+        assert_eq!(binding["roleRef"]["name"], name);
+        let deployment = named(&docs, "Deployment", name);
+        let sa = &deployment["spec"]["template"]["spec"]["serviceAccountName"];
+        assert_eq!(&binding["subjects"][0]["name"], sa);
+        assert!(of_kind(&docs, "ServiceAccount")
+            .iter()
+            .any(|s| &s["metadata"]["name"] == sa));
+    }
 }
 
 #[test]
-fn the_deployment_is_probed_bounded_and_unprivileged() {
+fn the_deployments_are_probed_bounded_and_unprivileged() {
     let docs = deploy_documents();
     let deployments = of_kind(&docs, "Deployment");
-    assert_eq!(deployments.len(), 1);
-    let pod = &deployments[0]["spec"]["template"]["spec"];
-    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
-    let c = &pod["containers"][0];
-    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/live");
-    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/ready");
-    assert!(
-        c["resources"]["limits"]["memory"].is_string(),
-        "a memory limit"
-    );
-    assert!(
-        c["resources"]["requests"]["memory"].is_string(),
-        "a memory request"
-    );
-    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
-    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
-    let ports: BTreeSet<&str> = c["ports"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["name"].as_str().unwrap())
-        .collect();
-    // Services expose gRPC and metrics by the container's port names.
-    let targets: BTreeSet<&str> = of_kind(&docs, "Service")
-        .iter()
-        .flat_map(|s| s["spec"]["ports"].as_array().unwrap())
-        .map(|p| p["targetPort"].as_str().unwrap())
-        .collect();
-    assert_eq!(targets, BTreeSet::from(["admin", "grpc"]));
-    assert!(targets.is_subset(&ports));
-    // The flags the Deployment passes are flags `ballast destination` has.
-    let args: Vec<&str> = c["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
-    let help = std::process::Command::new(env!("CARGO_BIN_EXE_ballast"))
-        .args(["destination", "--help"])
-        .output()
-        .unwrap();
-    let help = String::from_utf8_lossy(&help.stdout);
-    for arg in args.iter().filter(|a| a.starts_with("--")) {
-        let flag = arg.split('=').next().unwrap();
+    assert_eq!(deployments.len(), 2);
+    for deployment in deployments {
+        let app = &deployment["metadata"]["labels"]["app.kubernetes.io/name"];
+        let pod = &deployment["spec"]["template"]["spec"];
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+        let c = &pod["containers"][0];
+        assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/live");
+        assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/ready");
         assert!(
-            help.contains(flag),
-            "{flag} is not a flag of ballast destination"
+            c["resources"]["limits"]["memory"].is_string(),
+            "a memory limit"
         );
+        assert!(
+            c["resources"]["requests"]["memory"].is_string(),
+            "a memory request"
+        );
+        assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+        assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+        let ports: BTreeSet<&str> = c["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
+        // The Deployment's Services expose gRPC and metrics by its port names.
+        let targets: BTreeSet<&str> = of_kind(&docs, "Service")
+            .iter()
+            .filter(|s| &s["spec"]["selector"]["app.kubernetes.io/name"] == app)
+            .flat_map(|s| s["spec"]["ports"].as_array().unwrap())
+            .map(|p| p["targetPort"].as_str().unwrap())
+            .collect();
+        assert_eq!(targets, BTreeSet::from(["admin", "grpc"]), "{app}");
+        assert!(targets.is_subset(&ports));
+        // The flags the Deployment passes are flags its subcommand has.
+        let args: Vec<&str> = c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        let help = std::process::Command::new(env!("CARGO_BIN_EXE_ballast"))
+            .args([args[0], "--help"])
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&help.stdout);
+        for arg in args.iter().filter(|a| a.starts_with("--")) {
+            let flag = arg.split('=').next().unwrap();
+            assert!(
+                help.contains(flag),
+                "{flag} is not a flag of ballast {}",
+                args[0]
+            );
+        }
     }
 }

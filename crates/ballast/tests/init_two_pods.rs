@@ -16,17 +16,13 @@ use std::{net::SocketAddr, process::Output};
 use support::{
     eventually,
     proxy::{
-        netns::{cannot_run, preflight, NetNs, PROXY_UID},
+        netns::{
+            cannot_run, preflight, two_pods, NetNs, CLUSTER_IP, NODE_TO_A, NODE_TO_B, POD_B,
+            PROXY_UID,
+        },
         Cluster, Logged, Metrics, Proxy,
     },
 };
-
-const POD_A: &str = "10.244.0.2";
-const POD_B: &str = "10.244.0.3";
-const CLUSTER_IP: &str = "10.96.0.10";
-/// The node's side and each pod's side of the pod-to-node links.
-const NODE_TO_A: (&str, &str) = ("10.245.1.1", "10.245.1.2");
-const NODE_TO_B: (&str, &str) = ("10.245.2.1", "10.245.2.2");
 
 /// Runs `ballast ARGS` in `ns` to completion (in this process's namespace
 /// when `ns` is None), with `env` added.
@@ -108,28 +104,7 @@ async fn metrics(ns: &NetNs, proxy: &Proxy) -> Metrics {
 
 #[tokio::test]
 async fn a_client_in_pod_a_reaches_a_service_in_pod_b_through_both_proxies() {
-    let made = (|| {
-        let node = NetNs::empty()?;
-        let a = NetNs::empty()?;
-        let b = NetNs::empty()?;
-        a.link(
-            "eth0",
-            &format!("{POD_A}/24"),
-            &b,
-            "eth0",
-            &format!("{POD_B}/24"),
-        )?;
-        // Services are virtual: their addresses are routed out of the pod
-        // as on a node, and never get there (the proxy takes them first).
-        a.route(&["10.96.0.0/12", "dev", "eth0"])?;
-        b.route(&["10.96.0.0/12", "dev", "eth0"])?;
-        let (n, p) = NODE_TO_A;
-        node.link("to-a", &format!("{n}/30"), &a, "node", &format!("{p}/30"))?;
-        let (n, p) = NODE_TO_B;
-        node.link("to-b", &format!("{n}/30"), &b, "node", &format!("{p}/30"))?;
-        Ok::<_, String>((node, a, b))
-    })();
-    let (node, a, b) = match made {
+    let (node, a, b) = match two_pods() {
         Ok(namespaces) => namespaces,
         Err(why) => return cannot_run("ballast init two-pod", &why),
     };

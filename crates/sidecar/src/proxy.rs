@@ -218,7 +218,8 @@ pub struct Args {
 
     /// The destination controller's identity (default: the `linkerd-destination`
     /// service account's). With identity enabled, the controller is dialled in
-    /// TLS verifying this name, except at a loopback address when no name is given.
+    /// TLS verifying this name, except at a loopback address when no name is given;
+    /// an empty value dials it in plaintext.
     #[arg(long, env = "BALLAST_PROXY_DESTINATION_SERVER_NAME")]
     destination_server_name: Option<String>,
 
@@ -638,6 +639,7 @@ fn control_tls(
         &args.identity_trust_domain,
     );
     let server_name = match &args.destination_server_name {
+        Some(n) if n.is_empty() => return Ok(None),
         Some(n) => IdentityName::parse(n).map_err(|e| anyhow::anyhow!("--destination-server-name {n:?}: {e}"))?,
         None if ballast_proxy::identity::is_loopback(&args.destination_addr) => return Ok(None),
         None => IdentityName::for_service_account("linkerd-destination", ns, ns, td)

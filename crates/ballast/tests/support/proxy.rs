@@ -627,6 +627,38 @@ pub mod netns {
     /// The uid the proxy runs as, and whose connections are not redirected.
     pub const PROXY_UID: u32 = 65534;
 
+    pub const POD_A: &str = "10.244.0.2";
+    pub const POD_B: &str = "10.244.0.3";
+    pub const CLUSTER_IP: &str = "10.96.0.10";
+    /// The node's side and each pod's side of the pod-to-node links.
+    pub const NODE_TO_A: (&str, &str) = ("10.245.1.1", "10.245.1.2");
+    pub const NODE_TO_B: (&str, &str) = ("10.245.2.1", "10.245.2.2");
+
+    /// A "node" namespace and two "pods" joined by a veth pair (`eth0`,
+    /// [`POD_A`] and [`POD_B`]), each pod linked to the node (`node`), with
+    /// service addresses routed out of `eth0`; or why not.
+    pub fn two_pods() -> Result<(NetNs, NetNs, NetNs), String> {
+        let node = NetNs::empty()?;
+        let a = NetNs::empty()?;
+        let b = NetNs::empty()?;
+        a.link(
+            "eth0",
+            &format!("{POD_A}/24"),
+            &b,
+            "eth0",
+            &format!("{POD_B}/24"),
+        )?;
+        // Services are virtual: their addresses are routed out of the pod
+        // as on a node, and never get there (the proxy takes them first).
+        a.route(&["10.96.0.0/12", "dev", "eth0"])?;
+        b.route(&["10.96.0.0/12", "dev", "eth0"])?;
+        let (n, p) = NODE_TO_A;
+        node.link("to-a", &format!("{n}/30"), &a, "node", &format!("{p}/30"))?;
+        let (n, p) = NODE_TO_B;
+        node.link("to-b", &format!("{n}/30"), &b, "node", &format!("{p}/30"))?;
+        Ok((node, a, b))
+    }
+
     /// A network namespace with its loopback up, removed when dropped
     /// (after the processes in it, which must be dropped first).
     pub struct NetNs {
