@@ -1,5 +1,6 @@
 //! `ballast destination`: flags, then wiring of source, store, gRPC and admin.
 
+use crate::controller;
 use anyhow::Context;
 use ballast_admin::{AdminServer, AdminState, Readiness};
 use ballast_destination::{
@@ -20,7 +21,7 @@ use ballast_meshtls::{
 };
 use clap::Args as ClapArgs;
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
-use tokio::{net::TcpListener, sync::watch};
+use tokio::sync::watch;
 
 #[derive(ClapArgs)]
 #[command(
@@ -225,7 +226,7 @@ fn own_identity(
             IdentityName::parse(n)
                 .map_err(|e| anyhow::anyhow!("--identity-server-name {n:?}: {e}"))?,
         ),
-        None if is_loopback(&args.identity_addr) => None,
+        None if ballast_meshtls::io::is_loopback(&args.identity_addr) => None,
         None => Some(
             IdentityName::for_service_account("linkerd-identity", ns, ns, td)
                 .map_err(|e| anyhow::anyhow!("no identity service name: {e}"))?,
@@ -258,34 +259,13 @@ fn own_identity(
     )))
 }
 
-/// `127.0.0.1:8080`, `[::1]:8080`, `localhost:8080`.
-fn is_loopback(addr: &str) -> bool {
-    match addr.parse::<SocketAddr>() {
-        Ok(a) => a.ip().is_loopback(),
-        Err(_) => addr
-            .rsplit_once(':')
-            .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost")),
-    }
-}
-
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let default_opaque_ports = PortSet::parse(&args.default_opaque_ports)
         .map_err(|e| anyhow::anyhow!("--default-opaque-ports: {e}"))?;
-    let grpc = TcpListener::bind(args.addr)
-        .await
-        .with_context(|| format!("cannot listen on --addr {}", args.addr))?;
-    let admin = TcpListener::bind(args.admin_addr)
-        .await
-        .with_context(|| format!("cannot listen on --admin-addr {}", args.admin_addr))?;
-    tracing::info!("destination gRPC listening on {}", grpc.local_addr()?);
-    tracing::info!("admin listening on {}", admin.local_addr()?);
+    let (grpc, admin) = controller::listeners("destination", args.addr, args.admin_addr).await?;
 
     let metrics = Metrics::default();
-    let mut registry = prometheus_client::registry::Registry::default();
-    metrics.register(&mut registry);
-    ballast_admin::register_memory_metrics(&mut registry);
-    ballast_admin::register_process_metrics(&mut registry);
-    let _sampler = ballast_admin::spawn_memory_sampler();
+    let (registry, _sampler) = controller::registry(|r| metrics.register(r));
 
     let store = Store::new(
         Index::new(IndexConfig {
@@ -294,9 +274,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         metrics,
     );
     let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
 
     let own = own_identity(&args)?;
     let ready_store = store.clone();
@@ -307,8 +284,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             ready_store.is_ready() && ready_cert.as_ref().is_none_or(|c| c.is_ready())
         }),
     );
-    let admin_task =
-        tokio::spawn(AdminServer::new(admin_state).serve(admin, stopped(stop_rx.clone())));
+    let admin_task = tokio::spawn(
+        AdminServer::new(admin_state).serve(admin, controller::stopped(stop_rx.clone())),
+    );
 
     let mut source = match args.manifests.clone() {
         Some(dir) => {
@@ -317,7 +295,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 max_file_bytes: args.manifests_max_file_bytes,
                 ..ManifestsConfig::new(dir)
             };
-            let run = manifests::run(config, store.clone(), stopped(stop_rx.clone()));
+            let run = manifests::run(config, store.clone(), controller::stopped(stop_rx.clone()));
             tokio::spawn(async move { run.await.map_err(anyhow::Error::new) })
         }
         None => {
@@ -336,7 +314,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 .await
                 .context("cannot set up the Kubernetes client (or pass --manifests DIR to run without a cluster)")?;
             tracing::info!("source: Kubernetes API");
-            let run = kube_source::run(config, client, store.clone(), stopped(stop_rx.clone()));
+            let run = kube_source::run(
+                config,
+                client,
+                store.clone(),
+                controller::stopped(stop_rx.clone()),
+            );
             tokio::spawn(async move { run.await.map_err(anyhow::Error::new) })
         }
     };
@@ -368,7 +351,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let service = DestinationService::new(store.clone(), config, stop_rx.clone());
     let tls = own.map(|(config, _)| config);
-    let mut grpc_task = tokio::spawn(server::serve(grpc, tls, service, stopped(stop_rx.clone())));
+    let mut grpc_task = tokio::spawn(server::serve(
+        grpc,
+        tls,
+        service,
+        controller::stopped(stop_rx.clone()),
+    ));
 
     let outcome: anyhow::Result<()> = tokio::select! {
         _ = ballast_sidecar::signal::shutdown() => Ok(()),

@@ -2,6 +2,7 @@
 //! check, the Certify server (TLS with its own identity, or plaintext, per
 //! connection) and admin; `ballast identity generate`.
 
+use crate::controller;
 use anyhow::Context;
 use ballast_admin::{AdminServer, AdminState, Readiness};
 use ballast_flags::{count, GRACE, MANY, TIMEOUT};
@@ -19,7 +20,7 @@ use ballast_meshtls::{
 };
 use clap::{Args as ClapArgs, Subcommand};
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
-use tokio::{net::TcpListener, sync::watch};
+use tokio::sync::watch;
 
 #[derive(ClapArgs)]
 #[command(
@@ -231,21 +232,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     };
 
-    let grpc = TcpListener::bind(args.addr)
-        .await
-        .with_context(|| format!("cannot listen on --addr {}", args.addr))?;
-    let admin = TcpListener::bind(args.admin_addr)
-        .await
-        .with_context(|| format!("cannot listen on --admin-addr {}", args.admin_addr))?;
-    tracing::info!("identity gRPC listening on {}", grpc.local_addr()?);
-    tracing::info!("admin listening on {}", admin.local_addr()?);
+    let (grpc, admin) = controller::listeners("identity", args.addr, args.admin_addr).await?;
 
     let metrics = Metrics::default();
-    let mut registry = prometheus_client::registry::Registry::default();
-    metrics.register(&mut registry);
-    ballast_admin::register_memory_metrics(&mut registry);
-    ballast_admin::register_process_metrics(&mut registry);
-    let _sampler = ballast_admin::spawn_memory_sampler();
+    let (registry, _sampler) = controller::registry(|r| metrics.register(r));
 
     let config = IdentityConfig {
         sign: SignConfig {
@@ -263,9 +253,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let service = IdentityService::new(config, validator, metrics);
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
 
     let files = IssuerFiles {
         dir: issuer_dir,
@@ -292,7 +279,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         files,
         Some((own_name.clone(), own_store.clone())),
         args.reload_interval,
-        stopped(stop_rx.clone()),
+        controller::stopped(stop_rx.clone()),
     ));
 
     let ready = service.clone();
@@ -300,8 +287,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Arc::new(registry),
         Readiness::from_fn(move || ready.status().is_ready()),
     );
-    let admin_task =
-        tokio::spawn(AdminServer::new(admin_state).serve(admin, stopped(stop_rx.clone())));
+    let admin_task = tokio::spawn(
+        AdminServer::new(admin_state).serve(admin, controller::stopped(stop_rx.clone())),
+    );
 
     let incoming = tls_server::incoming(
         grpc,
@@ -322,7 +310,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .http2_max_header_list_size(16 * 1024)
         .timeout(Duration::from_secs(30))
         .add_service(service.server())
-        .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
+        .serve_with_incoming_shutdown(incoming, controller::stopped(stop_rx.clone()));
     let mut grpc_task = tokio::spawn(server);
 
     let outcome: anyhow::Result<()> = tokio::select! {

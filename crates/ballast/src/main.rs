@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod backend;
+mod controller;
 mod demo;
 mod destination;
 mod diagnostics;

@@ -26,14 +26,21 @@ fn manifests(dir: &std::path::Path) {
     );
 }
 
-#[tokio::test]
-async fn certifies_what_linkerd_certifies_and_refuses_the_rest() {
+/// A PKI, token Secrets for `web` and `db` in `shop`, and the identity
+/// controller on them (ready).
+async fn started(extra: &[&str]) -> (tempfile::TempDir, Pki, IdentityCa) {
     let tmp = tempfile::tempdir().unwrap();
     let pki = Pki::generate(&tmp.path().join("pki")).await;
     let m = tmp.path().join("manifests");
     std::fs::create_dir_all(&m).unwrap();
     manifests(&m);
-    let ca = IdentityCa::start(&pki, &m, &[]).await;
+    let ca = IdentityCa::start(&pki, &m, extra).await;
+    (tmp, pki, ca)
+}
+
+#[tokio::test]
+async fn certifies_what_linkerd_certifies_and_refuses_the_rest() {
+    let (_tmp, pki, ca) = started(&[]).await;
     let mut client = plaintext_client(ca.grpc).await;
 
     let web = identity("web", "shop");
@@ -113,12 +120,7 @@ async fn certifies_what_linkerd_certifies_and_refuses_the_rest() {
 
 #[tokio::test]
 async fn serves_tls_as_its_own_identity() {
-    let tmp = tempfile::tempdir().unwrap();
-    let pki = Pki::generate(&tmp.path().join("pki")).await;
-    let m = tmp.path().join("manifests");
-    std::fs::create_dir_all(&m).unwrap();
-    manifests(&m);
-    let ca = IdentityCa::start(&pki, &m, &[]).await;
+    let (tmp, pki, ca) = started(&[]).await;
 
     let mut client = tls_client(ca.grpc, pki.roots(), controller_identity())
         .await
@@ -153,12 +155,7 @@ async fn serves_tls_as_its_own_identity() {
 
 #[tokio::test]
 async fn rotates_the_issuer_and_refuses_one_that_does_not_chain() {
-    let tmp = tempfile::tempdir().unwrap();
-    let pki = Pki::generate(&tmp.path().join("pki")).await;
-    let m = tmp.path().join("manifests");
-    std::fs::create_dir_all(&m).unwrap();
-    manifests(&m);
-    let ca = IdentityCa::start(&pki, &m, &[]).await;
+    let (tmp, pki, ca) = started(&[]).await;
     let mut client = plaintext_client(ca.grpc).await;
     let web = identity("web", "shop");
     let issuer_of = |rsp: &linkerd2_proxy_api::identity::CertifyResponse| {
@@ -217,12 +214,7 @@ async fn rotates_the_issuer_and_refuses_one_that_does_not_chain() {
 
 #[tokio::test]
 async fn a_client_over_its_rate_is_refused_and_others_are_not() {
-    let tmp = tempfile::tempdir().unwrap();
-    let pki = Pki::generate(&tmp.path().join("pki")).await;
-    let m = tmp.path().join("manifests");
-    std::fs::create_dir_all(&m).unwrap();
-    manifests(&m);
-    let ca = IdentityCa::start(&pki, &m, &["--client-burst", "3", "--client-rate", "0.01"]).await;
+    let (_tmp, _pki, ca) = started(&["--client-burst", "3", "--client-rate", "0.01"]).await;
     let mut client = plaintext_client(ca.grpc).await;
     let web = identity("web", "shop");
     let mut codes = Vec::new();
@@ -238,4 +230,22 @@ async fn a_client_over_its_rate_is_refused_and_others_are_not() {
     }
     assert_eq!(&codes[..3], &[Code::Ok; 3]);
     assert_eq!(&codes[3..], &[Code::ResourceExhausted; 2]);
+
+    // Another client address has its own budget.
+    let grpc = ca.grpc;
+    let connector = tower::service_fn(move |_: http::Uri| async move {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind("127.0.0.2:0".parse().unwrap())?;
+        socket.connect(grpc).await.map(hyper_util::rt::TokioIo::new)
+    });
+    let channel = tonic::transport::Endpoint::from_static("http://identity.invalid")
+        .connect_with_connector(connector)
+        .await
+        .expect("connect from 127.0.0.2");
+    let mut other = linkerd2_proxy_api::identity::identity_client::IdentityClient::new(channel);
+    let (_, req) = request(&web, "tok-web");
+    other
+        .certify(req)
+        .await
+        .expect("another client is not limited");
 }

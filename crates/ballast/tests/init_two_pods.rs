@@ -20,7 +20,7 @@ use support::{
             cannot_run, preflight, two_pods, NetNs, CLUSTER_IP, NODE_TO_A, NODE_TO_B, POD_B,
             PROXY_UID,
         },
-        Cluster, Logged, Metrics, Proxy,
+        Cluster, Logged, Proxy,
     },
 };
 
@@ -78,28 +78,10 @@ async fn app(ns: &NetNs, name: &str) -> (Logged, u16) {
     (process, addr.port())
 }
 
-/// Starts the pod's proxy as [`PROXY_UID`] on init's default ports.
+/// Starts the pod's proxy (no identity).
 async fn proxy(ns: &NetNs, destination: SocketAddr) -> Proxy {
-    let mut cmd = ns.command_as_proxy_user(&ns.bin);
-    cmd.arg("proxy")
-        .args(["--destination-addr", &destination.to_string()])
-        .arg("--identity-disabled")
-        .args(["--outbound-addr", "127.0.0.1:4140"])
-        .args(["--inbound-addr", "0.0.0.0:4143"])
-        .args(["--admin-addr", "127.0.0.1:4191"])
-        .args(["--pod-namespace", support::proxy::NS]);
-    let proxy = Proxy::from_command(cmd, 0).await;
-    ns.wait_for_200(&format!("http://{}/ready", proxy.admin))
-        .await;
-    proxy
-}
-
-async fn metrics(ns: &NetNs, proxy: &Proxy) -> Metrics {
-    let answer = ns
-        .curl(&format!("http://{}/metrics", proxy.admin))
+    ns.start_proxy(&destination.to_string(), &["--identity-disabled"])
         .await
-        .unwrap_or_else(|e| panic!("the proxy's /metrics: {e}"));
-    Metrics::parse(&answer.text())
 }
 
 #[tokio::test]
@@ -163,7 +145,7 @@ async fn a_client_in_pod_a_reaches_a_service_in_pod_b_through_both_proxies() {
     }
 
     // Proxy A carried them out, by service...
-    let m = metrics(&a, &proxy_a).await;
+    let m = a.metrics(&proxy_a).await;
     let outbound = m.sum(
         "request_total",
         &[("direction", "outbound"), ("dst_service", "web")],
@@ -175,7 +157,7 @@ async fn a_client_in_pod_a_reaches_a_service_in_pod_b_through_both_proxies() {
     );
     // ...and proxy B took them in (the app's port on 127.0.0.1 only gets
     // there through it; curl's connections are all in pod A).
-    let m = metrics(&b, &proxy_b).await;
+    let m = b.metrics(&proxy_b).await;
     let connections = m.sum(
         "tcp_open_total",
         &[("direction", "inbound"), ("peer", "src")],

@@ -16,7 +16,7 @@ use support::{
     identity::{identity, token_secret, Pki},
     proxy::{
         netns::{cannot_run, two_pods, NetNs, CLUSTER_IP, NODE_TO_A, NODE_TO_B, POD_B, PROXY_UID},
-        Logged, Metrics, Proxy, NS,
+        Logged, Proxy, NS,
     },
     write_atomic,
 };
@@ -27,8 +27,7 @@ fn readable_by_all(path: &Path) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
-/// The pod's proxy as [`PROXY_UID`] on init's default ports, with identity
-/// `sa` from the identity controller at `ca`.
+/// The pod's proxy with identity `sa` from the identity controller at `ca`.
 async fn proxy(
     ns: &NetNs,
     destination: &str,
@@ -37,30 +36,18 @@ async fn proxy(
     anchors: &Path,
     token: &Path,
 ) -> Proxy {
-    let mut cmd = ns.command_as_proxy_user(&ns.bin);
-    cmd.arg("proxy")
-        .args(["--destination-addr", destination])
-        .args(["--outbound-addr", "127.0.0.1:4140"])
-        .args(["--inbound-addr", "0.0.0.0:4143"])
-        .args(["--admin-addr", "127.0.0.1:4191"])
-        .args(["--pod-namespace", NS, "--pod-service-account", sa])
-        .args(["--identity-addr", ca])
-        .arg("--identity-trust-anchors")
-        .arg(anchors)
-        .arg("--identity-token-file")
-        .arg(token);
-    let proxy = Proxy::from_command(cmd, 0).await;
-    ns.wait_for_200(&format!("http://{}/ready", proxy.admin))
-        .await;
-    proxy
-}
-
-async fn metrics(ns: &NetNs, proxy: &Proxy) -> Metrics {
-    let answer = ns
-        .curl(&format!("http://{}/metrics", proxy.admin))
-        .await
-        .unwrap_or_else(|e| panic!("the proxy's /metrics: {e}"));
-    Metrics::parse(&answer.text())
+    let (anchors, token) = (anchors.display().to_string(), token.display().to_string());
+    let flags = [
+        "--pod-service-account",
+        sa,
+        "--identity-addr",
+        ca,
+        "--identity-trust-anchors",
+        &anchors,
+        "--identity-token-file",
+        &token,
+    ];
+    ns.start_proxy(destination, &flags).await
 }
 
 #[tokio::test]
@@ -269,7 +256,7 @@ async fn pods_talk_mutual_tls_on_the_wire() {
     assert!(!has(b"HTTP/1.1"), "HTTP crossed the wire in clear");
 
     let (web_a, web_b) = (identity("web-a", NS), identity("web-b", NS));
-    let m = metrics(&a, &proxy_a).await;
+    let m = a.metrics(&proxy_a).await;
     assert!(
         m.sum(
             "tcp_open_total",
@@ -282,7 +269,7 @@ async fn pods_talk_mutual_tls_on_the_wire() {
         "{}",
         m.text
     );
-    let m = metrics(&b, &proxy_b).await;
+    let m = b.metrics(&proxy_b).await;
     assert!(
         m.sum(
             "tcp_open_total",

@@ -204,6 +204,10 @@ async fn world(ca_flags: &[&str], proxy_flags: &[&str]) -> World {
     );
     let args: Vec<&str> = client_flags.iter().map(String::as_str).collect();
     let client = Proxy::start(controller.grpc, &args).await;
+    eventually("a 200 through both proxies", || async {
+        (get(&client, "/").await.ok()?.status == StatusCode::OK).then_some(())
+    })
+    .await;
     World {
         tmp_path: tmp.path().to_owned(),
         _tmp: tmp,
@@ -227,11 +231,8 @@ async fn get(proxy: &Proxy, path: &str) -> Result<support::proxy::Answer, String
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn meshed_traffic_is_mutual_tls_and_names_both_ends() {
     let w = world(&[], &[]).await;
-    let answer = eventually("a 200 through both proxies", || async {
-        let a = get(&w.client, "/secret-path").await.ok()?;
-        (a.status == StatusCode::OK).then_some(a)
-    })
-    .await;
+    let answer = get(&w.client, "/secret-path").await.unwrap();
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
     let web = identity("web", NS);
     let api = identity("api", NS);
     assert_eq!(answer.text(), format!("client={web} path=/secret-path"));
@@ -363,10 +364,6 @@ fn leaf(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_with_the_wrong_identity_another_ca_or_an_expired_certificate_is_refused() {
     let w = world(&[], &[]).await;
-    eventually("a 200 through both proxies", || async {
-        (get(&w.client, "/").await.ok()?.status == StatusCode::OK).then_some(())
-    })
-    .await;
     let api = identity("api", NS).to_string();
     let now = SystemTime::now();
     let day = Duration::from_secs(86_400);
@@ -468,10 +465,6 @@ async fn the_issuer_rotates_under_steady_load_with_no_failed_request() {
         &["--identity-min-refresh", "1s"],
     )
     .await;
-    eventually("a 200 through both proxies", || async {
-        (get(&w.client, "/").await.ok()?.status == StatusCode::OK).then_some(())
-    })
-    .await;
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let load = steady_load(w.client.outbound, stop);
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -505,10 +498,6 @@ async fn proxies_ride_out_the_identity_controller_being_down_and_renew_when_it_r
     // Certificates of 30 s: renewal falls due after about 21 s.
     let ca_flags = ["--issuance-lifetime", "30s", "--clock-skew-allowance", "0s"];
     let mut w = world(&ca_flags, &["--identity-min-refresh", "1s"]).await;
-    eventually("a 200 through both proxies", || async {
-        (get(&w.client, "/").await.ok()?.status == StatusCode::OK).then_some(())
-    })
-    .await;
     let ca_addr = w.ca.grpc;
     let renewed = (
         refreshed(&w.client, "ok").await,

@@ -343,22 +343,21 @@ mod tests {
         }
     }
 
+    /// A leaf for `name` on a fresh key, signed at `now`.
+    fn sign(issuer: &Issuer, name: &IdentityName, now: SystemTime) -> Signed {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let spki = rcgen::PublicKeyData::subject_public_key_info(&key);
+        issuer.sign_at(&spki, name, &sign_config(), now).unwrap()
+    }
+
     #[test]
     fn signs_leaves_that_verify_for_their_name() {
         let g = generate(&GenerateConfig::default()).unwrap();
         let now = SystemTime::now();
         let issuer = Issuer::load(&g.raw(), now).unwrap();
-        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
         let name =
             IdentityName::parse("web.shop.serviceaccount.identity.linkerd.cluster.local").unwrap();
-        let s = issuer
-            .sign_at(
-                &rcgen::PublicKeyData::subject_public_key_info(&key),
-                &name,
-                &sign_config(),
-                now,
-            )
-            .unwrap();
+        let s = sign(&issuer, &name, now);
         let mut chain = vec![s.leaf.clone()];
         chain.extend(s.intermediates.clone());
         tls::verify_server_chain(issuer.roots(), &chain, &name, now).unwrap();
@@ -386,17 +385,9 @@ mod tests {
         .unwrap();
         let now = SystemTime::now();
         let issuer = Issuer::load(&g.raw(), now).unwrap();
-        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
         let name =
             IdentityName::parse("a.b.serviceaccount.identity.linkerd.cluster.local").unwrap();
-        let s = issuer
-            .sign_at(
-                &rcgen::PublicKeyData::subject_public_key_info(&key),
-                &name,
-                &sign_config(),
-                now,
-            )
-            .unwrap();
+        let s = sign(&issuer, &name, now);
         assert!(s.not_after <= issuer.info.not_after);
     }
 

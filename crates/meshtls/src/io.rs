@@ -92,3 +92,39 @@ pub async fn connect(
         }
     }
 }
+
+/// Whether a control-plane address (`HOST:PORT`) is on this host:
+/// `127.0.0.1:8080`, `[::1]:8080`, `localhost:8080`. Linkerd dials those in
+/// plaintext.
+pub fn is_loopback(addr: &str) -> bool {
+    match addr.parse::<std::net::SocketAddr>() {
+        Ok(a) => a.ip().is_loopback(),
+        Err(_) => addr
+            .rsplit_once(':')
+            .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn loopback_addresses() {
+        for a in [
+            "127.0.0.1:8080",
+            "127.9.9.9:1",
+            "[::1]:8080",
+            "localhost:8080",
+            "LOCALHOST:1",
+        ] {
+            assert!(super::is_loopback(a), "{a}");
+        }
+        for a in [
+            "10.0.0.1:8080",
+            "linkerd-identity.linkerd.svc:8080",
+            "localhost.example:1",
+            "[::2]:1",
+        ] {
+            assert!(!super::is_loopback(a), "{a}");
+        }
+    }
+}

@@ -181,12 +181,3 @@ pub fn start(config: IdentityConfig, metrics: IdentityMetrics) -> Result<Arc<Mes
     ));
     Ok(mesh)
 }
-
-/// `127.0.0.1:8080`, `[::1]:8080`, `localhost:8080`.
-pub fn is_loopback(addr: &str) -> bool {
-    if let Ok(a) = addr.parse::<std::net::SocketAddr>() {
-        return a.ip().is_loopback();
-    }
-    addr.rsplit_once(':')
-        .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost"))
-}

@@ -201,11 +201,16 @@ impl Pipeline {
                 },
             )
             .await;
-        let (peek, prefix) = match decided {
-            Ok((Some(p), prefix)) => (p, prefix),
+        let (peek, prefix, opaque) = match decided {
+            Ok((Some(p), prefix)) => (p, prefix, opaque),
             // Closed, timed out or over the bound before deciding: whatever
-            // was read is served as plaintext (detection decides on it).
-            Ok((None, prefix)) => (hello::Peek::NotTls, prefix),
+            // was read is served as plaintext (detection decides on it). A
+            // client that sent nothing waits for its server (a server-first
+            // protocol): served as opaque, not made to wait a second time.
+            Ok((None, prefix)) => {
+                let silent = prefix.is_empty();
+                (hello::Peek::NotTls, prefix, opaque || silent)
+            }
             Err(_) => return None,
         };
         let name = match peek {

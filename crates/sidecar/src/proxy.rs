@@ -606,7 +606,7 @@ fn identity(
         token_file: args.identity_token_file.clone(),
         addr: args.identity_addr.clone(),
         tls_to_identity: args.identity_server_name.is_some()
-            || !ballast_proxy::identity::is_loopback(&args.identity_addr),
+            || !ballast_meshtls::io::is_loopback(&args.identity_addr),
         server_name,
         min_refresh: args.identity_min_refresh,
         max_refresh: args.identity_max_refresh,
@@ -641,7 +641,7 @@ fn control_tls(
     let server_name = match &args.destination_server_name {
         Some(n) if n.is_empty() => return Ok(None),
         Some(n) => IdentityName::parse(n).map_err(|e| anyhow::anyhow!("--destination-server-name {n:?}: {e}"))?,
-        None if ballast_proxy::identity::is_loopback(&args.destination_addr) => return Ok(None),
+        None if ballast_meshtls::io::is_loopback(&args.destination_addr) => return Ok(None),
         None => IdentityName::for_service_account("linkerd-destination", ns, ns, td)
             .map_err(|e| anyhow::anyhow!("--identity-controller-namespace and --identity-trust-domain make no identity name: {e}"))?,
     };

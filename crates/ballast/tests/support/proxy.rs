@@ -885,6 +885,32 @@ pub mod netns {
             Ok(())
         }
 
+        /// The pod's proxy as [`PROXY_UID`] on init's default ports,
+        /// resolving through `destination`, with `extra` flags; ready.
+        pub async fn start_proxy(&self, destination: &str, extra: &[&str]) -> super::Proxy {
+            let mut cmd = self.command_as_proxy_user(&self.bin);
+            cmd.arg("proxy")
+                .args(["--destination-addr", destination])
+                .args(["--outbound-addr", "127.0.0.1:4140"])
+                .args(["--inbound-addr", "0.0.0.0:4143"])
+                .args(["--admin-addr", "127.0.0.1:4191"])
+                .args(["--pod-namespace", super::NS])
+                .args(extra);
+            let proxy = super::Proxy::from_command(cmd, 0).await;
+            self.wait_for_200(&format!("http://{}/ready", proxy.admin))
+                .await;
+            proxy
+        }
+
+        /// `proxy`'s /metrics, read from inside the namespace.
+        pub async fn metrics(&self, proxy: &super::Proxy) -> super::Metrics {
+            let answer = self
+                .curl(&format!("http://{}/metrics", proxy.admin))
+                .await
+                .unwrap_or_else(|e| panic!("the proxy's /metrics: {e}"));
+            super::Metrics::parse(&answer.text())
+        }
+
         /// One request by curl run inside the namespace (an unmodified
         /// client, which knows nothing of the proxy).
         pub async fn curl(&self, url: &str) -> Result<Answer, String> {

@@ -349,6 +349,19 @@ mod tests {
         Metrics::register(&mut Registry::default())
     }
 
+    fn plain_dialer() -> Dialer {
+        Dialer::plain(Duration::from_secs(5), Direction::outbound)
+    }
+
+    fn open_dst(metrics: &Arc<Metrics>, tls: TlsLabels) -> TcpMetrics {
+        TcpMetrics::open(
+            metrics,
+            Peer::dst,
+            DstLabels::unknown(Direction::outbound),
+            tls,
+        )
+    }
+
     #[tokio::test]
     async fn concurrent_requests_for_a_cold_endpoint_share_one_http2_connect() {
         let (addr, accepted) = holding_listener().await;
@@ -360,17 +373,11 @@ mod tests {
         for _ in 0..50 {
             let (conns, config, metrics) = (conns.clone(), config.clone(), metrics.clone());
             tasks.push(tokio::spawn(async move {
-                let tcp = |tls| {
-                    TcpMetrics::open(
-                        &metrics,
-                        Peer::dst,
-                        DstLabels::unknown(Direction::outbound),
-                        tls,
-                    )
-                };
-                let dialer = Dialer::plain(Duration::from_secs(5), Direction::outbound);
+                let dialer = plain_dialer();
                 conns
-                    .h2((&dialer, &Endpoint::bare(addr)), &config, deadline, tcp)
+                    .h2((&dialer, &Endpoint::bare(addr)), &config, deadline, |tls| {
+                        open_dst(&metrics, tls)
+                    })
                     .await
                     .map(|_| ())
             }));
@@ -391,15 +398,8 @@ mod tests {
         let metrics = metrics();
         let conns = EndpointConns::new(metrics.clone());
         let config = pool(2);
-        let tcp = |tls| {
-            TcpMetrics::open(
-                &metrics,
-                Peer::dst,
-                DstLabels::unknown(Direction::outbound),
-                tls,
-            )
-        };
-        let dialer = Dialer::plain(Duration::from_secs(5), Direction::outbound);
+        let tcp = |tls| open_dst(&metrics, tls);
+        let dialer = plain_dialer();
         let ep = Endpoint::bare(addr);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         let mut held = Vec::new();
