@@ -14,6 +14,57 @@ use super::status::{self, failure, json_response, Body};
 use super::store::{Key, ReadError};
 use super::{lock, watch, RequestRecord, Shared};
 
+const TOKEN_REVIEWS: &str = "/apis/authentication.k8s.io/v1/tokenreviews";
+
+/// Reviews a token as the API server's authenticator does for bound
+/// service-account tokens.
+async fn token_review(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
+    use http_body_util::BodyExt;
+    let limited = http_body_util::Limited::new(req.into_body(), 64 * 1024);
+    let body = match limited.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return failure(400, &format!("cannot read the body: {e}")),
+    };
+    let review: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return failure(400, &format!("not a TokenReview: {e}")),
+    };
+    let token = review["spec"]["token"].as_str().unwrap_or("");
+    let wanted: Vec<String> = review["spec"]["audiences"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    let known = lock(&shared.tokens).get(token).cloned();
+    let status = match known {
+        None => json!({"authenticated": false, "error": "invalid bearer token"}),
+        Some((username, audiences)) => {
+            let ok = wanted.is_empty() || wanted.iter().any(|w| audiences.contains(w));
+            if ok {
+                json!({"authenticated": true, "user": {"username": username}, "audiences": audiences})
+            } else {
+                json!({
+                    "authenticated": false,
+                    "error": format!("[invalid bearer token, token audiences {audiences:?} is invalid for the target audiences {wanted:?}]")
+                })
+            }
+        }
+    };
+    json_response(
+        201,
+        &json!({
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "metadata": {"creationTimestamp": null},
+            "spec": review["spec"],
+            "status": status,
+        }),
+    )
+}
+
 /// The query parameters the list and watch verbs read.
 #[derive(Debug, Default)]
 pub(crate) struct Query {
@@ -129,6 +180,9 @@ pub(crate) async fn handle(
     let fault = *lock(&shared.fault);
     if let Some((code, retry_after)) = fault {
         return Ok(status::fault(code, retry_after));
+    }
+    if req.method() == Method::POST && path == TOKEN_REVIEWS {
+        return Ok(token_review(&shared, req).await);
     }
     if req.method() != Method::GET {
         return Ok(failure(

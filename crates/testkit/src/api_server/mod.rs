@@ -93,6 +93,8 @@ pub(crate) struct Shared {
     /// Bumped on every observable change, for [`ApiServer::wait_until`].
     pub changes: latest::Sender<u64>,
     pub open_watches: AtomicUsize,
+    /// Tokens `POST .../tokenreviews` authenticates: token to (username, audiences).
+    pub tokens: Mutex<std::collections::HashMap<String, (String, Vec<String>)>>,
 }
 
 impl Shared {
@@ -125,6 +127,11 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 ///   ends the stream cleanly.
 /// - **GET** of one object, `/version`, `/api`, `/apis`, `/api/v1`,
 ///   `/apis/discovery.k8s.io[/v1]`, `/healthz`.
+/// - **TokenReview** (`POST /apis/authentication.k8s.io/v1/tokenreviews`): tokens
+///   added with [`ApiServer::add_token`] authenticate as their user when the review
+///   asks for one of their audiences (or none); otherwise the answer carries the
+///   API server's `token audiences ... is invalid` error. Unknown tokens are not
+///   authenticated.
 ///
 /// Writes over HTTP are not served (405); tests change objects with [`ApiServer::apply`]
 /// and [`ApiServer::delete`]. All types share one resourceVersion counter, as etcd's
@@ -172,6 +179,7 @@ impl ApiServer {
             bookmark_interval: latest::Sender::new(settings.bookmark_interval),
             changes: latest::Sender::new(0),
             open_watches: AtomicUsize::new(0),
+            tokens: Mutex::new(std::collections::HashMap::new()),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         ApiServer {
@@ -179,6 +187,17 @@ impl ApiServer {
             shared,
             accept,
         }
+    }
+
+    /// A token that TokenReviews authenticate as `username` for `audiences`.
+    pub fn add_token(&self, token: &str, username: &str, audiences: &[&str]) {
+        lock(&self.shared.tokens).insert(
+            token.to_string(),
+            (
+                username.to_string(),
+                audiences.iter().map(|a| a.to_string()).collect(),
+            ),
+        );
     }
 
     /// The address the server listens on.
