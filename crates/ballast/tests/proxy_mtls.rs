@@ -557,3 +557,97 @@ async fn proxies_ride_out_the_identity_controller_being_down_and_renew_when_it_r
         ok + failed
     );
 }
+
+/// A real ClientHello for `name`, as a mesh client would send it.
+fn client_hello(name: &str) -> Vec<u8> {
+    let config = rustls::ClientConfig::builder_with_provider(ballast_meshtls::tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    let server = rustls::pki_types::ServerName::try_from(name.to_string()).unwrap();
+    let mut conn = rustls::ClientConnection::new(Arc::new(config), server).unwrap();
+    let mut hello = Vec::new();
+    conn.write_tls(&mut hello).unwrap();
+    hello
+}
+
+/// Whether the proxy closed `s` (EOF or reset) within the deadline.
+async fn closed(s: &mut TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + support::DEADLINE;
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_garbage_and_excess_handshakes_are_cut_and_counted() {
+    use tokio::io::AsyncWriteExt;
+    // Long enough that the stalled handshake still holds the slot when the
+    // excess one arrives on a busy machine.
+    let w = world(
+        &[],
+        &["--tls-handshake-timeout", "5s", "--max-tls-handshakes", "1"],
+    )
+    .await;
+    let inbound = w.server.inbound;
+    let hello = client_hello(identity("api", NS).as_str());
+    let errors = |error: &'static str| {
+        let server = &w.server;
+        async move {
+            server.metrics().await.sum(
+                "tls_errors_total",
+                &[("direction", "inbound"), ("error", error)],
+            )
+        }
+    };
+
+    // A ClientHello for the proxy, then nothing: cut at the handshake timeout.
+    let mut stalled = TcpStream::connect(inbound).await.unwrap();
+    stalled.write_all(&hello).await.unwrap();
+    // Meanwhile the one handshake slot is taken: another is shed at once.
+    eventually("the stalled handshake holds the slot", || async {
+        let m = w.server.metrics().await;
+        (m.sum("tls_handshakes_in_flight", &[]) >= 1.0).then_some(())
+    })
+    .await;
+    let mut excess = TcpStream::connect(inbound).await.unwrap();
+    excess.write_all(&hello).await.unwrap();
+    assert!(
+        closed(&mut excess).await,
+        "an excess handshake was not closed"
+    );
+    assert!(errors("shed").await >= 1.0);
+    assert!(
+        closed(&mut stalled).await,
+        "a stalled handshake was not cut"
+    );
+    assert!(errors("timeout").await >= 1.0);
+
+    // A ClientHello for the proxy, then garbage: a handshake error.
+    let mut garbage = TcpStream::connect(inbound).await.unwrap();
+    garbage.write_all(&hello).await.unwrap();
+    garbage
+        .write_all(&[0x17, 0x03, 0x03, 0x00, 0x10])
+        .await
+        .unwrap();
+    garbage.write_all(&[0xAB; 16]).await.unwrap();
+    assert!(
+        closed(&mut garbage).await,
+        "a garbage handshake was not closed"
+    );
+    eventually("the handshake error counted", || async {
+        (errors("handshake").await >= 1.0).then_some(())
+    })
+    .await;
+
+    // The proxy still serves.
+    let answer = get(&w.client, "/after").await.unwrap();
+    assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
+}
