@@ -179,8 +179,10 @@ struct GenerateArgs {
     /// Keep OUT/ca.crt and OUT/ca.key; write only a new issuer under them (rotation).
     #[arg(long)]
     rotate_issuer: bool,
+    /// The control plane's namespace: the issuer is `identity.NS.TRUST_DOMAIN`, the anchor `root.NS.TRUST_DOMAIN`.
     #[arg(long, default_value = "linkerd")]
     controller_namespace: String,
+    /// The trust domain, the last part of the certificates' names.
     #[arg(long, default_value = "cluster.local")]
     trust_domain: String,
     /// Lifetime of the issuer certificate.
