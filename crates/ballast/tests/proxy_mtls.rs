@@ -447,6 +447,30 @@ fn steady_load(
     })
 }
 
+/// Stops the load and asserts that it was answered, every request.
+async fn no_failed_request(
+    stop: tokio::sync::watch::Sender<bool>,
+    load: tokio::task::JoinHandle<(u64, u64, Option<String>)>,
+) {
+    let _ = stop.send(true);
+    let (ok, failed, first) = load.await.unwrap();
+    assert!(ok > 10, "only {ok} requests answered");
+    assert_eq!(
+        failed,
+        0,
+        "{failed} of {} requests failed; the first: {first:?}",
+        ok + failed
+    );
+}
+
+/// Successful renewals of the client and the server proxy.
+async fn refreshed_both(w: &World) -> (f64, f64) {
+    (
+        refreshed(&w.client, "ok").await,
+        refreshed(&w.server, "ok").await,
+    )
+}
+
 async fn refreshed_total(p: &Proxy) -> f64 {
     p.metrics().await.sum("identity_cert_refresh_total", &[])
 }
@@ -468,29 +492,15 @@ async fn the_issuer_rotates_under_steady_load_with_no_failed_request() {
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let load = steady_load(w.client.outbound, stop);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let before = (
-        refreshed(&w.client, "ok").await,
-        refreshed(&w.server, "ok").await,
-    );
+    let before = refreshed_both(&w).await;
     w.pki.rotate_issuer().await;
     // Both proxies renew from the rotated issuer, then renew again.
     eventually("both proxies renewed twice after the rotation", || async {
-        let now = (
-            refreshed(&w.client, "ok").await,
-            refreshed(&w.server, "ok").await,
-        );
+        let now = refreshed_both(&w).await;
         (now.0 >= before.0 + 2.0 && now.1 >= before.1 + 2.0).then_some(())
     })
     .await;
-    let _ = stop_tx.send(true);
-    let (ok, failed, first) = load.await.unwrap();
-    assert!(ok > 10, "only {ok} requests answered");
-    assert_eq!(
-        failed,
-        0,
-        "{failed} of {} requests failed; the first: {first:?}",
-        ok + failed
-    );
+    no_failed_request(stop_tx, load).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -499,10 +509,7 @@ async fn proxies_ride_out_the_identity_controller_being_down_and_renew_when_it_r
     let ca_flags = ["--issuance-lifetime", "30s", "--clock-skew-allowance", "0s"];
     let mut w = world(&ca_flags, &["--identity-min-refresh", "1s"]).await;
     let ca_addr = w.ca.grpc;
-    let renewed = (
-        refreshed(&w.client, "ok").await,
-        refreshed(&w.server, "ok").await,
-    );
+    let renewed = refreshed_both(&w).await;
     w.ca.process.child.kill().await.unwrap();
     let _ = w.ca.process.child.wait().await;
 
@@ -540,22 +547,11 @@ async fn proxies_ride_out_the_identity_controller_being_down_and_renew_when_it_r
 
     w.ca = IdentityCa::spawn_at(&w.pki, &w.tokens, ca_addr, &ca_flags).await;
     eventually("both proxies renewed once it was back", || async {
-        let now = (
-            refreshed(&w.client, "ok").await,
-            refreshed(&w.server, "ok").await,
-        );
+        let now = refreshed_both(&w).await;
         (now.0 > renewed.0 && now.1 > renewed.1).then_some(())
     })
     .await;
-    let _ = stop_tx.send(true);
-    let (ok, failed, first) = load.await.unwrap();
-    assert!(ok > 10, "only {ok} requests answered");
-    assert_eq!(
-        failed,
-        0,
-        "{failed} of {} requests failed; the first: {first:?}",
-        ok + failed
-    );
+    no_failed_request(stop_tx, load).await;
 }
 
 /// A real ClientHello for `name`, as a mesh client would send it.
