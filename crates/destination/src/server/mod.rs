@@ -41,8 +41,8 @@ pub struct ServerConfig {
     /// Concurrent streams (Get and GetProfile together) before new ones are
     /// refused with `RESOURCE_EXHAUSTED`.
     pub max_streams: usize,
-    /// Open client connections; beyond it new ones wait in the listen
-    /// backlog.
+    /// Open client connections when serving TLS (the TLS acceptor's bound;
+    /// beyond it new ones wait in the listen backlog).
     pub max_connections: usize,
     /// Largest request message accepted.
     pub max_request_bytes: usize,
@@ -305,7 +305,7 @@ pub async fn serve(
         .await;
     let destination =
         DestinationServer::new(service).max_decoding_message_size(config.max_request_bytes);
-    tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(config.keepalive))
         .http2_keepalive_timeout(Some(config.keepalive * 2))
         .max_concurrent_streams(config.http2_max_concurrent_streams)
@@ -313,22 +313,32 @@ pub async fn serve(
         .http2_max_pending_accept_reset_streams(Some(config.http2_max_pending_accept_resets))
         .http2_max_header_list_size(config.http2_max_header_list_bytes)
         .add_service(health_service)
-        .add_service(destination)
-        .serve_with_incoming_shutdown(
-            // Updates are small and latency-bound: no Nagle delay (set by
-            // the acceptor). TCP keepalive finds peers that vanished
-            // without a FIN.
-            ballast_meshtls::server::incoming(
+        .add_service(destination);
+    // Updates are small and latency-bound: no Nagle delay. TCP keepalive
+    // finds peers that vanished without a FIN.
+    match tls {
+        None => {
+            let incoming = tonic::transport::server::TcpIncoming::from(listener)
+                .with_nodelay(Some(true))
+                .with_keepalive(Some(config.keepalive));
+            router
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await
+        }
+        Some(tls) => {
+            let incoming = ballast_meshtls::server::incoming(
                 listener,
-                tls,
+                Some(tls),
                 ballast_meshtls::server::ServeLimits {
                     max_connections: config.max_connections,
                     keepalive: Some(config.keepalive),
                     ..Default::default()
                 },
                 std::sync::Arc::new(ballast_meshtls::server::ServeStats::default()),
-            ),
-            shutdown,
-        )
-        .await
+            );
+            router
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await
+        }
+    }
 }
