@@ -178,7 +178,7 @@ pub struct Args {
 
     /// The identity service's identity; it is dialled in TLS verifying this
     /// name (default: the `linkerd-identity` service account's), except at a
-    /// loopback address when no name is given.
+    /// loopback address when no name is given; an empty value dials it in plaintext.
     #[arg(long, env = "BALLAST_DESTINATION_IDENTITY_SERVER_NAME")]
     identity_server_name: Option<String>,
 
@@ -209,50 +209,36 @@ pub struct Args {
 fn own_identity(
     args: &Args,
 ) -> anyhow::Result<Option<(Arc<rustls::ServerConfig>, Arc<CertStore>)>> {
-    let Some(path) = &args.identity_trust_anchors else {
+    let Some(anchors) = &args.identity_trust_anchors else {
         return Ok(None);
     };
-    let anchors = std::fs::read(path)
-        .with_context(|| format!("cannot read --identity-trust-anchors {}", path.display()))?;
-    let anchors = ballast_meshtls::pem::certificates(&anchors)
-        .map_err(|e| anyhow::anyhow!("--identity-trust-anchors {}: {e}", path.display()))?;
-    let roots = tls::root_store(&anchors)?;
+    let roots = tls::root_store_file(anchors)
+        .map_err(|e| anyhow::anyhow!("--identity-trust-anchors: {e}"))?;
     let (ns, td) = (&args.controller_namespace, &args.identity_trust_domain);
     let own_ns = args.namespace.as_deref().unwrap_or(ns);
     let name = IdentityName::for_service_account(&args.service_account, own_ns, ns, td)
         .map_err(|e| anyhow::anyhow!("--service-account, --controller-namespace and --identity-trust-domain make no identity: {e}"))?;
-    let server_name = match &args.identity_server_name {
-        Some(n) => Some(
-            IdentityName::parse(n)
-                .map_err(|e| anyhow::anyhow!("--identity-server-name {n:?}: {e}"))?,
-        ),
-        None if ballast_meshtls::io::is_loopback(&args.identity_addr) => None,
-        None => Some(
-            IdentityName::for_service_account("linkerd-identity", ns, ns, td)
-                .map_err(|e| anyhow::anyhow!("no identity service name: {e}"))?,
-        ),
-    };
-    let channel = certify::channel(
+    let server_name = certify::service_name(
+        args.identity_server_name.as_deref(),
         &args.identity_addr,
-        server_name,
-        roots.clone(),
-        Duration::from_secs(5),
+        || IdentityName::for_service_account("linkerd-identity", ns, ns, td),
     )
-    .map_err(|e| anyhow::anyhow!("--identity-addr: {e}"))?;
-    let store = CertStore::new();
-    let key = certify::LocalKey::generate(name.clone())?;
-    let config = certify::CertifyConfig {
-        token_file: args.identity_token_file.clone(),
-        roots: roots.clone(),
-        min_refresh: certify::DEFAULT_MIN_REFRESH,
-        max_refresh: certify::DEFAULT_MAX_REFRESH,
-        backoff: ballast_backoff::BackoffConfig::default(),
-        request_timeout: Duration::from_secs(10),
+    .map_err(|e| anyhow::anyhow!("--identity-server-name: {e}"))?;
+    let renewal = certify::Renewal {
+        addr: args.identity_addr.clone(),
+        server_name,
+        connect_timeout: Duration::from_secs(5),
+        certify: certify::CertifyConfig {
+            token_file: args.identity_token_file.clone(),
+            roots: roots.clone(),
+            min_refresh: certify::DEFAULT_MIN_REFRESH,
+            max_refresh: certify::DEFAULT_MAX_REFRESH,
+            backoff: ballast_backoff::BackoffConfig::default(),
+            request_timeout: Duration::from_secs(10),
+        },
     };
-    let client = linkerd2_proxy_api::identity::identity_client::IdentityClient::new(channel)
-        .max_decoding_message_size(certify::MAX_RESPONSE_BYTES);
-    tracing::info!(identity = %name, service = %args.identity_addr, "requesting the controller's certificate");
-    tokio::spawn(certify::run(client, key, config, store.clone(), |_| {}));
+    let store = certify::spawn(name, renewal, |_| {})
+        .map_err(|e| anyhow::anyhow!("--identity-addr: {e}"))?;
     Ok(Some((
         tls::server_config(roots, store.clone(), &[])?,
         store,
@@ -265,7 +251,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let (grpc, admin) = controller::listeners("destination", args.addr, args.admin_addr).await?;
 
     let metrics = Metrics::default();
-    let (registry, _sampler) = controller::registry(|r| metrics.register(r));
+    let stats = Arc::new(ballast_meshtls::server::ServeStats::default());
+    let (registry, _sampler) = controller::registry(|r| {
+        metrics.register(r);
+        stats.register(r);
+    });
 
     let store = Store::new(
         Index::new(IndexConfig {
@@ -350,7 +340,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ..ServerConfig::default()
     };
     let service = DestinationService::new(store.clone(), config, stop_rx.clone());
-    let tls = own.map(|(config, _)| config);
+    let tls = own.map(|(config, _)| (config, stats));
     let mut grpc_task = tokio::spawn(server::serve(
         grpc,
         tls,

@@ -237,7 +237,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let (grpc, admin) = controller::listeners("identity", args.addr, args.admin_addr).await?;
 
     let metrics = Metrics::default();
-    let (registry, _sampler) = controller::registry(|r| metrics.register(r));
+    let stats = Arc::new(ServeStats::default());
+    let (registry, _sampler) = controller::registry(|r| {
+        metrics.register(r);
+        stats.register(r);
+    });
 
     let config = IdentityConfig {
         sign: SignConfig {
@@ -302,7 +306,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             max_connections: args.max_connections,
             keepalive: Some(Duration::from_secs(10)),
         },
-        Arc::new(ServeStats::default()),
+        stats,
     );
     tracing::info!(identity = %own_name, "serving TLS as");
     let server = tonic::transport::Server::builder()

@@ -132,6 +132,12 @@ async fn serves_tls_as_its_own_identity() {
         .expect("certify over TLS")
         .into_inner();
     key.accept(pki.roots(), chain(&rsp)).unwrap();
+    let metrics = support::http_get(ca.admin, "/metrics").await.1;
+    assert!(
+        metrics.contains("grpc_server_connections_total{tls=\"true\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("grpc_server_connections_open 1"), "{metrics}");
 
     // Dialled as another identity, or under other anchors: refused.
     let mut wrong = tls_client(ca.grpc, pki.roots(), identity("web", "shop")).await;

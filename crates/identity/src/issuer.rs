@@ -196,7 +196,9 @@ impl Issuer {
         let key =
             rcgen::KeyPair::from_pkcs8_der_and_sign_algo(&key, &rcgen::PKCS_ECDSA_P256_SHA256)
                 .map_err(|e| IssuerError::Key(format!("not an ECDSA P-256 key ({e})")))?;
-        if rcgen::PublicKeyData::subject_public_key_info(&key) != spki(&chain[0]) {
+        if rcgen::PublicKeyData::subject_public_key_info(&key)
+            != tls::public_key_der(&chain[0]).unwrap_or_default()
+        {
             return Err(IssuerError::Key(
                 "does not match the issuer certificate".into(),
             ));
@@ -320,13 +322,6 @@ impl Issuer {
             not_after,
         })
     }
-}
-
-fn spki(der: &CertificateDer<'_>) -> Vec<u8> {
-    use x509_parser::prelude::FromDer;
-    x509_parser::certificate::X509Certificate::from_der(der)
-        .map(|(_, c)| c.public_key().raw.to_vec())
-        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ pub struct Metrics {
     pub issuer_loaded: Gauge<i64, std::sync::atomic::AtomicI64>,
     pub issuer_reloads: Family<ResultLabels, Counter>,
     pub certify_in_flight: Gauge<i64, std::sync::atomic::AtomicI64>,
-    pub rate_limited_clients: Gauge<u64, AtomicU64>,
+    pub tracked_clients: Gauge<u64, AtomicU64>,
 }
 
 impl Metrics {
@@ -58,9 +58,9 @@ impl Metrics {
             self.certify_in_flight.clone(),
         );
         r.register(
-            "identity_rate_limited_clients",
+            "identity_tracked_clients",
             "Client addresses tracked by the per-client rate limit (bounded by --max-tracked-clients)",
-            self.rate_limited_clients.clone(),
+            self.tracked_clients.clone(),
         );
     }
 }

@@ -66,9 +66,19 @@ struct Inner {
     status: ArcSwap<IssuerStatus>,
     validator: TokenValidator,
     signing: Semaphore,
-    clients: Mutex<HashMap<IpAddr, Bucket>>,
+    clients: Mutex<Clients>,
     metrics: Metrics,
 }
+
+/// The token buckets, and when they were last swept for clients owed
+/// nothing (a sweep reads every bucket: at most one a second).
+#[derive(Debug, Default)]
+struct Clients {
+    buckets: HashMap<IpAddr, Bucket>,
+    swept: Option<Instant>,
+}
+
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
@@ -87,7 +97,7 @@ impl IdentityService {
                     problem: Some("the issuer has not been read yet".into()),
                 }),
                 validator,
-                clients: Mutex::new(HashMap::new()),
+                clients: Mutex::new(Clients::default()),
                 metrics,
             }),
         }
@@ -125,17 +135,22 @@ impl IdentityService {
         let c = &self.inner.config;
         let now = Instant::now();
         let mut clients = self.inner.clients.lock().unwrap_or_else(|e| e.into_inner());
-        if !clients.contains_key(&ip) && clients.len() >= c.max_tracked_clients {
+        let Clients { buckets, swept } = &mut *clients;
+        if !buckets.contains_key(&ip) && buckets.len() >= c.max_tracked_clients {
+            if swept.is_some_and(|at| now.duration_since(at) < SWEEP_EVERY) {
+                return false;
+            }
             // Forget clients whose bucket has refilled: they are owed nothing.
+            *swept = Some(now);
             let full = f64::from(c.client_burst);
-            clients.retain(|_, b| {
+            buckets.retain(|_, b| {
                 b.tokens + now.duration_since(b.at).as_secs_f64() * c.client_rate < full
             });
-            if clients.len() >= c.max_tracked_clients {
+            if buckets.len() >= c.max_tracked_clients {
                 return false;
             }
         }
-        let b = clients.entry(ip).or_insert(Bucket {
+        let b = buckets.entry(ip).or_insert(Bucket {
             tokens: f64::from(c.client_burst),
             at: now,
         });
@@ -146,10 +161,7 @@ impl IdentityService {
         if admitted {
             b.tokens -= 1.0;
         }
-        self.inner
-            .metrics
-            .rate_limited_clients
-            .set(clients.len() as u64);
+        self.inner.metrics.tracked_clients.set(buckets.len() as u64);
         admitted
     }
 
@@ -434,5 +446,50 @@ pub async fn watch_issuer(
             _ = tokio::time::sleep(interval) => {}
             _ = &mut shutdown => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::token::ManifestTokens;
+
+    fn service(max_tracked_clients: usize) -> IdentityService {
+        let config = IdentityConfig {
+            sign: SignConfig {
+                lifetime: Duration::from_secs(3600),
+                clock_skew: Duration::ZERO,
+                control_ns: "linkerd".into(),
+                trust_domain: "cluster.local".into(),
+            },
+            max_concurrent: 1,
+            client_rate: 1.0,
+            client_burst: 1,
+            max_tracked_clients,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+        };
+        let tokens = TokenValidator::Manifests(ManifestTokens::new("/nonexistent".into()));
+        IdentityService::new(config, tokens, Metrics::default())
+    }
+
+    fn ip(n: u8) -> Option<IpAddr> {
+        Some(IpAddr::from([10, 0, 0, n]))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_client_has_its_bucket_and_the_map_its_bound() {
+        let s = service(2);
+        assert!(s.admit(ip(1)));
+        assert!(!s.admit(ip(1)), "over its rate");
+        assert!(s.admit(ip(2)), "another client has its own bucket");
+        // Full, and nobody is owed nothing yet: a new client is refused.
+        assert!(!s.admit(ip(3)));
+        tokio::time::advance(Duration::from_millis(500)).await;
+        // Half refilled: still owed; and the last sweep was under a second ago.
+        assert!(!s.admit(ip(3)));
+        tokio::time::advance(Duration::from_millis(600)).await;
+        // Refilled buckets are forgotten at the next sweep: room again.
+        assert!(s.admit(ip(3)));
+        assert_eq!(s.inner.metrics.tracked_clients.get(), 1);
     }
 }

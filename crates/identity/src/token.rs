@@ -147,7 +147,19 @@ pub struct ManifestTokens {
 #[derive(Default)]
 struct Scanned {
     tokens: HashMap<[u8; 32], ServiceAccount>,
+    /// Each file's tokens as last read, with what its metadata said then:
+    /// a rescan reads again only the files that changed.
+    files: Files,
     at: Option<Instant>,
+}
+
+type Files = HashMap<PathBuf, FileTokens>;
+
+#[derive(Clone)]
+struct FileTokens {
+    modified: Option<std::time::SystemTime>,
+    len: u64,
+    tokens: Vec<([u8; 32], ServiceAccount)>,
 }
 
 fn digest(token: &[u8]) -> [u8; 32] {
@@ -174,7 +186,10 @@ impl ManifestTokens {
 
     async fn rescan(&self, s: &mut Scanned) {
         let dir = self.dir.clone();
-        if let Ok(tokens) = tokio::task::spawn_blocking(move || scan(&dir)).await {
+        let previous = std::mem::take(&mut s.files);
+        if let Ok((files, tokens)) = tokio::task::spawn_blocking(move || scan(&dir, previous)).await
+        {
+            s.files = files;
             s.tokens = tokens;
         }
         s.at = Some(Instant::now());
@@ -196,31 +211,49 @@ impl ManifestTokens {
     }
 }
 
-/// Reads every manifest under `dir`; unreadable or malformed files are
-/// skipped (the destination controller reports them).
-pub fn scan(dir: &Path) -> HashMap<[u8; 32], ServiceAccount> {
-    let mut files = Vec::new();
-    walk(dir, 0, &mut files);
+/// Reads the manifests under `dir` that are new or changed since
+/// `previous` (by modification time and length); unreadable or malformed
+/// files are skipped (the destination controller reports them). Returns
+/// every file's tokens and all of them by digest.
+fn scan(dir: &Path, mut previous: Files) -> (Files, HashMap<[u8; 32], ServiceAccount>) {
+    let mut paths = Vec::new();
+    walk(dir, 0, &mut paths);
+    let mut files = Files::with_capacity(paths.len());
     let mut tokens = HashMap::new();
-    for file in files {
-        let Ok(meta) = std::fs::metadata(&file) else {
+    for path in paths {
+        let Ok(meta) = std::fs::metadata(&path) else {
             continue;
         };
         if meta.len() > MAX_FILE_BYTES {
             continue;
         }
-        let Ok(text) = std::fs::read_to_string(&file) else {
-            continue;
+        let modified = meta.modified().ok();
+        let read = match previous.remove(&path) {
+            Some(known) if known.modified == modified && known.len == meta.len() => known,
+            _ => {
+                let Ok(text) = std::fs::read_to_string(&path) else {
+                    continue;
+                };
+                FileTokens {
+                    modified,
+                    len: meta.len(),
+                    tokens: secrets_in(&text)
+                        .into_iter()
+                        .map(|(token, sa)| (digest(&token), sa))
+                        .collect(),
+                }
+            }
         };
-        for (token, sa) in secrets_in(&text) {
+        for (key, sa) in &read.tokens {
             if tokens.len() >= MAX_TOKENS {
                 tracing::warn!(dir = %dir.display(), "over {MAX_TOKENS} service-account tokens; the rest are ignored");
-                return tokens;
+                return (files, tokens);
             }
-            tokens.insert(digest(&token), sa);
+            tokens.insert(*key, sa.clone());
         }
+        files.insert(path, read);
     }
-    tokens
+    (files, tokens)
 }
 
 fn walk(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
@@ -406,6 +439,25 @@ items:
             ]
         );
         assert!(secrets_in("{{{ not yaml").is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_changed_secret_is_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sa.yaml");
+        let secret = |token: &str| {
+            format!("kind: Secret\ntype: kubernetes.io/service-account-token\nmetadata:\n  namespace: shop\n  annotations: {{kubernetes.io/service-account.name: web}}\nstringData: {{token: {token}}}\n")
+        };
+        std::fs::write(&path, secret("old")).unwrap();
+        let tokens = ManifestTokens::new(dir.path().to_owned());
+        assert!(tokens.validate(b"old").await.is_ok());
+        std::fs::write(&path, secret("rotated")).unwrap();
+        tokio::time::advance(RESCAN_AFTER).await;
+        assert_eq!(tokens.validate(b"rotated").await.unwrap().name, "web");
+        assert!(matches!(
+            tokens.validate(b"old").await,
+            Err(TokenError::NotAuthenticated)
+        ));
     }
 
     #[tokio::test(start_paused = true)]

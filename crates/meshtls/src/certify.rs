@@ -72,7 +72,7 @@ impl LocalKey {
                 chain.len()
             )));
         }
-        if public_key_der(&chain[0]).as_deref() != Some(&self.spki[..]) {
+        if tls::public_key_der(&chain[0]).as_deref() != Some(&self.spki[..]) {
             return Err(CertifyError::Response(
                 "the certificate is not for our key".into(),
             ));
@@ -84,12 +84,6 @@ impl LocalKey {
         Credentials::new(self.name.clone(), chain, self.pkcs8.clone_key(), not_after)
             .map_err(|e| CertifyError::Local(e.to_string()))
     }
-}
-
-fn public_key_der(cert: &CertificateDer<'_>) -> Option<Vec<u8>> {
-    use x509_parser::prelude::FromDer;
-    let (_, c) = x509_parser::certificate::X509Certificate::from_der(cert).ok()?;
-    Some(c.public_key().raw.to_vec())
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -237,6 +231,54 @@ pub fn channel(
     )
 }
 
+/// The name to verify a control-plane service at `addr` as: `given` when
+/// set (empty: none, the service is dialled in plaintext), none at a
+/// loopback address (Linkerd dials those in plaintext), else `default`.
+pub fn service_name(
+    given: Option<&str>,
+    addr: &str,
+    default: impl FnOnce() -> Result<IdentityName, crate::NameError>,
+) -> Result<Option<IdentityName>, crate::NameError> {
+    match given {
+        Some("") => Ok(None),
+        Some(name) => IdentityName::parse(name).map(Some),
+        None if crate::io::is_loopback(addr) => Ok(None),
+        None => default().map(Some),
+    }
+}
+
+/// Where and how a certificate is had and renewed.
+#[derive(Debug, Clone)]
+pub struct Renewal {
+    /// The identity service, HOST:PORT, and the name to verify it as
+    /// (`None`: plaintext).
+    pub addr: String,
+    pub server_name: Option<IdentityName>,
+    pub connect_timeout: Duration,
+    pub certify: CertifyConfig,
+}
+
+/// Makes a key for `name` in memory and renews its certificate from the
+/// identity service, forever, into the returned store.
+pub fn spawn(
+    name: IdentityName,
+    renewal: Renewal,
+    observe: impl Fn(&Result<SystemTime, CertifyError>) + Send + 'static,
+) -> Result<Arc<CertStore>, String> {
+    let key = LocalKey::generate(name.clone()).map_err(|e| e.to_string())?;
+    let channel = channel(
+        &renewal.addr,
+        renewal.server_name,
+        renewal.certify.roots.clone(),
+        renewal.connect_timeout,
+    )?;
+    let client = IdentityClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES);
+    let store = CertStore::new();
+    tracing::info!(identity = %name, service = %renewal.addr, "requesting a certificate");
+    tokio::spawn(run(client, key, renewal.certify, store.clone(), observe));
+    Ok(store)
+}
+
 /// Renews forever into `store`; `observe` hears every outcome (metrics).
 pub async fn run(
     mut client: IdentityClient<tonic::transport::Channel>,
@@ -291,6 +333,32 @@ mod tests {
         assert_eq!(refresh_in(now, now + Duration::from_secs(5), min, max), min);
         assert_eq!(refresh_in(now, now - day, min, max), min);
         assert_eq!(refresh_in(now, now + day * 100, min, max), max);
+    }
+
+    #[test]
+    fn control_plane_names_follow_linkerds_rule() {
+        let default = || {
+            IdentityName::parse(
+                "linkerd-identity.linkerd.serviceaccount.identity.linkerd.cluster.local",
+            )
+        };
+        let named = |n: Option<IdentityName>| n.map(|n| n.to_string());
+        // A remote service: its default name; a given one wins.
+        assert_eq!(
+            named(service_name(None, "identity.linkerd.svc:8080", default).unwrap()).as_deref(),
+            Some("linkerd-identity.linkerd.serviceaccount.identity.linkerd.cluster.local")
+        );
+        assert_eq!(
+            named(service_name(Some("x.y"), "127.0.0.1:8080", default).unwrap()).as_deref(),
+            Some("x.y")
+        );
+        // Loopback without a name, or an empty name: plaintext.
+        assert_eq!(service_name(None, "127.0.0.1:8080", default).unwrap(), None);
+        assert_eq!(
+            service_name(Some(""), "10.0.0.1:8080", default).unwrap(),
+            None
+        );
+        assert!(service_name(Some("not a name"), "10.0.0.1:8080", default).is_err());
     }
 
     #[test]

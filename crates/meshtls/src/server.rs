@@ -6,14 +6,16 @@
 
 use crate::io::MaybeTls;
 use futures_util::Stream;
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
 use rustls::ServerConfig;
 use std::{
     io,
     pin::Pin,
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc,
-    },
+    sync::Arc,
     task::{Context, Poll},
     time::Duration,
 };
@@ -47,14 +49,58 @@ impl Default for ServeLimits {
     }
 }
 
-/// Counts of what the acceptor did, for the owner's metrics.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AcceptLabels {
+    /// `true` or `false`.
+    pub tls: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    /// `handshake`, `timeout` (of the handshake) or `shed` (past the
+    /// handshake bound).
+    pub error: &'static str,
+}
+
+/// What the acceptor did, as metrics its owner registers.
+#[derive(Clone, Debug, Default)]
 pub struct ServeStats {
-    pub tls: AtomicU64,
-    pub plaintext: AtomicU64,
-    pub handshake_failures: AtomicU64,
-    pub handshake_timeouts: AtomicU64,
-    pub handshakes_shed: AtomicU64,
+    pub accepted: Family<AcceptLabels, Counter>,
+    pub open: Gauge,
+    pub errors: Family<ErrorLabels, Counter>,
+}
+
+impl ServeStats {
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "grpc_server_connections",
+            "Connections handed to the gRPC server, by whether they are TLS",
+            self.accepted.clone(),
+        );
+        r.register(
+            "grpc_server_connections_open",
+            "Connections open (bounded by the connection limit, 10,000 by default)",
+            self.open.clone(),
+        );
+        r.register(
+            "grpc_server_tls_errors",
+            "Connections closed before serving: TLS handshake errors and timeouts, handshakes shed past the handshake limit (256 by default)",
+            self.errors.clone(),
+        );
+    }
+
+    fn error(&self, error: &'static str) {
+        self.errors.get_or_create(&ErrorLabels { error }).inc();
+    }
+}
+
+/// Counts a connection open for as long as it lives.
+struct OpenGuard(Gauge);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 type Io = MaybeTls<TcpStream, Box<tokio_rustls::server::TlsStream<TcpStream>>>;
@@ -64,6 +110,7 @@ pub struct ServerIo {
     io: Io,
     info: TcpConnectInfo,
     _permit: OwnedSemaphorePermit,
+    _open: OpenGuard,
 }
 
 impl ServerIo {
@@ -154,7 +201,7 @@ pub fn incoming(
                 remote_addr: Some(remote),
             };
             let Ok(slot) = handshakes.clone().try_acquire_owned() else {
-                stats.handshakes_shed.fetch_add(1, Ordering::Relaxed);
+                stats.error("shed");
                 continue;
             };
             let acceptor = acceptor.clone();
@@ -167,25 +214,26 @@ pub fn incoming(
                 let io = match started {
                     Ok(Ok(io)) => io,
                     Ok(Err(e)) => {
-                        stats.handshake_failures.fetch_add(1, Ordering::Relaxed);
+                        stats.error("handshake");
                         tracing::debug!(%remote, error = %e, "TLS handshake failed");
                         return;
                     }
                     Err(_) => {
-                        stats.handshake_timeouts.fetch_add(1, Ordering::Relaxed);
+                        stats.error("timeout");
                         tracing::debug!(%remote, "handshake timed out");
                         return;
                     }
                 };
-                match &io {
-                    MaybeTls::Tls(_) => stats.tls.fetch_add(1, Ordering::Relaxed),
-                    MaybeTls::Plain(_) => stats.plaintext.fetch_add(1, Ordering::Relaxed),
-                };
+                let tls = if io.is_tls() { "true" } else { "false" };
+                stats.accepted.get_or_create(&AcceptLabels { tls }).inc();
+                stats.open.inc();
+                let open = OpenGuard(stats.open.clone());
                 let _ = tx
                     .send(Ok(ServerIo {
                         io,
                         info,
                         _permit: permit,
+                        _open: open,
                     }))
                     .await;
             });

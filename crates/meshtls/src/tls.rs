@@ -53,6 +53,15 @@ pub fn root_store(anchors: &[CertificateDer<'static>]) -> Result<Arc<RootCertSto
     Ok(Arc::new(roots))
 }
 
+/// The trust anchors in the PEM bundle at `path`, as a root store.
+pub fn root_store_file(path: &std::path::Path) -> Result<Arc<RootCertStore>, TlsError> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| TlsError::Anchors(format!("cannot read {}: {e}", path.display())))?;
+    let anchors = crate::pem::certificates(&bytes)
+        .map_err(|e| TlsError::Anchors(format!("{}: {e}", path.display())))?;
+    root_store(&anchors)
+}
+
 /// A certificate (leaf first, then intermediates) with its key and identity.
 #[derive(Debug, Clone)]
 pub struct Credentials {
@@ -206,6 +215,13 @@ pub fn dns_names(cert: &CertificateDer<'_>) -> Vec<IdentityName> {
             _ => None,
         })
         .collect()
+}
+
+/// A certificate's subject public key info (DER).
+pub fn public_key_der(cert: &CertificateDer<'_>) -> Option<Vec<u8>> {
+    use x509_parser::prelude::FromDer;
+    let (_, c) = x509_parser::certificate::X509Certificate::from_der(cert).ok()?;
+    Some(c.public_key().raw.to_vec())
 }
 
 /// When a certificate stops being valid.

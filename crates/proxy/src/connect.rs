@@ -80,15 +80,10 @@ impl Dialer {
             (Some(mesh), Some(id)) => (mesh, id),
             (None, _) => {
                 let tcp = connect(ep.addr, self.timeout).await?;
-                let reason = if self.direction == Direction::inbound {
-                    "loopback"
-                } else {
-                    "disabled"
-                };
-                let labels = if reason == "disabled" {
-                    TlsLabels::Disabled
-                } else {
-                    TlsLabels::NoIdentity(reason)
+                // The inbound side's endpoint is the workload, on loopback.
+                let labels = match self.direction {
+                    Direction::inbound => TlsLabels::NoIdentity("loopback"),
+                    Direction::outbound => TlsLabels::Disabled,
                 };
                 return Ok((MaybeTls::Plain(tcp), labels));
             }
@@ -121,13 +116,15 @@ impl Dialer {
         {
             Ok(Ok(tls)) => tls,
             Ok(Err(e)) => {
-                let why = e.to_string();
-                let kind = if why.contains("certificate") || why.contains("Certificate") {
-                    "identity"
-                } else {
-                    "handshake"
-                };
-                return Err(fail(kind, why));
+                // A peer whose certificate does not prove the identity
+                // dialled (wrong name, another CA, expired) is an identity
+                // failure; anything else a handshake failure.
+                let rejected = e
+                    .get_ref()
+                    .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+                    .is_some_and(|r| matches!(r, rustls::Error::InvalidCertificate(_)));
+                let kind = if rejected { "identity" } else { "handshake" };
+                return Err(fail(kind, e.to_string()));
             }
             Err(_) => return Err(fail("timeout", "handshake timed out".into())),
         };

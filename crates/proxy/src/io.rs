@@ -154,30 +154,49 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
     }
 }
 
-/// Reads the first bytes of a connection until `detect` decides, the
-/// client stops sending, or `timeout` passes (then it is opaque).
+/// Reads into a buffer until `decide` answers, the bound is reached, the
+/// peer closes, or `timeout` passes; returns the answer (if any) and every
+/// byte read.
+pub async fn read_until<T, R>(
+    io: &mut T,
+    timeout: std::time::Duration,
+    max: usize,
+    mut decide: impl FnMut(&[u8]) -> Option<R>,
+) -> std::io::Result<(Option<R>, Bytes)>
+where
+    T: AsyncRead + Unpin,
+{
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::with_capacity(512);
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(r) = decide(&buf) {
+            return Ok((Some(r), Bytes::from(buf)));
+        }
+        if buf.len() >= max {
+            return Ok((None, Bytes::from(buf)));
+        }
+        if buf.len() == buf.capacity() {
+            buf.reserve((buf.capacity() * 2).min(max) - buf.len());
+        }
+        match tokio::time::timeout_at(deadline, io.read_buf(&mut buf)).await {
+            Ok(Ok(0)) | Err(_) => return Ok((None, Bytes::from(buf))),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(e),
+        }
+    }
+}
+
+/// Reads the first bytes of a connection until `detect` decides (it always
+/// does by its bound), the client stops sending, or `timeout` passes (then
+/// it is opaque).
 pub async fn read_prefix<T: AsyncRead + Unpin>(
     io: &mut T,
     timeout: std::time::Duration,
 ) -> io::Result<(crate::detect::Protocol, Bytes)> {
     use crate::detect::{detect, Protocol, MAX_DETECT_BYTES};
-    use tokio::io::AsyncReadExt;
-    let mut buf = Vec::with_capacity(512);
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(p) = detect(&buf) {
-            return Ok((p, Bytes::from(buf)));
-        }
-        if buf.len() == buf.capacity() {
-            buf.reserve((buf.capacity() * 2).min(MAX_DETECT_BYTES) - buf.len());
-        }
-        match tokio::time::timeout_at(deadline, io.read_buf(&mut buf)).await {
-            Ok(Ok(0)) => return Ok((Protocol::Opaque, Bytes::from(buf))),
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(e),
-            Err(_) => return Ok((Protocol::Opaque, Bytes::from(buf))),
-        }
-    }
+    let (protocol, prefix) = read_until(io, timeout, MAX_DETECT_BYTES, detect).await?;
+    Ok((protocol.unwrap_or(Protocol::Opaque), prefix))
 }
 
 #[cfg(test)]

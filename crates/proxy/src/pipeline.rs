@@ -7,7 +7,7 @@ use crate::{
     config::HttpLimits,
     detect::Protocol,
     http::{error_response, server, ResponseBody},
-    io::{read_prefix, Counted, Prefixed},
+    io::{read_prefix, read_until, Counted, Prefixed},
     memory::MemoryLimit,
     metrics::{DstLabels, Metrics, Peer, TcpMetrics},
 };
@@ -43,37 +43,25 @@ enum ClientIdHeader {
     Set(HeaderValue),
 }
 
-/// Reads into a buffer until `decide` answers, the bound is reached, the
-/// peer closes, or `timeout` passes; returns the answer (if any) and every
-/// byte read.
-async fn read_until<T, R>(
+/// Reads Linkerd's transport header from a connection that negotiated it:
+/// the port it names, whether the connection is opaque (no protocol named),
+/// and the bytes read past the header. `None` for a bad, oversized, or
+/// late header.
+async fn transport_header<T: AsyncRead + Unpin>(
     io: &mut T,
     timeout: Duration,
-    max: usize,
-    mut decide: impl FnMut(&[u8]) -> Option<R>,
-) -> std::io::Result<(Option<R>, Bytes)>
-where
-    T: AsyncRead + Unpin,
-{
-    use tokio::io::AsyncReadExt;
-    let mut buf = Vec::with_capacity(512);
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(r) = decide(&buf) {
-            return Ok((Some(r), Bytes::from(buf)));
-        }
-        if buf.len() >= max {
-            return Ok((None, Bytes::from(buf)));
-        }
-        if buf.len() == buf.capacity() {
-            buf.reserve((buf.capacity() * 2).min(max) - buf.len());
-        }
-        match tokio::time::timeout_at(deadline, io.read_buf(&mut buf)).await {
-            Ok(Ok(0)) | Err(_) => return Ok((None, Bytes::from(buf))),
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(e),
-        }
-    }
+) -> Option<(u16, bool, Bytes)> {
+    use header::TransportHeader;
+    let decide = |b: &[u8]| match TransportHeader::decode(b) {
+        Ok(None) => None,
+        Ok(Some((h, used))) => Some(Some((h.port, h.protocol.is_none(), used))),
+        Err(_) => Some(None),
+    };
+    let (decided, buf) = read_until(io, timeout, header::MAX_MESSAGE + 64, decide)
+        .await
+        .ok()?;
+    let (port, opaque, used) = decided.flatten()?;
+    Some((port, opaque, buf.slice(used..)))
 }
 
 /// Where an accepted connection goes, decided once.
@@ -270,27 +258,12 @@ impl Pipeline {
         let client_id = tls::peer_identity(conn.peer_certificates());
         let wants_header = conn.alpn_protocol() == Some(TRANSPORT_HEADER_ALPN);
         let (route, opaque, rest) = if wants_header {
-            let read = read_until(
-                &mut tls,
-                self.detect_timeout,
-                header::MAX_MESSAGE + 64,
-                |b| match header::TransportHeader::decode(b) {
-                    Ok(None) => None,
-                    decided => {
-                        Some(decided.map(|h| h.map(|(h, n)| (h.port, h.protocol.is_none(), n))))
-                    }
-                },
-            )
-            .await;
-            let (port, opaque, used, buf) = match read {
-                Ok((Some(Ok(Some((port, opaque, used)))), buf)) => (port, opaque, used, buf),
-                _ => {
-                    mesh.metrics.error(direction, "header");
-                    return None;
-                }
+            let Some((port, opaque, rest)) = transport_header(&mut tls, self.detect_timeout).await
+            else {
+                mesh.metrics.error(direction, "header");
+                return None;
             };
-            let route = side.reroute(route, port)?;
-            (route, opaque, buf.slice(used..))
+            (side.reroute(route, port)?, opaque, rest)
         } else {
             (route, opaque, Bytes::new())
         };

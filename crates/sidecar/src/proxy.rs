@@ -5,6 +5,7 @@ use anyhow::Context;
 use ballast_admin::{AdminServer, AdminState, Readiness, ShutdownRequest};
 use ballast_backoff::BackoffConfig;
 use ballast_flags::{bytes, count, fraction, BACKOFF, GIB, GRACE, KIB, MANY, MIB, TIMEOUT};
+use ballast_meshtls::{certify, tls};
 use ballast_proxy::config::{
     self as defaults, ControlConfig, HttpLimits, InboundConfig, OutboundConfig, OwnerKind,
     PodIdentity, TrafficConfig,
@@ -212,7 +213,8 @@ pub struct Args {
     /// The identity service's own identity (default: the `linkerd-identity`
     /// service account's, under --identity-controller-namespace and --identity-trust-domain).
     /// The service is dialled in TLS verifying this name, except at a loopback
-    /// address when no name is given (as Linkerd does).
+    /// address when no name is given (as Linkerd does); an empty value dials it
+    /// in plaintext.
     #[arg(long, env = "BALLAST_PROXY_IDENTITY_SERVER_NAME")]
     identity_server_name: Option<String>,
 
@@ -573,17 +575,11 @@ fn identity(
         tracing::info!("identity disabled: no mutual TLS");
         return Ok(None);
     }
-    let Some(anchors_path) = &args.identity_trust_anchors else {
+    let Some(anchors) = &args.identity_trust_anchors else {
         anyhow::bail!("--identity-trust-anchors is required (or pass --identity-disabled to run without mesh identity)");
     };
-    let anchors = std::fs::read(anchors_path).with_context(|| {
-        format!(
-            "cannot read --identity-trust-anchors {}",
-            anchors_path.display()
-        )
-    })?;
-    let trust_anchors = ballast_meshtls::pem::certificates(&anchors)
-        .map_err(|e| anyhow::anyhow!("--identity-trust-anchors {}: {e}", anchors_path.display()))?;
+    let roots = tls::root_store_file(anchors)
+        .map_err(|e| anyhow::anyhow!("--identity-trust-anchors: {e}"))?;
     let (ns, td) = (
         &args.identity_controller_namespace,
         &args.identity_trust_domain,
@@ -593,31 +589,34 @@ fn identity(
         None => IdentityName::for_service_account(&args.pod_service_account, &args.pod_namespace, ns, td)
             .map_err(|e| anyhow::anyhow!("--pod-service-account and --pod-namespace make no identity name ({e}); set --identity-local-name"))?,
     };
-    let server_name = match &args.identity_server_name {
-        Some(n) => IdentityName::parse(n).map_err(|e| anyhow::anyhow!("--identity-server-name {n:?}: {e}"))?,
-        None => IdentityName::for_service_account("linkerd-identity", ns, ns, td)
-            .map_err(|e| anyhow::anyhow!("--identity-controller-namespace and --identity-trust-domain make no identity name: {e}"))?,
-    };
+    let server_name = certify::service_name(
+        args.identity_server_name.as_deref(),
+        &args.identity_addr,
+        || IdentityName::for_service_account("linkerd-identity", ns, ns, td),
+    )
+    .map_err(|e| anyhow::anyhow!("--identity-server-name: {e}"))?;
     let metrics = ballast_proxy::identity::IdentityMetrics::default();
     metrics.register(registry);
     let config = ballast_proxy::identity::IdentityConfig {
         local_name,
-        trust_anchors,
-        token_file: args.identity_token_file.clone(),
-        addr: args.identity_addr.clone(),
-        tls_to_identity: args.identity_server_name.is_some()
-            || !ballast_meshtls::io::is_loopback(&args.identity_addr),
-        server_name,
-        min_refresh: args.identity_min_refresh,
-        max_refresh: args.identity_max_refresh,
-        backoff: BackoffConfig {
-            initial: args.control_backoff_min,
-            max: args.control_backoff_max,
-            jitter: args.control_backoff_jitter,
-            ..defaults::default_control_backoff()
+        renewal: certify::Renewal {
+            addr: args.identity_addr.clone(),
+            server_name,
+            connect_timeout: args.connect_timeout,
+            certify: certify::CertifyConfig {
+                token_file: args.identity_token_file.clone(),
+                roots,
+                min_refresh: args.identity_min_refresh,
+                max_refresh: args.identity_max_refresh,
+                backoff: BackoffConfig {
+                    initial: args.control_backoff_min,
+                    max: args.control_backoff_max,
+                    jitter: args.control_backoff_jitter,
+                    ..defaults::default_control_backoff()
+                },
+                request_timeout: Duration::from_secs(10),
+            },
         },
-        connect_timeout: args.connect_timeout,
-        request_timeout: Duration::from_secs(10),
         handshake_timeout: args.tls_handshake_timeout,
         max_handshakes: args.max_tls_handshakes,
     };
@@ -638,18 +637,19 @@ fn control_tls(
         &args.identity_controller_namespace,
         &args.identity_trust_domain,
     );
-    let server_name = match &args.destination_server_name {
-        Some(n) if n.is_empty() => return Ok(None),
-        Some(n) => IdentityName::parse(n).map_err(|e| anyhow::anyhow!("--destination-server-name {n:?}: {e}"))?,
-        None if ballast_meshtls::io::is_loopback(&args.destination_addr) => return Ok(None),
-        None => IdentityName::for_service_account("linkerd-destination", ns, ns, td)
-            .map_err(|e| anyhow::anyhow!("--identity-controller-namespace and --identity-trust-domain make no identity name: {e}"))?,
-    };
+    let server_name = certify::service_name(
+        args.destination_server_name.as_deref(),
+        &args.destination_addr,
+        || IdentityName::for_service_account("linkerd-destination", ns, ns, td),
+    )
+    .map_err(|e| anyhow::anyhow!("--destination-server-name: {e}"))?;
     // Our certificate is sent when we hold one (the controller may use it).
-    Ok(Some(ballast_proxy::config::ControlTls {
-        config: mesh.client.clone(),
-        server_name,
-    }))
+    Ok(
+        server_name.map(|server_name| ballast_proxy::config::ControlTls {
+            config: mesh.client.clone(),
+            server_name,
+        }),
+    )
 }
 
 /// `KIND/NAME`, as `--pod-owner` takes it.

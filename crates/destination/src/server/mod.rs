@@ -294,7 +294,10 @@ impl Drop for StreamGauge {
 /// are served plaintext.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    tls: Option<(
+        std::sync::Arc<rustls::ServerConfig>,
+        std::sync::Arc<ballast_meshtls::server::ServeStats>,
+    )>,
     service: DestinationService,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
@@ -325,7 +328,7 @@ pub async fn serve(
                 .serve_with_incoming_shutdown(incoming, shutdown)
                 .await
         }
-        Some(tls) => {
+        Some((tls, stats)) => {
             let incoming = ballast_meshtls::server::incoming(
                 listener,
                 Some(tls),
@@ -334,7 +337,7 @@ pub async fn serve(
                     keepalive: Some(config.keepalive),
                     ..Default::default()
                 },
-                std::sync::Arc::new(ballast_meshtls::server::ServeStats::default()),
+                stats,
             );
             router
                 .serve_with_incoming_shutdown(incoming, shutdown)

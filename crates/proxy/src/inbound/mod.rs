@@ -266,9 +266,7 @@ impl Side for Inbound {
     }
 
     fn reroute(&self, route: Route, port: u16) -> Option<Route> {
-        if port == 0 {
-            return None;
-        }
+        // The header's port is never 0: decoding refuses it.
         let target = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port);
         if self.own.is_own(target) {
             self.metrics.error(DIRECTION, "loop");
