@@ -137,7 +137,10 @@ async fn serves_tls_as_its_own_identity() {
         metrics.contains("grpc_server_connections_total{tls=\"true\"} 1"),
         "{metrics}"
     );
-    assert!(metrics.contains("grpc_server_connections_open 1"), "{metrics}");
+    assert!(
+        metrics.contains("grpc_server_connections_open 1"),
+        "{metrics}"
+    );
 
     // Dialled as another identity, or under other anchors: refused.
     let mut wrong = tls_client(ca.grpc, pki.roots(), identity("web", "shop")).await;
