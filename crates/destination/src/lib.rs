@@ -1,6 +1,7 @@
 //! Ballast's destination controller.
 //!
-//! Sources (`source`) feed the pure [`index::Index`]; the [`store::Store`]
+//! Sources (`source`) feed the pure [`index::Index`] (crate `ballast-index`,
+//! re-exported here as `index` and `resource`); the [`store::Store`]
 //! shares its answers with subscribers; the gRPC server (`server`) streams
 //! them to proxies with Linkerd's Destination API.
 
@@ -8,9 +9,10 @@
 
 pub mod authority;
 pub mod diagnostics;
-pub mod index;
 pub mod metrics;
-pub mod resource;
 pub mod server;
 pub mod source;
 pub mod store;
+
+pub use ballast_index as index;
+pub use ballast_index::resource;

@@ -14,10 +14,10 @@ pub use meta::{Labels, ObjectKey, Owner};
 pub use pod::{ContainerPort, Phase, Pod};
 pub use service::{Service, ServicePort, ServiceType, TargetPort};
 
-pub(crate) use endpoint_slice::EndpointSliceWire;
-pub(crate) use meta::ObjectMetaWire;
-pub(crate) use pod::PodWire;
-pub(crate) use service::ServiceWire;
+pub use endpoint_slice::EndpointSliceWire;
+pub use meta::ObjectMetaWire;
+pub use pod::PodWire;
+pub use service::ServiceWire;
 
 use std::sync::Arc;
 
@@ -101,7 +101,7 @@ impl Resource {
 
 /// One kind's wire type: the API's JSON decoded slim, then converted to the
 /// domain object the index holds. Both sources decode through it.
-pub(crate) trait Wire:
+pub trait Wire:
     serde::de::DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static
 {
     const KIND: Kind;
@@ -174,14 +174,14 @@ pub struct InvalidObject {
 }
 
 impl InvalidObject {
-    pub(crate) fn missing(field: impl Into<String>) -> Self {
+    pub fn missing(field: impl Into<String>) -> Self {
         Self {
             field: field.into(),
             reason: "required but missing".into(),
         }
     }
 
-    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
         Self {
             field: field.into(),
             reason: reason.into(),

@@ -56,9 +56,9 @@ impl Service {
 }
 
 #[derive(Deserialize, Clone, Debug)]
-pub(crate) struct ServiceWire {
+pub struct ServiceWire {
     #[serde(default)]
-    pub(crate) metadata: ObjectMetaWire,
+    pub metadata: ObjectMetaWire,
     #[serde(default)]
     spec: ServiceSpecWire,
 }

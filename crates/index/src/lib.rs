@@ -1,4 +1,4 @@
-//! The cluster index: pure state, no IO.
+//! Ballast's cluster index: pure state, no IO.
 //!
 //! Sources feed it with [`Index::apply`], [`Index::delete`] and
 //! [`Index::reset`]; each returns the [`Changes`] it made, so that only the
@@ -8,6 +8,10 @@
 //! The rules from seed 000 live in `ip.rs`: pods that are terminating or
 //! finished never match an IP; hostNetwork pods match only on a port they
 //! own; a remaining tie is settled by [`ip::rank`] and reported once.
+
+#![forbid(unsafe_code)]
+
+pub mod resource;
 
 mod endpoints;
 mod ip;

@@ -69,9 +69,9 @@ impl Pod {
 
 #[derive(Deserialize, Clone, Debug)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct PodWire {
+pub struct PodWire {
     #[serde(default)]
-    pub(crate) metadata: ObjectMetaWire,
+    pub metadata: ObjectMetaWire,
     #[serde(default)]
     spec: PodSpecWire,
     #[serde(default)]

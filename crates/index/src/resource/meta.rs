@@ -43,7 +43,7 @@ pub struct Owner {
 /// kept (the others' values are skipped, never allocated).
 #[derive(Deserialize, Default, Clone, Debug)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct ObjectMetaWire {
+pub struct ObjectMetaWire {
     pub name: Option<String>,
     pub namespace: Option<String>,
     /// Read by the Kubernetes source (the watcher resumes from it).
@@ -60,7 +60,7 @@ pub(crate) struct ObjectMetaWire {
 }
 
 #[derive(Deserialize, Clone, Debug)]
-pub(crate) struct OwnerReferenceWire {
+pub struct OwnerReferenceWire {
     #[serde(default)]
     pub kind: String,
     #[serde(default)]
@@ -164,7 +164,7 @@ impl<K: Into<String>, V: Into<String>> FromIterator<(K, V)> for Labels {
 }
 
 /// `null` reads as the default (empty) value, as the API means it.
-pub(crate) fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+pub fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
 where
     D: Deserializer<'de>,
     T: Deserialize<'de> + Default,

@@ -39,9 +39,9 @@ pub struct SliceEndpoint {
 
 #[derive(Deserialize, Clone, Debug)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct EndpointSliceWire {
+pub struct EndpointSliceWire {
     #[serde(default)]
-    pub(crate) metadata: ObjectMetaWire,
+    pub metadata: ObjectMetaWire,
     address_type: Option<String>,
     #[serde(default)]
     ports: Option<Vec<SlicePortWire>>,
