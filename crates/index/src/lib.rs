@@ -16,6 +16,7 @@ pub mod resource;
 mod endpoints;
 mod ip;
 mod opaque;
+pub mod policy;
 #[cfg(test)]
 mod tests;
 mod view;
@@ -24,7 +25,10 @@ pub use ip::{Conflict, ConflictKey};
 pub use opaque::{PortSet, DEFAULT_OPAQUE_PORTS};
 pub use view::{Endpoint, EndpointSet, MeshIdentity, ProfileView};
 
-use crate::resource::{EndpointSlice, Kind, ObjectKey, Pod, Resource, Service};
+use crate::resource::{
+    DefaultPolicy, EndpointSlice, IpNet, Kind, ObjectKey, Pod, Resource, Service,
+};
+use policy::{PolicyObjects, RouteProblem};
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
     net::{IpAddr, SocketAddr},
@@ -44,13 +48,32 @@ pub struct IndexConfig {
     /// Ports treated as opaque where no `config.linkerd.io/opaque-ports`
     /// annotation says otherwise.
     pub default_opaque_ports: PortSet,
+    /// The inbound policy of pods and namespaces that name none
+    /// (`config.linkerd.io/default-inbound-policy`).
+    pub default_inbound_policy: DefaultPolicy,
+    /// The networks `cluster-*` default policies admit.
+    pub cluster_networks: Vec<IpNet>,
+    /// Identity names are `SA.NS.serviceaccount.identity.CONTROL_NS.TRUST_DOMAIN`.
+    pub control_plane_namespace: String,
+    pub trust_domain: String,
 }
+
+/// Linkerd's default cluster networks.
+pub const DEFAULT_CLUSTER_NETWORKS: &str =
+    "10.0.0.0/8,100.64.0.0/10,172.16.0.0/12,192.168.0.0/16,fd00::/8";
 
 impl Default for IndexConfig {
     fn default() -> Self {
         Self {
             default_opaque_ports: PortSet::parse(DEFAULT_OPAQUE_PORTS)
                 .expect("the default opaque ports parse"),
+            default_inbound_policy: DefaultPolicy::AllUnauthenticated,
+            cluster_networks: DEFAULT_CLUSTER_NETWORKS
+                .split(',')
+                .map(|n| n.parse().expect("the default cluster networks parse"))
+                .collect(),
+            control_plane_namespace: "linkerd".to_string(),
+            trust_domain: "cluster.local".to_string(),
         }
     }
 }
@@ -64,18 +87,61 @@ pub struct Changes {
     pub ips: HashSet<IpAddr>,
     /// Conflicts that appeared with this change (each reported once).
     pub new_conflicts: Vec<Conflict>,
+    /// Services whose routes (not endpoints) may have changed.
+    pub outbound_services: HashSet<ObjectKey>,
+    /// Namespaces whose inbound policy answers may have changed.
+    pub policy_namespaces: HashSet<Arc<str>>,
+    /// Pods whose inbound policy answers may have changed.
+    pub pods: HashSet<ObjectKey>,
+    /// Every inbound policy answer may have changed (an authentication
+    /// object, which policies in any namespace may name).
+    pub inbound_all: bool,
+    /// Routes found invalid with this change (each reported once).
+    pub route_problems: Vec<RouteProblem>,
 }
 
 impl Changes {
     pub fn is_empty(&self) -> bool {
-        !self.all && self.services.is_empty() && self.ips.is_empty()
+        !self.all
+            && !self.inbound_all
+            && self.services.is_empty()
+            && self.ips.is_empty()
+            && self.outbound_services.is_empty()
+            && self.policy_namespaces.is_empty()
+            && self.pods.is_empty()
     }
 
     pub fn merge(&mut self, other: Changes) {
         self.all |= other.all;
+        self.inbound_all |= other.inbound_all;
         self.services.extend(other.services);
         self.ips.extend(other.ips);
         self.new_conflicts.extend(other.new_conflicts);
+        self.outbound_services.extend(other.outbound_services);
+        self.policy_namespaces.extend(other.policy_namespaces);
+        self.pods.extend(other.pods);
+        self.route_problems.extend(other.route_problems);
+    }
+
+    /// Could the outbound policy for `target` differ after this change?
+    pub fn affects_outbound(&self, target: &Target, index: &Index) -> bool {
+        if self.affects(target, index) {
+            return true;
+        }
+        match target {
+            Target::Service { service, .. } => self.outbound_services.contains(service),
+            Target::Addr(addr) => index
+                .service_for_ip(addr.ip())
+                .is_some_and(|s| self.outbound_services.contains(s)),
+        }
+    }
+
+    /// Could the inbound policy for `pod` differ after this change?
+    pub fn affects_inbound(&self, pod: &ObjectKey) -> bool {
+        self.all
+            || self.inbound_all
+            || self.pods.contains(pod)
+            || self.policy_namespaces.contains(&pod.namespace)
     }
 
     /// Could the answer for `target` differ after this change?
@@ -121,6 +187,7 @@ pub struct Index {
     services_by_slice_pod: HashMap<ObjectKey, HashMap<ObjectKey, u32>>,
     slice_endpoints: usize,
     ips: ip::IpIndex,
+    policy: PolicyObjects,
 }
 
 impl Index {
@@ -146,11 +213,30 @@ impl Index {
             Kind::Pod => self.pods.len(),
             Kind::Service => self.services.len(),
             Kind::EndpointSlice => self.slices.len(),
+            _ => self.policy.len(kind),
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.pods.is_empty() && self.services.is_empty() && self.slices.is_empty()
+        self.pods.is_empty()
+            && self.services.is_empty()
+            && self.slices.is_empty()
+            && Kind::ALL.iter().all(|k| self.policy.len(*k) == 0)
+    }
+
+    /// The policy objects (routes, servers, authorizations) and the routes
+    /// currently left out of answers.
+    pub fn policy(&self) -> &PolicyObjects {
+        &self.policy
+    }
+
+    /// Re-judges the routes this change touched (parents and backends that
+    /// appeared or went) and records the problems that are new.
+    fn finish(&mut self, mut ch: Changes) -> Changes {
+        let services = &self.services;
+        let new = self.policy.recheck(&ch, |k| services.contains_key(k));
+        ch.route_problems.extend(new);
+        ch
     }
 
     /// Adds or replaces one object. Applying an identical object changes nothing.
@@ -160,8 +246,9 @@ impl Index {
             Resource::Pod(p) => self.apply_pod(p, &mut ch),
             Resource::Service(s) => self.apply_service(s, &mut ch),
             Resource::EndpointSlice(e) => self.apply_slice(e, &mut ch),
+            other => self.policy.apply(other, &mut ch),
         }
-        ch
+        self.finish(ch)
     }
 
     /// Removes one object; deleting an unknown object changes nothing.
@@ -171,8 +258,9 @@ impl Index {
             Kind::Pod => self.delete_pod(key, &mut ch),
             Kind::Service => self.delete_service(key, &mut ch),
             Kind::EndpointSlice => self.delete_slice(key, &mut ch),
+            _ => self.policy.delete(kind, key, &mut ch),
         }
-        ch
+        self.finish(ch)
     }
 
     /// Replaces every object of `kind` with `objects` (a full relist): what is
@@ -203,6 +291,12 @@ impl Index {
                 .keys()
                 .filter(|k| !keep.contains(k))
                 .cloned()
+                .collect(),
+            _ => self
+                .policy
+                .keys(kind)
+                .into_iter()
+                .filter(|k| !keep.contains(k))
                 .collect(),
         };
         for key in gone {
@@ -263,6 +357,7 @@ impl Index {
     }
 
     fn touch_pod(&self, pod: &Pod, ch: &mut Changes) {
+        ch.pods.insert(pod.key.clone());
         ch.ips.extend(pod.ips.iter().copied());
         if let Some(host) = pod.host_ip {
             if pod.host_network || pod.ports.iter().any(|p| p.host_port.is_some()) {
@@ -309,6 +404,7 @@ impl Index {
             .or_default()
             .insert(svc.key.name.clone());
         ch.services.insert(svc.key.clone());
+        self.policy.service_changed(&svc.key, ch);
         self.services.insert(svc.key.clone(), svc);
     }
 
@@ -319,6 +415,7 @@ impl Index {
         self.unindex_service(&old);
         ch.ips.extend(old.cluster_ips.iter().copied());
         ch.services.insert(key.clone());
+        self.policy.service_changed(key, ch);
         if let Some(names) = self.services_by_namespace.get_mut(&key.namespace) {
             names.remove(&key.name);
             if names.is_empty() {

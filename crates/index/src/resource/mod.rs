@@ -4,14 +4,31 @@
 //! ignored, so they are never allocated) and a *domain* type holding only what
 //! the index uses. Conversion checks required fields and names the one missing.
 
+mod authz;
+mod duration;
 mod endpoint_slice;
 mod meta;
 mod pod;
+mod route;
 mod service;
 
+pub use authz::{
+    namespace_key, AuthnRef, AuthorizationPolicy, AuthorizationPolicyWire, AuthzTarget,
+    DefaultPolicy, IdentityMatch, IpNet, LabelSelector, MeshTlsAuthentication,
+    MeshTlsAuthenticationWire, Namespace, NamespaceWire, Network, NetworkAuthentication,
+    NetworkAuthenticationWire, SelectorExpression, Server, ServerPort, ServerProtocol, ServerWire,
+    DEFAULT_INBOUND_POLICY_ANNOTATION,
+};
+pub use duration::{parse_annotation_duration, parse_gateway_duration, MAX_POLICY_DURATION};
 pub use endpoint_slice::{EndpointSlice, SliceEndpoint, SlicePort};
 pub use meta::{Labels, ObjectKey, Owner};
 pub use pod::{ContainerPort, Phase, Pod};
+pub use route::{
+    check_regex, BackendRef, GrpcMatch, GrpcRetryCode, HeaderMatch, HeaderModifier, HostMatch,
+    HttpMatch, ParentKind, ParentRef, PathMatch, PathModifier, QueryParamMatch, Redirect, Route,
+    RouteApi, RouteFilter, RouteMatch, RouteRetry, RouteRule, RouteTimeouts, RouteWire, ValueMatch,
+    GATEWAY_GROUP, POLICY_GROUP,
+};
 pub use service::{Service, ServicePort, ServiceType, TargetPort};
 
 pub use endpoint_slice::EndpointSliceWire;
@@ -26,7 +43,18 @@ pub const OPAQUE_PORTS_ANNOTATION: &str = "config.linkerd.io/opaque-ports";
 /// Annotation listing ports on which a pod's proxy is bypassed.
 pub const SKIP_INBOUND_PORTS_ANNOTATION: &str = "config.linkerd.io/skip-inbound-ports";
 /// The annotations the index reads; all others are dropped when decoding.
-pub const USED_ANNOTATIONS: &[&str] = &[OPAQUE_PORTS_ANNOTATION, SKIP_INBOUND_PORTS_ANNOTATION];
+pub const USED_ANNOTATIONS: &[&str] = &[
+    OPAQUE_PORTS_ANNOTATION,
+    SKIP_INBOUND_PORTS_ANNOTATION,
+    DEFAULT_INBOUND_POLICY_ANNOTATION,
+    route::RETRY_HTTP_ANNOTATION,
+    route::RETRY_GRPC_ANNOTATION,
+    route::RETRY_LIMIT_ANNOTATION,
+    route::RETRY_TIMEOUT_ANNOTATION,
+    route::TIMEOUT_REQUEST_ANNOTATION,
+    route::TIMEOUT_RESPONSE_ANNOTATION,
+    route::TIMEOUT_IDLE_ANNOTATION,
+];
 /// Label set by Linkerd's proxy injector on meshed pods.
 pub const CONTROL_PLANE_NS_LABEL: &str = "linkerd.io/control-plane-ns";
 
@@ -39,6 +67,12 @@ pub enum Resource {
     Pod(Arc<Pod>),
     Service(Arc<Service>),
     EndpointSlice(Arc<EndpointSlice>),
+    Namespace(Arc<Namespace>),
+    Route(Arc<Route>),
+    Server(Arc<Server>),
+    AuthorizationPolicy(Arc<AuthorizationPolicy>),
+    MeshTlsAuthentication(Arc<MeshTlsAuthentication>),
+    NetworkAuthentication(Arc<NetworkAuthentication>),
 }
 
 /// The kinds of object the index holds.
@@ -47,6 +81,18 @@ pub enum Kind {
     Pod,
     Service,
     EndpointSlice,
+    Namespace,
+    /// `gateway.networking.k8s.io` `HTTPRoute`.
+    HttpRoute,
+    /// `gateway.networking.k8s.io` `GRPCRoute`.
+    GrpcRoute,
+    /// `policy.linkerd.io` `HTTPRoute` (a kind of its own: it may share a
+    /// name with a Gateway API route).
+    LinkerdHttpRoute,
+    Server,
+    AuthorizationPolicy,
+    MeshTlsAuthentication,
+    NetworkAuthentication,
 }
 
 impl Kind {
@@ -55,7 +101,35 @@ impl Kind {
             Kind::Pod => "Pod",
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
+            Kind::Namespace => "Namespace",
+            Kind::HttpRoute => "HTTPRoute",
+            Kind::GrpcRoute => "GRPCRoute",
+            Kind::LinkerdHttpRoute => "HTTPRoute.policy.linkerd.io",
+            Kind::Server => "Server",
+            Kind::AuthorizationPolicy => "AuthorizationPolicy",
+            Kind::MeshTlsAuthentication => "MeshTLSAuthentication",
+            Kind::NetworkAuthentication => "NetworkAuthentication",
         }
+    }
+
+    /// Every kind, in the order sources load them.
+    pub const ALL: [Kind; 11] = [
+        Kind::Pod,
+        Kind::Service,
+        Kind::EndpointSlice,
+        Kind::Namespace,
+        Kind::HttpRoute,
+        Kind::GrpcRoute,
+        Kind::LinkerdHttpRoute,
+        Kind::Server,
+        Kind::AuthorizationPolicy,
+        Kind::MeshTlsAuthentication,
+        Kind::NetworkAuthentication,
+    ];
+
+    /// Kinds that carry policy (routes and authorization), not endpoints.
+    pub fn is_policy(self) -> bool {
+        !matches!(self, Kind::Pod | Kind::Service | Kind::EndpointSlice)
     }
 }
 
@@ -65,6 +139,16 @@ impl Resource {
             Resource::Pod(_) => Kind::Pod,
             Resource::Service(_) => Kind::Service,
             Resource::EndpointSlice(_) => Kind::EndpointSlice,
+            Resource::Namespace(_) => Kind::Namespace,
+            Resource::Route(r) => match r.api {
+                RouteApi::GatewayHttp => Kind::HttpRoute,
+                RouteApi::GatewayGrpc => Kind::GrpcRoute,
+                RouteApi::LinkerdHttp => Kind::LinkerdHttpRoute,
+            },
+            Resource::Server(_) => Kind::Server,
+            Resource::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
+            Resource::MeshTlsAuthentication(_) => Kind::MeshTlsAuthentication,
+            Resource::NetworkAuthentication(_) => Kind::NetworkAuthentication,
         }
     }
 
@@ -73,6 +157,12 @@ impl Resource {
             Resource::Pod(p) => &p.key,
             Resource::Service(s) => &s.key,
             Resource::EndpointSlice(e) => &e.key,
+            Resource::Namespace(n) => &n.key,
+            Resource::Route(r) => &r.key,
+            Resource::Server(s) => &s.key,
+            Resource::AuthorizationPolicy(a) => &a.key,
+            Resource::MeshTlsAuthentication(m) => &m.key,
+            Resource::NetworkAuthentication(n) => &n.key,
         }
     }
 
@@ -94,6 +184,21 @@ impl Resource {
             ("discovery.k8s.io/v1", "EndpointSlice") => {
                 decode::<EndpointSliceWire>(value).map(Some)
             }
+            ("v1", "Namespace") => decode::<NamespaceWire>(value).map(Some),
+            (v, "HTTPRoute") if v.starts_with("gateway.networking.k8s.io/") => {
+                decode::<HttpRouteWire>(value).map(Some)
+            }
+            (v, "GRPCRoute") if v.starts_with("gateway.networking.k8s.io/") => {
+                decode::<GrpcRouteWire>(value).map(Some)
+            }
+            (v, kind) if v.starts_with("policy.linkerd.io/") => match kind {
+                "HTTPRoute" => decode::<LinkerdHttpRouteWire>(value).map(Some),
+                "Server" => decode::<ServerWire>(value).map(Some),
+                "AuthorizationPolicy" => decode::<AuthorizationPolicyWire>(value).map(Some),
+                "MeshTLSAuthentication" => decode::<MeshTlsAuthenticationWire>(value).map(Some),
+                "NetworkAuthentication" => decode::<NetworkAuthenticationWire>(value).map(Some),
+                _ => Ok(None),
+            },
             _ => Ok(None),
         }
     }
@@ -163,6 +268,94 @@ impl Wire for EndpointSliceWire {
         )?)))
     }
 }
+
+/// A wire type whose conversion is `TryFrom`, wrapped in its resource variant.
+macro_rules! policy_wire {
+    ($wire:ty, $kind:expr, $variant:ident, $domain:ty) => {
+        impl Wire for $wire {
+            const KIND: Kind = $kind;
+
+            fn metadata(&self) -> &ObjectMetaWire {
+                &self.metadata
+            }
+
+            fn metadata_mut(&mut self) -> &mut ObjectMetaWire {
+                &mut self.metadata
+            }
+
+            fn into_resource(self) -> Result<Resource, InvalidObject> {
+                Ok(Resource::$variant(Arc::new(<$domain>::try_from(self)?)))
+            }
+        }
+    };
+}
+
+policy_wire!(NamespaceWire, Kind::Namespace, Namespace, Namespace);
+policy_wire!(ServerWire, Kind::Server, Server, Server);
+policy_wire!(
+    AuthorizationPolicyWire,
+    Kind::AuthorizationPolicy,
+    AuthorizationPolicy,
+    AuthorizationPolicy
+);
+policy_wire!(
+    MeshTlsAuthenticationWire,
+    Kind::MeshTlsAuthentication,
+    MeshTlsAuthentication,
+    MeshTlsAuthentication
+);
+policy_wire!(
+    NetworkAuthenticationWire,
+    Kind::NetworkAuthentication,
+    NetworkAuthentication,
+    NetworkAuthentication
+);
+
+/// One route kind's wire type: the shared route wire, typed by the API it
+/// is watched from (list items may omit `apiVersion` and `kind`).
+macro_rules! route_wire {
+    ($name:ident, $kind:expr, $api_version:expr, $api_kind:expr) => {
+        #[derive(serde::Deserialize, Clone, Debug)]
+        #[serde(transparent)]
+        pub struct $name(pub RouteWire);
+
+        impl Wire for $name {
+            const KIND: Kind = $kind;
+
+            fn metadata(&self) -> &ObjectMetaWire {
+                &self.0.metadata
+            }
+
+            fn metadata_mut(&mut self) -> &mut ObjectMetaWire {
+                &mut self.0.metadata
+            }
+
+            fn into_resource(mut self) -> Result<Resource, InvalidObject> {
+                self.0.set_type($api_version, $api_kind);
+                Ok(Resource::Route(Arc::new(Route::try_from(self.0)?)))
+            }
+        }
+    };
+}
+
+route_wire!(
+    HttpRouteWire,
+    Kind::HttpRoute,
+    "gateway.networking.k8s.io/v1",
+    "HTTPRoute"
+);
+route_wire!(
+    GrpcRouteWire,
+    Kind::GrpcRoute,
+    "gateway.networking.k8s.io/v1",
+    "GRPCRoute"
+);
+route_wire!(
+    LinkerdHttpRouteWire,
+    Kind::LinkerdHttpRoute,
+    "policy.linkerd.io/v1beta3",
+    "HTTPRoute"
+);
 
 /// Why an object could not be used: the field that is wrong, and how.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
