@@ -4,12 +4,22 @@
 //! `ballast destination` on it and on an empty directory side by side, and
 //! reports: time to ready, RSS (and growth per pod over the empty controller),
 //! and the latency from writing one small changed manifest file to the update
-//! arriving on STREAMS open `Get` streams watching the changed service.
+//! arriving on every open `Get` stream watching the changed service, in two
+//! scenarios run one after the other on the same controller:
+//!
+//! 1. STREAMS streams on one service (the hot one), ROUNDS changes to it;
+//! 2. fan-out: COLD streams more on every service (the hot one included), so
+//!    STREAMS + COLD x SERVICES streams are open; ROUNDS changes to the hot
+//!    service alternate with ROUNDS changes to a cold one. Streams on services
+//!    that did not change must get nothing (counted).
+//!
+//! Controller memory per open stream is the growth of its RSS and of
+//! jemalloc's allocated bytes while the streams of each scenario open.
 //!
 //! Usage: destination-bench [--ballast PATH] [--pods N] [--services N]
-//!        [--streams N] [--rounds N]
+//!        [--streams N] [--cold-streams N (0: scenario 1 only)] [--rounds N]
 
-use ballast_bench::{allocated, rss, start};
+use ballast_bench::{allocated, rss, start, Controller};
 use linkerd2_proxy_api::destination::{
     destination_client::DestinationClient, update, GetDestination,
 };
@@ -25,6 +35,8 @@ struct Opts {
     pods: usize,
     services: usize,
     streams: usize,
+    /// Streams per service in the fan-out scenario.
+    cold_streams: usize,
     rounds: usize,
     /// Also write the generated cluster here, and keep it.
     keep: Option<PathBuf>,
@@ -36,6 +48,7 @@ fn opts() -> anyhow::Result<Opts> {
         pods: 10_000,
         services: 1_000,
         streams: 1_000,
+        cold_streams: 10,
         rounds: 50,
         keep: None,
     };
@@ -49,6 +62,7 @@ fn opts() -> anyhow::Result<Opts> {
             "--pods" => o.pods = value.parse()?,
             "--services" => o.services = value.parse()?,
             "--streams" => o.streams = value.parse()?,
+            "--cold-streams" => o.cold_streams = value.parse()?,
             "--rounds" => o.rounds = value.parse()?,
             "--keep" => o.keep = Some(value.into()),
             other => anyhow::bail!("unknown flag {other}"),
@@ -119,6 +133,171 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i]
 }
 
+/// An `Add` seen on a stream after its first message: which service the
+/// stream watches, and when it arrived.
+struct Arrival {
+    service: usize,
+    at: Instant,
+}
+
+/// The controller's memory at one moment: RSS and jemalloc allocated, KiB.
+#[derive(Clone, Copy)]
+struct Memory {
+    rss: u64,
+    allocated: u64,
+}
+
+async fn memory(c: &Controller) -> Memory {
+    Memory {
+        rss: rss(c.pid()).0,
+        allocated: allocated(&c.admin).await,
+    }
+}
+
+/// Growth per stream, in KB (1,000 bytes), from `before` to `after`.
+fn per_stream(before: Memory, after: Memory, streams: usize) -> (f64, f64) {
+    let kb =
+        |a: u64, b: u64| (b.saturating_sub(a)) as f64 * 1024.0 / 1000.0 / streams.max(1) as f64;
+    (
+        kb(before.rss, after.rss),
+        kb(before.allocated, after.allocated),
+    )
+}
+
+/// The open streams' clients: connections of at most 100 streams each, as
+/// proxies would spread them.
+struct Streams {
+    clients: Vec<DestinationClient<Channel>>,
+    next: usize,
+    arrivals: mpsc::UnboundedSender<Arrival>,
+    ready_tx: mpsc::UnboundedSender<()>,
+    ready_rx: mpsc::UnboundedReceiver<()>,
+    open: usize,
+}
+
+impl Streams {
+    /// Opens `n` streams on service `service` and waits for the first
+    /// message on each.
+    async fn open(&mut self, c: &Controller, service: usize, n: usize) -> anyhow::Result<()> {
+        let (name, ns) = service_of(service);
+        let path = format!("{name}.{ns}.svc.cluster.local:80");
+        for _ in 0..n {
+            if self.next % 100 == 0 {
+                let ch = Channel::from_shared(format!("http://{}", c.grpc))?
+                    .connect()
+                    .await?;
+                self.clients.push(DestinationClient::new(ch));
+            }
+            let mut client = self.clients[self.next / 100].clone();
+            self.next += 1;
+            let req = GetDestination {
+                scheme: "k8s".into(),
+                path: path.clone(),
+                context_token: String::new(),
+            };
+            let tx = self.arrivals.clone();
+            let ready_tx = self.ready_tx.clone();
+            tokio::spawn(async move {
+                let Ok(resp) = client.get(req).await else {
+                    return;
+                };
+                let mut stream = resp.into_inner();
+                let _ = stream.message().await; // the initial set
+                let _ = ready_tx.send(());
+                while let Ok(Some(msg)) = stream.message().await {
+                    if matches!(msg.update, Some(update::Update::Add(_))) {
+                        let _ = tx.send(Arrival {
+                            service,
+                            at: Instant::now(),
+                        });
+                    }
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// Waits until every stream opened so far has had its first message.
+    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        while self.open < self.next {
+            tokio::time::timeout(Duration::from_secs(60), self.ready_rx.recv())
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("streams ended"))?;
+            self.open += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Latencies of change rounds.
+#[derive(Default)]
+struct Latencies {
+    /// Manifest write to arrival, every affected stream.
+    per_stream: Vec<Duration>,
+    /// Manifest write to arrival on the last affected stream, per round.
+    until_last: Vec<Duration>,
+    /// Adds that arrived on streams of services that did not change.
+    strays: usize,
+}
+
+impl Latencies {
+    fn sort(&mut self) {
+        self.per_stream.sort();
+        self.until_last.sort();
+    }
+}
+
+/// Rewrites service `service`'s file (one pod's IP changed, `generation`)
+/// and times the update's arrival on the `affected` streams watching it.
+async fn round(
+    dir: &Path,
+    per_service: usize,
+    service: usize,
+    generation: usize,
+    affected: usize,
+    arrivals: &mut mpsc::UnboundedReceiver<Arrival>,
+    out: &mut Latencies,
+) -> anyhow::Result<()> {
+    let contents = service_file(service, per_service, generation);
+    let t0 = Instant::now();
+    write_atomic(&dir.join(format!("svc-{service}.yaml")), &contents)?;
+    let mut last = t0;
+    let mut got = 0;
+    while got < affected {
+        let a = tokio::time::timeout(Duration::from_secs(10), arrivals.recv())
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("streams ended"))?;
+        if a.service != service {
+            out.strays += 1;
+            continue;
+        }
+        got += 1;
+        out.per_stream.push(a.at - t0);
+        last = last.max(a.at);
+    }
+    out.until_last.push(last - t0);
+    Ok(())
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+fn latency_rows(name: &str, l: &Latencies, streams: usize) {
+    println!(
+        "| {name}: per stream | {} | {} | {} |",
+        ms(percentile(&l.per_stream, 0.5)),
+        ms(percentile(&l.per_stream, 0.99)),
+        ms(percentile(&l.per_stream, 1.0))
+    );
+    println!(
+        "| {name}: until the last of {streams} streams | {} | {} | {} |",
+        ms(percentile(&l.until_last, 0.5)),
+        ms(percentile(&l.until_last, 0.99)),
+        ms(percentile(&l.until_last, 1.0))
+    );
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let o = opts()?;
@@ -127,6 +306,7 @@ async fn main() -> anyhow::Result<()> {
         "{} not found: build it first with `cargo build --release -p ballast`",
         o.ballast.display()
     );
+    anyhow::ensure!(o.services >= 2, "--services must be at least 2");
     let per_service = o.pods / o.services;
     let empty = tempfile::tempdir()?;
     let cluster = tempfile::tempdir()?;
@@ -163,72 +343,96 @@ async fn main() -> anyhow::Result<()> {
     let (full_rss, full_hwm) = rss(full_pid);
     let empty_alloc = allocated(&empty_c.admin).await;
     let full_alloc = allocated(&full_c.admin).await;
+    let loaded = memory(&full_c).await;
 
-    // STREAMS streams on service 0, spread over connections as proxies would be.
-    let channels = (o.streams / 100).max(1);
-    let mut clients = Vec::new();
-    for _ in 0..channels {
-        let ch = Channel::from_shared(format!("http://{}", full_c.grpc))?
-            .connect()
-            .await?;
-        clients.push(DestinationClient::new(ch));
-    }
-    let (name, ns) = service_of(0);
-    let path = format!("{name}.{ns}.svc.cluster.local:80");
-    let (tx, mut rx) = mpsc::unbounded_channel::<Instant>();
-    let mut ready_streams = 0;
-    let (ready_tx, mut ready_rx) = mpsc::unbounded_channel::<()>();
-    for s in 0..o.streams {
-        let mut client = clients[s % channels].clone();
-        let req = GetDestination {
-            scheme: "k8s".into(),
-            path: path.clone(),
-            context_token: String::new(),
-        };
-        let tx = tx.clone();
-        let ready_tx = ready_tx.clone();
-        tokio::spawn(async move {
-            let Ok(resp) = client.get(req).await else {
-                return;
-            };
-            let mut stream = resp.into_inner();
-            let _ = stream.message().await; // the initial set
-            let _ = ready_tx.send(());
-            while let Ok(Some(msg)) = stream.message().await {
-                if matches!(msg.update, Some(update::Update::Add(_))) {
-                    let _ = tx.send(Instant::now());
-                }
-            }
-        });
-    }
-    while ready_streams < o.streams {
-        ready_rx.recv().await;
-        ready_streams += 1;
-    }
-    let (streams_rss, _) = rss(full_pid);
+    // Scenario 1: STREAMS streams on service 0.
+    let (arrivals_tx, mut arrivals) = mpsc::unbounded_channel();
+    let (ready_tx, ready_rx) = mpsc::unbounded_channel();
+    let mut streams = Streams {
+        clients: Vec::new(),
+        next: 0,
+        arrivals: arrivals_tx,
+        ready_tx,
+        ready_rx,
+        open: 0,
+    };
+    streams.open(&full_c, 0, o.streams).await?;
+    streams.wait_ready().await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let hot_open = memory(&full_c).await;
+    let streams_rss = hot_open.rss;
 
-    let mut per_stream = Vec::new();
-    let mut all_streams = Vec::new();
-    let file = cluster.path().join("svc-0.yaml");
-    for round in 1..=o.rounds {
-        let contents = service_file(0, per_service, round);
-        let t0 = Instant::now();
-        write_atomic(&file, &contents)?;
-        let mut last = t0;
-        for _ in 0..o.streams {
-            let at = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-                .await?
-                .ok_or_else(|| anyhow::anyhow!("streams ended"))?;
-            per_stream.push(at - t0);
-            last = last.max(at);
-        }
-        all_streams.push(last - t0);
+    let mut generation = 0;
+    let mut hot = Latencies::default();
+    for _ in 0..o.rounds {
+        generation += 1;
+        round(
+            cluster.path(),
+            per_service,
+            0,
+            generation,
+            o.streams,
+            &mut arrivals,
+            &mut hot,
+        )
+        .await?;
     }
-    per_stream.sort();
-    all_streams.sort();
+    hot.sort();
     let (_, hwm_after) = rss(full_pid);
 
-    let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1e3);
+    // Scenario 2: COLD streams more on every service.
+    let mut fanout = None;
+    if o.cold_streams > 0 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let before = memory(&full_c).await;
+        for s in 0..o.services {
+            streams.open(&full_c, s, o.cold_streams).await?;
+        }
+        streams.wait_ready().await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let after = memory(&full_c).await;
+        let mut hot2 = Latencies::default();
+        let mut cold = Latencies::default();
+        let mut cold_generation = vec![0; o.services];
+        for r in 0..o.rounds {
+            generation += 1;
+            round(
+                cluster.path(),
+                per_service,
+                0,
+                generation,
+                o.streams + o.cold_streams,
+                &mut arrivals,
+                &mut hot2,
+            )
+            .await?;
+            let s = 1 + (r * 37) % (o.services - 1);
+            cold_generation[s] += 1;
+            round(
+                cluster.path(),
+                per_service,
+                s,
+                cold_generation[s],
+                o.cold_streams,
+                &mut arrivals,
+                &mut cold,
+            )
+            .await?;
+        }
+        hot2.sort();
+        cold.sort();
+        let mut all = Latencies::default();
+        all.per_stream = hot2
+            .per_stream
+            .iter()
+            .chain(&cold.per_stream)
+            .copied()
+            .collect();
+        all.sort();
+        let (_, hwm) = rss(full_pid);
+        fanout = Some((before, after, hot2, cold, all, hwm));
+    }
+
     let mb = |kib: u64| format!("{:.1} MB", kib as f64 / 1024.0);
     println!("destination controller, manifests source: {} pods in {} services ({} files, {:.1} MB of YAML)",
         o.pods, o.services, o.services, bytes as f64 / 1e6);
@@ -266,28 +470,56 @@ async fn main() -> anyhow::Result<()> {
         mb(hwm_after)
     );
     println!();
+    println!("Controller memory per open Get stream (growth while they opened):");
+    println!();
+    println!("| streams | RSS per stream | allocated per stream |");
+    println!("|---|---|---|");
+    let (r, a) = per_stream(loaded, hot_open, o.streams);
     println!(
-        "manifest write -> update on each of {} streams, {} rounds ({} samples)",
-        o.streams,
-        o.rounds,
-        per_stream.len()
+        "| scenario 1: {} on one service | {r:.2} KB | {a:.2} KB |",
+        o.streams
     );
+    if let Some((before, after, ..)) = &fanout {
+        let n = o.cold_streams * o.services;
+        let (r, a) = per_stream(*before, *after, n);
+        println!(
+            "| fan-out: {n} more ({} on each of {} services) | {r:.2} KB | {a:.2} KB |",
+            o.cold_streams, o.services
+        );
+        let total = n + o.streams;
+        println!("| fan-out: all {total} open, RSS {} | | |", mb(after.rss));
+    }
+    println!();
+    println!("Manifest write -> update on each affected stream:");
     println!();
     println!("| | p50 | p99 | max |");
     println!("|---|---|---|---|");
-    println!(
-        "| per stream | {} | {} | {} |",
-        ms(percentile(&per_stream, 0.5)),
-        ms(percentile(&per_stream, 0.99)),
-        ms(percentile(&per_stream, 1.0))
-    );
-    println!(
-        "| until the last of {} streams | {} | {} | {} |",
-        o.streams,
-        ms(percentile(&all_streams, 0.5)),
-        ms(percentile(&all_streams, 0.99)),
-        ms(percentile(&all_streams, 1.0))
-    );
+    latency_rows(&format!("scenario 1, {} rounds", o.rounds), &hot, o.streams);
+    if let Some((_, _, hot2, cold, all, hwm)) = &fanout {
+        let total = o.cold_streams * o.services + o.streams;
+        latency_rows(
+            &format!("fan-out ({total} open), hot service, {} rounds", o.rounds),
+            hot2,
+            o.streams + o.cold_streams,
+        );
+        latency_rows(
+            &format!("fan-out ({total} open), cold service, {} rounds", o.rounds),
+            cold,
+            o.cold_streams,
+        );
+        println!(
+            "| fan-out: per stream, hot and cold rounds together | {} | {} | {} |",
+            ms(percentile(&all.per_stream, 0.5)),
+            ms(percentile(&all.per_stream, 0.99)),
+            ms(percentile(&all.per_stream, 1.0))
+        );
+        println!();
+        println!(
+            "updates on streams of unchanged services: {}; peak RSS after the fan-out rounds: {}",
+            hot.strays + hot2.strays + cold.strays,
+            mb(*hwm)
+        );
+    }
     drop(empty_c);
     drop(full_c);
     Ok(())

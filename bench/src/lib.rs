@@ -36,6 +36,8 @@ pub async fn start(ballast: &Path, args: &[String]) -> anyhow::Result<(Controlle
             "127.0.0.1:0",
             "--admin-addr",
             "127.0.0.1:0",
+            "--policy-addr",
+            "127.0.0.1:0",
         ])
         .args(args)
         .env("BALLAST_LOG", "warn,ballast=info")

@@ -452,6 +452,8 @@ async fn main() -> anyhow::Result<()> {
             s("127.0.0.1:0"),
             s("--admin-addr"),
             s("127.0.0.1:0"),
+            s("--policy-addr"),
+            s("127.0.0.1:0"),
             s("--manifests"),
             manifests.display().to_string(),
             s("--disable-h2-upgrade"),

@@ -4,8 +4,11 @@ use crate::controller;
 use anyhow::Context;
 use ballast_admin::{AdminServer, AdminState, Readiness};
 use ballast_destination::{
+    index::DEFAULT_CLUSTER_NETWORKS,
     index::{Index, IndexConfig, PortSet, DEFAULT_OPAQUE_PORTS},
     metrics::Metrics,
+    policy::{self, PolicyConfig, PolicyMetrics, PolicyService, PolicyStore},
+    resource::{DefaultPolicy, IpNet},
     server::{self, DestinationService, MeshConfig, ServerConfig},
     source::{
         kube::{self as kube_source, BackoffConfig, KubeConfig},
@@ -26,7 +29,8 @@ use tokio::sync::watch;
 #[derive(ClapArgs)]
 #[command(
     after_help = "Source: with `--manifests DIR`, the Kubernetes objects (Pods, Services, \
-EndpointSlices) written in DIR, following edits to it (the embedded default for local runs). \
+EndpointSlices, Namespaces, Gateway API HTTPRoutes and GRPCRoutes, and Linkerd's policy.linkerd.io \
+HTTPRoutes, Servers, AuthorizationPolicies, MeshTLSAuthentications and NetworkAuthentications) written in DIR, following edits to it (the embedded default for local runs). \
 Without it, the Kubernetes API: `--kubeconfig` if given, else KUBECONFIG or ~/.kube/config, \
 else the in-cluster service account.\n\
 Every flag can also be set by the environment variable shown."
@@ -158,6 +162,36 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1024..))]
     http2_max_header_list_bytes: u32,
 
+    /// Address of Linkerd's policy API (OutboundPolicies and
+    /// InboundServerPolicies), for Linkerd's proxies, which dial it apart from
+    /// Destination. Both services are served on --addr too, for Ballast's.
+    #[arg(
+        long,
+        env = "BALLAST_DESTINATION_POLICY_ADDR",
+        default_value = "127.0.0.1:8090"
+    )]
+    policy_addr: SocketAddr,
+
+    /// Inbound policy of pods whose ports no Server selects, unless the pod
+    /// or its namespace names one (config.linkerd.io/default-inbound-policy):
+    /// all-unauthenticated, all-authenticated, cluster-unauthenticated,
+    /// cluster-authenticated, deny or audit.
+    #[arg(long, env = "BALLAST_DESTINATION_DEFAULT_INBOUND_POLICY", default_value = "all-unauthenticated",
+          value_parser = parse_default_policy)]
+    default_inbound_policy: DefaultPolicy,
+
+    /// The cluster's pod and node networks, comma-separated CIDRs: what the
+    /// cluster-* default policies admit.
+    #[arg(long, env = "BALLAST_DESTINATION_CLUSTER_NETWORKS", default_value = DEFAULT_CLUSTER_NETWORKS,
+          value_parser = parse_networks)]
+    cluster_networks: Networks,
+
+    /// Concurrent policy Watch streams (both policy APIs); past it new ones
+    /// get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "BALLAST_DESTINATION_MAX_POLICY_STREAMS", default_value_t = policy::DEFAULT_MAX_POLICY_STREAMS,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    max_policy_streams: u32,
+
     /// On SIGTERM, how long open streams and connections get to close before exit.
     #[arg(long, env = "BALLAST_DESTINATION_SHUTDOWN_GRACE", default_value = "10s", value_parser = GRACE)]
     shutdown_grace: Duration,
@@ -245,21 +279,53 @@ fn own_identity(
     )))
 }
 
+fn parse_default_policy(s: &str) -> Result<DefaultPolicy, String> {
+    s.parse()
+}
+
+/// A non-empty list of networks (Linkerd's proxies refuse an authorization
+/// without one).
+#[derive(Clone, Debug)]
+struct Networks(Vec<IpNet>);
+
+fn parse_networks(s: &str) -> Result<Networks, String> {
+    let nets = s
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::parse)
+        .collect::<Result<Vec<IpNet>, String>>()?;
+    if nets.is_empty() {
+        return Err("at least one network is needed".into());
+    }
+    Ok(Networks(nets))
+}
+
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let default_opaque_ports = PortSet::parse(&args.default_opaque_ports)
         .map_err(|e| anyhow::anyhow!("--default-opaque-ports: {e}"))?;
     let (grpc, admin) = controller::listeners("destination", args.addr, args.admin_addr).await?;
+    let policy_listener = tokio::net::TcpListener::bind(args.policy_addr)
+        .await
+        .with_context(|| format!("cannot listen on --policy-addr {}", args.policy_addr))?;
+    tracing::info!("policy gRPC listening on {}", policy_listener.local_addr()?);
 
     let metrics = Metrics::default();
+    let policy_metrics = PolicyMetrics::default();
     let stats = Arc::new(ballast_meshtls::server::ServeStats::default());
     let (registry, _sampler) = controller::registry(|r| {
         metrics.register(r);
+        policy_metrics.register(r);
         stats.register(r);
     });
 
     let store = Store::new(
         Index::new(IndexConfig {
             default_opaque_ports,
+            default_inbound_policy: args.default_inbound_policy,
+            cluster_networks: args.cluster_networks.0.clone(),
+            control_plane_namespace: args.controller_namespace.clone(),
+            trust_domain: args.identity_trust_domain.clone(),
         }),
         metrics,
     );
@@ -323,13 +389,22 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     });
 
-    let config = ServerConfig {
-        mesh: MeshConfig {
-            cluster_domain: args.cluster_domain,
-            controller_namespace: args.controller_namespace,
-            identity_trust_domain: Some(args.identity_trust_domain).filter(|d| !d.is_empty()),
-            enable_h2_upgrade: !args.disable_h2_upgrade,
+    let mesh = MeshConfig {
+        cluster_domain: args.cluster_domain,
+        controller_namespace: args.controller_namespace,
+        identity_trust_domain: Some(args.identity_trust_domain).filter(|d| !d.is_empty()),
+        enable_h2_upgrade: !args.disable_h2_upgrade,
+    };
+    let policy_store = PolicyStore::new(
+        store.clone(),
+        PolicyConfig {
+            mesh: mesh.clone(),
+            ..PolicyConfig::default()
         },
+        policy_metrics,
+    );
+    let config = ServerConfig {
+        mesh,
         stream_queue: args.stream_queue as usize,
         stream_send_wait: args.stream_send_wait,
         max_streams: args.max_streams as usize,
@@ -339,12 +414,28 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         http2_max_header_list_bytes: args.http2_max_header_list_bytes,
         ..ServerConfig::default()
     };
+    let policy_service = PolicyService::new(
+        policy_store,
+        args.max_policy_streams as usize,
+        config.max_request_bytes,
+        stop_rx.clone(),
+    );
     let service = DestinationService::new(store.clone(), config, stop_rx.clone());
     let tls = own.map(|(config, _)| (config, stats));
+    // Linkerd's proxies dial policy on its own port; it serves the same
+    // services under the same limits and TLS.
+    let mut policy_task = tokio::spawn(server::serve(
+        policy_listener,
+        tls.clone(),
+        service.clone(),
+        Some(policy_service.clone()),
+        controller::stopped(stop_rx.clone()),
+    ));
     let mut grpc_task = tokio::spawn(server::serve(
         grpc,
         tls,
         service,
+        Some(policy_service),
         controller::stopped(stop_rx.clone()),
     ));
 
@@ -356,6 +447,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             Err(e) => Err(anyhow::anyhow!("source stopped: {e}")),
         },
         r = &mut grpc_task => Err(anyhow::anyhow!("gRPC server stopped: {r:?}")),
+        r = &mut policy_task => Err(anyhow::anyhow!("policy gRPC server stopped: {r:?}")),
     };
 
     // Streams end cleanly (status OK) as soon as the flag turns; the server
@@ -364,6 +456,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let drain = async {
         if !grpc_task.is_finished() {
             let _ = grpc_task.await;
+        }
+        if !policy_task.is_finished() {
+            let _ = policy_task.await;
         }
         let _ = admin_task.await;
     };

@@ -154,14 +154,20 @@ fn the_deployments_are_probed_bounded_and_unprivileged() {
             .iter()
             .map(|p| p["name"].as_str().unwrap())
             .collect();
-        // The Deployment's Services expose gRPC and metrics by its port names.
+        // The Deployment's Services expose gRPC and metrics (and the
+        // destination controller Linkerd's policy port) by its port names.
         let targets: BTreeSet<&str> = of_kind(&docs, "Service")
             .iter()
             .filter(|s| &s["spec"]["selector"]["app.kubernetes.io/name"] == app)
             .flat_map(|s| s["spec"]["ports"].as_array().unwrap())
             .map(|p| p["targetPort"].as_str().unwrap())
             .collect();
-        assert_eq!(targets, BTreeSet::from(["admin", "grpc"]), "{app}");
+        let expected = if app == "ballast-destination" {
+            BTreeSet::from(["admin", "grpc", "policy"])
+        } else {
+            BTreeSet::from(["admin", "grpc"])
+        };
+        assert_eq!(targets, expected, "{app}");
         assert!(targets.is_subset(&ports));
         // The flags the Deployment passes are flags its subcommand has.
         let args: Vec<&str> = c["args"]
@@ -183,5 +189,48 @@ fn the_deployments_are_probed_bounded_and_unprivileged() {
                 args[0]
             );
         }
+    }
+}
+
+#[test]
+fn every_watched_custom_resource_has_a_definition_in_deploy_crds() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds");
+    let mut defined: BTreeSet<(String, String, String)> = BTreeSet::new();
+    for entry in std::fs::read_dir(&dir).expect("deploy/crds exists") {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
+            .unwrap_or_else(|e| panic!("{} does not parse: {e}", path.display()));
+        for crd in docs
+            .iter()
+            .filter(|d| d["kind"] == "CustomResourceDefinition")
+        {
+            let spec = &crd["spec"];
+            let group = spec["group"].as_str().unwrap().to_string();
+            let plural = spec["names"]["plural"].as_str().unwrap().to_string();
+            assert_eq!(
+                crd["metadata"]["name"].as_str().unwrap(),
+                format!("{plural}.{group}"),
+                "{}: a CRD's name is PLURAL.GROUP",
+                path.display()
+            );
+            for v in spec["versions"].as_array().unwrap() {
+                if v["served"] == true {
+                    let version = v["name"].as_str().unwrap().to_string();
+                    defined.insert((group.clone(), version, plural.clone()));
+                }
+            }
+        }
+    }
+    let custom: Vec<_> = ballast_destination::source::kube::WATCHED_RESOURCES
+        .iter()
+        .filter(|(group, _, _)| !["", "discovery.k8s.io"].contains(group))
+        .collect();
+    assert!(!custom.is_empty());
+    for (group, version, plural) in custom {
+        assert!(
+            defined.contains(&(group.to_string(), version.to_string(), plural.to_string())),
+            "no served definition of {plural}.{group}/{version} in deploy/crds"
+        );
     }
 }

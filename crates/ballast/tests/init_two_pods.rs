@@ -102,7 +102,8 @@ async fn a_client_in_pod_a_reaches_a_service_in_pod_b_through_both_proxies() {
         cmd.arg("destination")
             .arg("--manifests")
             .arg(cluster.path())
-            .args(["--addr", "0.0.0.0:0", "--admin-addr", "127.0.0.1:0"]);
+            .args(["--addr", "0.0.0.0:0", "--admin-addr", "127.0.0.1:0"])
+            .args(["--policy-addr", "127.0.0.1:0"]);
         Logged::spawn(cmd)
     };
     let grpc_port = controller

@@ -127,6 +127,7 @@ async fn pods_talk_mutual_tls_on_the_wire() {
             .arg("--manifests")
             .arg(cluster.path())
             .args(["--addr", "0.0.0.0:0", "--admin-addr", "127.0.0.1:0"])
+            .args(["--policy-addr", "127.0.0.1:0"])
             .arg("--identity-trust-anchors")
             .arg(pki.anchors())
             .args(["--identity-addr", &format!("127.0.0.1:{ca_port}")])

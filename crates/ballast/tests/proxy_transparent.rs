@@ -60,7 +60,8 @@ async fn redirected_connections_are_routed_by_their_original_destination() {
         cmd.arg("destination")
             .arg("--manifests")
             .arg(cluster.path())
-            .args(["--addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"]);
+            .args(["--addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+            .args(["--policy-addr", "127.0.0.1:0"]);
         Logged::spawn(cmd)
     };
     let grpc = _controller

@@ -208,6 +208,8 @@ async fn start_controller(
         addr.to_string(),
         "--admin-addr".to_string(),
         "127.0.0.1:0".to_string(),
+        "--policy-addr".to_string(),
+        "127.0.0.1:0".to_string(),
     ];
     let (process, addrs) = Process::start(
         &config.ballast,

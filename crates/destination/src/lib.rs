@@ -9,7 +9,9 @@
 
 pub mod authority;
 pub mod diagnostics;
+pub mod feed;
 pub mod metrics;
+pub mod policy;
 pub mod server;
 pub mod source;
 pub mod store;

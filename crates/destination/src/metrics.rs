@@ -117,6 +117,8 @@ pub struct Metrics {
     pub stream_overflows_total: Family<MethodLabel, Counter>,
     pub streams_refused_total: Family<MethodLabel, Counter>,
     pub updates_sent_total: Family<MethodLabel, Counter>,
+    pub stream_resyncs_total: Family<MethodLabel, Counter>,
+    pub subscription_history_bytes: Gauge,
     pub reload_errors_total: Counter,
     pub manifest_files_invalid: Gauge,
     pub reloads_total: Counter,
@@ -180,6 +182,16 @@ impl Metrics {
             "updates_sent",
             "Messages queued to clients, by method",
             self.updates_sent_total.clone(),
+        );
+        r.register(
+            "stream_resyncs",
+            "Streams that fell behind their subscription's history of changes and were sent a reset and the whole answer",
+            self.stream_resyncs_total.clone(),
+        );
+        r.register(
+            "subscription_history_bytes",
+            "Encoded changes kept for streams that fall behind, across subscriptions (bounded per subscription)",
+            self.subscription_history_bytes.clone(),
         );
         r.register(
             "reload_errors",

@@ -1,18 +1,24 @@
 //! The index behind a lock, and the shared subscriptions that read it.
 //!
-//! One subscription per target, however many streams watch it: it holds the
-//! latest answer in a `watch` channel (latest value, never a queue) and is
-//! recomputed only when a change could affect it. A [`Subscription`] handle
-//! counts as one watcher; when the last handle drops, on whatever path, the
-//! entry and its map key are removed.
+//! One subscription per target, however many streams watch it: a
+//! [`Feed`] holding the latest answer (latest value, never a queue) and the
+//! encoded changes that led to it, shared by every stream. A change to the
+//! index reaches only the subscriptions it could affect, found through
+//! indexes by service and by IP, so its cost follows the affected
+//! subscriptions, not all of them; each affected answer and its change are
+//! computed once. A [`Subscription`] handle counts as one watcher; when the
+//! last handle drops, on whatever path, the entry, its map key and its index
+//! keys are removed.
 
 use crate::{
+    feed::{CatchUp, Cursor, Encode, Feed},
     index::{Changes, EndpointSet, Index, ProfileView, Target},
     metrics::Metrics,
     resource::{Kind, ObjectKey, Resource},
 };
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
+    net::IpAddr,
     sync::{Arc, Mutex, MutexGuard},
 };
 use tokio::sync::watch;
@@ -32,6 +38,16 @@ pub struct Store {
     ready: watch::Sender<bool>,
     /// Counts bulk loads (the first full state, and every relist).
     bulk_loads: watch::Sender<u64>,
+    /// Others that answer from the index (the policy API), told of each
+    /// change under the store's lock, after its own subscriptions.
+    observers: std::sync::RwLock<Vec<Arc<dyn Observer>>>,
+}
+
+/// Recomputes its own answers after each change. Called with the store's
+/// lock held, so it never sees a half-applied batch; it must not call back
+/// into the store.
+pub trait Observer: Send + Sync {
+    fn changed(&self, index: &Index, changes: &Changes);
 }
 
 struct Inner {
@@ -40,16 +56,24 @@ struct Inner {
     profile: Subs<ProfileView>,
 }
 
-type Subs<V> = HashMap<Target, Entry<V>>;
+/// The subscriptions of one method, and which of them a change may reach.
+struct Subs<V> {
+    entries: HashMap<Target, Entry<V>>,
+    /// Service targets, by service.
+    by_service: HashMap<ObjectKey, HashSet<Target>>,
+    /// Address targets, by IP.
+    by_ip: HashMap<IpAddr, HashSet<Target>>,
+}
 
 struct Entry<V> {
-    tx: watch::Sender<Arc<V>>,
+    feed: Arc<Feed<V>>,
     watchers: usize,
 }
 
 /// A watcher's handle on a shared subscription.
 pub struct Subscription<V> {
-    rx: watch::Receiver<Arc<V>>,
+    feed: Arc<Feed<V>>,
+    cursor: Cursor<V>,
     _guard: Guard,
 }
 
@@ -79,12 +103,13 @@ impl Store {
         let store = Arc::new(Self {
             inner: Mutex::new(Inner {
                 index,
-                get: HashMap::new(),
-                profile: HashMap::new(),
+                get: Subs::default(),
+                profile: Subs::default(),
             }),
             metrics,
             ready: watch::Sender::new(false),
             bulk_loads: watch::Sender::new(0),
+            observers: Default::default(),
         });
         store.record_sizes(&store.lock().index);
         store
@@ -155,16 +180,28 @@ impl Store {
             return;
         }
         let index = &inner.index;
-        for (target, entry) in inner.get.iter() {
-            if changes.affects(target, index) {
-                publish(&entry.tx, index.endpoints(target));
-            }
+        for (target, entry) in inner.get.affected(&changes, index) {
+            entry.feed.publish(index.endpoints(target));
         }
-        for (target, entry) in inner.profile.iter() {
-            if changes.affects(target, index) {
-                publish(&entry.tx, index.profile(target));
-            }
+        for (target, entry) in inner.profile.affected(&changes, index) {
+            entry.feed.publish(index.profile(target));
         }
+        for o in self
+            .observers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            o.changed(index, &changes);
+        }
+    }
+
+    /// Adds an observer of every change from now on.
+    pub fn observe(&self, observer: Arc<dyn Observer>) {
+        self.observers
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(observer);
     }
 
     fn record_sizes(&self, index: &Index) {
@@ -192,30 +229,56 @@ impl Store {
         f(&self.lock().index)
     }
 
-    pub fn subscribe_endpoints(self: &Arc<Self>, target: Target) -> Subscription<EndpointSet> {
-        let mut inner = self.lock();
-        let inner = &mut *inner;
-        let rx = join(&mut inner.get, &target, || inner.index.endpoints(&target));
-        self.count_subscriptions(Method::Get, inner.get.len());
-        self.subscription(rx, target, Method::Get)
-    }
-
-    pub fn subscribe_profile(self: &Arc<Self>, target: Target) -> Subscription<ProfileView> {
-        let mut inner = self.lock();
-        let inner = &mut *inner;
-        let rx = join(&mut inner.profile, &target, || inner.index.profile(&target));
-        self.count_subscriptions(Method::Profile, inner.profile.len());
-        self.subscription(rx, target, Method::Profile)
-    }
-
-    fn subscription<V>(
+    /// Joins the `Get` subscription of `target`, creating it if it is the
+    /// first. A new subscription encodes with `encoder` for as long as it
+    /// lives (every server over one store encodes alike).
+    pub fn subscribe_endpoints(
         self: &Arc<Self>,
-        rx: watch::Receiver<Arc<V>>,
+        target: Target,
+        encoder: &Arc<dyn Encode<EndpointSet>>,
+    ) -> Subscription<EndpointSet> {
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        let feed = inner.get.join(&target, || {
+            Feed::new(
+                inner.index.endpoints(&target),
+                encoder.clone(),
+                self.metrics.subscription_history_bytes.clone(),
+            )
+        });
+        self.count_subscriptions(Method::Get, inner.get.entries.len());
+        self.subscription(feed, target, Method::Get)
+    }
+
+    /// Joins the `GetProfile` subscription of `target`, as
+    /// [`Store::subscribe_endpoints`] does.
+    pub fn subscribe_profile(
+        self: &Arc<Self>,
+        target: Target,
+        encoder: &Arc<dyn Encode<ProfileView>>,
+    ) -> Subscription<ProfileView> {
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        let feed = inner.profile.join(&target, || {
+            Feed::new(
+                inner.index.profile(&target),
+                encoder.clone(),
+                self.metrics.subscription_history_bytes.clone(),
+            )
+        });
+        self.count_subscriptions(Method::Profile, inner.profile.entries.len());
+        self.subscription(feed, target, Method::Profile)
+    }
+
+    fn subscription<V: PartialEq + Send + Sync + 'static>(
+        self: &Arc<Self>,
+        feed: Arc<Feed<V>>,
         target: Target,
         method: Method,
     ) -> Subscription<V> {
         Subscription {
-            rx,
+            cursor: feed.cursor(),
+            feed,
             _guard: Guard {
                 store: self.clone(),
                 target,
@@ -232,37 +295,99 @@ impl Store {
     }
 }
 
-fn join<V>(
-    subs: &mut Subs<V>,
-    target: &Target,
-    compute: impl FnOnce() -> V,
-) -> watch::Receiver<Arc<V>> {
-    let entry = subs.entry(target.clone()).or_insert_with(|| Entry {
-        tx: watch::Sender::new(Arc::new(compute())),
-        watchers: 0,
-    });
-    entry.watchers += 1;
-    entry.tx.subscribe()
-}
-
-fn leave<V>(subs: &mut Subs<V>, target: &Target) {
-    if let Some(entry) = subs.get_mut(target) {
-        entry.watchers -= 1;
-        if entry.watchers == 0 {
-            subs.remove(target);
+impl<V> Default for Subs<V> {
+    fn default() -> Self {
+        Self {
+            entries: HashMap::new(),
+            by_service: HashMap::new(),
+            by_ip: HashMap::new(),
         }
     }
 }
 
-fn publish<V: PartialEq>(tx: &watch::Sender<Arc<V>>, new: V) {
-    tx.send_if_modified(|cur| {
-        if **cur == new {
-            false
-        } else {
-            *cur = Arc::new(new);
-            true
+impl<V> Subs<V> {
+    fn join(&mut self, target: &Target, create: impl FnOnce() -> Feed<V>) -> Arc<Feed<V>> {
+        if !self.entries.contains_key(target) {
+            match target {
+                Target::Service { service, .. } => self
+                    .by_service
+                    .entry(service.clone())
+                    .or_default()
+                    .insert(target.clone()),
+                Target::Addr(addr) => self
+                    .by_ip
+                    .entry(addr.ip())
+                    .or_default()
+                    .insert(target.clone()),
+            };
         }
-    });
+        let entry = self.entries.entry(target.clone()).or_insert_with(|| Entry {
+            feed: Arc::new(create()),
+            watchers: 0,
+        });
+        entry.watchers += 1;
+        entry.feed.clone()
+    }
+
+    fn leave(&mut self, target: &Target) {
+        let Some(entry) = self.entries.get_mut(target) else {
+            return;
+        };
+        entry.watchers -= 1;
+        if entry.watchers > 0 {
+            return;
+        }
+        self.entries.remove(target);
+        fn unindex<K: Eq + std::hash::Hash>(
+            map: &mut HashMap<K, HashSet<Target>>,
+            key: &K,
+            target: &Target,
+        ) {
+            if let Some(targets) = map.get_mut(key) {
+                targets.remove(target);
+                if targets.is_empty() {
+                    map.remove(key);
+                }
+            }
+        }
+        match target {
+            Target::Service { service, .. } => unindex(&mut self.by_service, service, target),
+            Target::Addr(addr) => unindex(&mut self.by_ip, &addr.ip(), target),
+        }
+    }
+
+    /// The subscriptions whose answer `changes` could alter: found through
+    /// the indexes (work follows what changed, not how many subscriptions
+    /// there are), then checked with [`Changes::affects`].
+    fn affected<'a>(
+        &'a self,
+        changes: &Changes,
+        index: &Index,
+    ) -> impl Iterator<Item = (&'a Target, &'a Entry<V>)> + 'a {
+        let targets: Vec<&'a Target> = if changes.all {
+            self.entries.keys().collect()
+        } else {
+            let mut found: HashSet<&'a Target> = HashSet::new();
+            for service in &changes.services {
+                found.extend(self.by_service.get(service).into_iter().flatten());
+                // An address target follows the service whose cluster IP
+                // it is.
+                for ip in index.service(service).iter().flat_map(|s| &s.cluster_ips) {
+                    found.extend(self.by_ip.get(ip).into_iter().flatten());
+                }
+            }
+            for ip in &changes.ips {
+                found.extend(self.by_ip.get(ip).into_iter().flatten());
+            }
+            found
+                .into_iter()
+                .filter(|t| changes.affects(t, index))
+                .collect()
+        };
+        targets
+            .into_iter()
+            .filter_map(|t| self.entries.get_key_value(t))
+    }
 }
 
 impl Drop for Guard {
@@ -270,12 +395,12 @@ impl Drop for Guard {
         let mut inner = self.store.lock();
         let n = match self.method {
             Method::Get => {
-                leave(&mut inner.get, &self.target);
-                inner.get.len()
+                inner.get.leave(&self.target);
+                inner.get.entries.len()
             }
             Method::Profile => {
-                leave(&mut inner.profile, &self.target);
-                inner.profile.len()
+                inner.profile.leave(&self.target);
+                inner.profile.entries.len()
             }
         };
         drop(inner);
@@ -283,16 +408,195 @@ impl Drop for Guard {
     }
 }
 
-impl<V> Subscription<V> {
-    /// The current answer, marking it seen.
-    pub fn current(&mut self) -> Arc<V> {
-        self.rx.borrow_and_update().clone()
+impl<V: PartialEq + Send + Sync + 'static> Subscription<V> {
+    /// The messages that bring this watcher from what it last took to the
+    /// latest answer (the whole answer, the first time), marking it taken.
+    pub fn catch_up(&mut self) -> CatchUp {
+        self.feed.catch_up(&mut self.cursor)
     }
 
-    /// Waits until the answer differs from the last one seen. Returns `None`
-    /// if the store is gone.
-    pub async fn changed(&mut self) -> Option<Arc<V>> {
-        self.rx.changed().await.ok()?;
-        Some(self.current())
+    /// The latest answer.
+    pub fn answer(&self) -> Arc<V> {
+        self.feed.answer()
+    }
+
+    /// Waits for an answer newer than the last one taken. Returns `false`
+    /// if the subscription is gone.
+    pub async fn changed(&mut self) -> bool {
+        self.cursor.changed().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::IndexConfig;
+    use bytes::Bytes;
+    use serde_json::json;
+    use std::net::SocketAddr;
+
+    /// Encodes a whole set as one message naming its addresses, and a
+    /// change as one message: enough to see who was sent what.
+    struct Addrs;
+
+    impl Encode<EndpointSet> for Addrs {
+        fn full(&self, cur: &EndpointSet) -> Vec<Bytes> {
+            vec![Bytes::from(format!("{:?}", cur.endpoints.keys()))]
+        }
+        fn diff(&self, _: &EndpointSet, cur: &EndpointSet) -> Vec<Bytes> {
+            self.full(cur)
+        }
+        fn reset(&self, _: &EndpointSet) -> Option<Bytes> {
+            None
+        }
+    }
+
+    fn resource(v: serde_json::Value) -> Resource {
+        Resource::from_value(v).unwrap().unwrap()
+    }
+
+    fn service(name: &str, cluster_ip: &str) -> Op {
+        Op::Apply(resource(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"clusterIP": cluster_ip, "selector": {"app": name},
+                     "ports": [{"port": 80, "targetPort": 8080}]},
+        })))
+    }
+
+    fn pod(app: &str, name: &str, ip: &str) -> Op {
+        Op::Apply(resource(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "ns", "labels": {"app": app}},
+            "spec": {"containers": [{"name": "main", "ports": [{"containerPort": 8080}]}]},
+            "status": {"phase": "Running", "podIP": ip,
+                       "conditions": [{"type": "Ready", "status": "True"}]},
+        })))
+    }
+
+    fn svc(name: &str) -> Target {
+        Target::Service {
+            service: ObjectKey::new("ns", name),
+            port: 80,
+        }
+    }
+
+    fn addr(a: &str) -> Target {
+        Target::Addr(a.parse::<SocketAddr>().unwrap())
+    }
+
+    fn store() -> Arc<Store> {
+        let store = Store::new(Index::new(IndexConfig::default()), Metrics::default());
+        store.update(vec![
+            service("a", "10.96.0.1"),
+            service("b", "10.96.0.2"),
+            pod("a", "a-1", "10.0.0.1"),
+            pod("b", "b-1", "10.0.1.1"),
+        ]);
+        store
+    }
+
+    fn encoder() -> Arc<dyn Encode<EndpointSet>> {
+        Arc::new(Addrs)
+    }
+
+    fn messages(sub: &mut Subscription<EndpointSet>) -> usize {
+        sub.catch_up().messages().count()
+    }
+
+    fn live(store: &Store) -> i64 {
+        store
+            .metrics
+            .subscriptions
+            .get_or_create(&Metrics::method("Get"))
+            .get()
+    }
+
+    #[test]
+    fn one_subscription_per_target_freed_with_its_last_watcher() {
+        let store = store();
+        let enc = encoder();
+        let first = store.subscribe_endpoints(svc("a"), &enc);
+        let second = store.subscribe_endpoints(svc("a"), &enc);
+        let by_ip = store.subscribe_endpoints(addr("10.0.1.1:8080"), &enc);
+        assert_eq!(live(&store), 2);
+        drop(first);
+        assert_eq!(live(&store), 2, "a watcher is left");
+        drop(second);
+        drop(by_ip);
+        assert_eq!(live(&store), 0);
+        let inner = store.lock();
+        assert!(inner.get.entries.is_empty());
+        assert!(inner.get.by_service.is_empty() && inner.get.by_ip.is_empty());
+    }
+
+    #[test]
+    fn a_change_reaches_only_the_subscriptions_it_affects() {
+        let store = store();
+        let enc = encoder();
+        let mut a = store.subscribe_endpoints(svc("a"), &enc);
+        let mut b = store.subscribe_endpoints(svc("b"), &enc);
+        let mut a_cluster_ip = store.subscribe_endpoints(addr("10.96.0.1:80"), &enc);
+        let mut b_pod = store.subscribe_endpoints(addr("10.0.1.1:8080"), &enc);
+        for sub in [&mut a, &mut b, &mut a_cluster_ip, &mut b_pod] {
+            assert_eq!(messages(sub), 1, "the first answer");
+        }
+        // Many unrelated address subscriptions: a change must not visit them.
+        let others: Vec<_> = (0..1_000)
+            .map(|i| {
+                store.subscribe_endpoints(addr(&format!("10.9.{}.{}:80", i / 250, i % 250)), &enc)
+            })
+            .collect();
+
+        store.update(vec![pod("a", "a-2", "10.0.0.2")]);
+        assert_eq!(messages(&mut a), 1);
+        assert_eq!(messages(&mut a_cluster_ip), 1, "follows its service");
+        assert_eq!(messages(&mut b), 0);
+        assert_eq!(messages(&mut b_pod), 0);
+
+        let inner = store.lock();
+        let mut changes = Changes::default();
+        changes.services.insert(ObjectKey::new("ns", "a"));
+        changes.ips.insert("10.0.0.2".parse().unwrap());
+        let reached: Vec<&Target> = inner
+            .get
+            .affected(&changes, &inner.index)
+            .map(|(t, _)| t)
+            .collect();
+        assert_eq!(reached.len(), 2, "{reached:?}");
+        drop(inner);
+        drop(others);
+    }
+
+    #[test]
+    fn a_target_s_answer_and_change_are_computed_once_for_all_watchers() {
+        let store = store();
+        let enc = encoder();
+        let mut subs: Vec<_> = (0..3)
+            .map(|_| store.subscribe_endpoints(svc("a"), &enc))
+            .collect();
+        for s in &mut subs {
+            let _ = s.catch_up();
+        }
+        store.update(vec![pod("a", "a-2", "10.0.0.2")]);
+        let ups: Vec<CatchUp> = subs.iter_mut().map(|s| s.catch_up()).collect();
+        let ptrs: Vec<*const u8> = ups
+            .iter()
+            .map(|u| u.messages().next().unwrap().as_ptr())
+            .collect();
+        assert!(ptrs.iter().all(|p| *p == ptrs[0]), "one shared encoding");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watcher_wakes_only_for_its_own_target() {
+        let store = store();
+        let enc = encoder();
+        let mut a = store.subscribe_endpoints(svc("a"), &enc);
+        let mut b = store.subscribe_endpoints(svc("b"), &enc);
+        let _ = (a.catch_up(), b.catch_up());
+        store.update(vec![pod("a", "a-2", "10.0.0.2")]);
+        assert!(a.changed().await);
+        let quiet = tokio::time::timeout(std::time::Duration::from_secs(5), b.changed()).await;
+        assert!(quiet.is_err(), "b's answer did not change");
     }
 }

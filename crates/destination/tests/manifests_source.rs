@@ -459,7 +459,7 @@ async fn kinds_the_index_does_not_use_are_skipped_quietly() {
         format!(
             "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  a: b\n---\n\
              apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\nspec:\n  replicas: 3\n---\n\
-             apiVersion: v1\nkind: Namespace\nmetadata:\n  name: shop\n---\n{}",
+             apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: web\n---\n{}",
             pod("shop", "web-1", "10.0.0.1")
         ),
     )

@@ -33,6 +33,8 @@ pub struct Controller {
     child: Child,
     pub grpc: SocketAddr,
     pub admin: SocketAddr,
+    /// Linkerd's policy port (`--policy-addr`).
+    pub policy: SocketAddr,
     pub logs: Arc<Mutex<Vec<String>>>,
 }
 
@@ -64,7 +66,7 @@ impl Controller {
     /// addresses (a flag given here overrides them).
     pub async fn start_with(args: &[String]) -> Controller {
         let mut defaults = Vec::new();
-        for flag in ["--addr", "--admin-addr"] {
+        for flag in ["--addr", "--admin-addr", "--policy-addr"] {
             if !args.iter().any(|a| a == flag) {
                 defaults.extend([flag, "127.0.0.1:0"]);
             }
@@ -82,7 +84,7 @@ impl Controller {
             .expect("spawn ballast");
         let stderr = child.stderr.take().expect("stderr");
         let logs = Arc::new(Mutex::new(Vec::new()));
-        let (addrs_tx, mut addrs_rx) = watch::channel((None, None));
+        let (addrs_tx, mut addrs_rx) = watch::channel((None, None, None));
         let sink = logs.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
@@ -94,23 +96,26 @@ impl Controller {
                         .and_then(|a| a.parse::<SocketAddr>().ok())
                 };
                 if let Some(a) = addr("destination gRPC listening on ") {
-                    addrs_tx.send_modify(|(g, _)| *g = Some(a));
+                    addrs_tx.send_modify(|(g, _, _)| *g = Some(a));
                 }
                 if let Some(a) = addr("admin listening on ") {
-                    addrs_tx.send_modify(|(_, m)| *m = Some(a));
+                    addrs_tx.send_modify(|(_, m, _)| *m = Some(a));
+                }
+                if let Some(a) = addr("policy gRPC listening on ") {
+                    addrs_tx.send_modify(|(_, _, p)| *p = Some(a));
                 }
                 sink.lock().unwrap().push(line);
             }
         });
         let listening = tokio::time::timeout(DEADLINE, async {
             let r = addrs_rx
-                .wait_for(|(g, a)| g.is_some() && a.is_some())
+                .wait_for(|(g, a, p)| g.is_some() && a.is_some() && p.is_some())
                 .await
                 .ok()?;
-            Some((r.0?, r.1?))
+            Some((r.0?, r.1?, r.2?))
         })
         .await;
-        let Ok(Some((grpc, admin))) = listening else {
+        let Ok(Some((grpc, admin, policy))) = listening else {
             // Let the reader catch the last lines, then show them.
             let _ = tokio::time::timeout(Duration::from_secs(2), child.wait()).await;
             panic!(
@@ -122,6 +127,7 @@ impl Controller {
             child,
             grpc,
             admin,
+            policy,
             logs,
         };
         eventually("/ready", || async {

@@ -1,34 +1,37 @@
 //! Linkerd's Destination gRPC API over the store.
 //!
 //! Each stream is a small task: it waits for its shared subscription to
-//! change, turns the new answer into messages, and puts them on a bounded
-//! queue. A client that does not read fills its queue; the stream is then
-//! closed with `RESOURCE_EXHAUSTED` and its subscription released. Nothing
-//! else waits on it.
+//! change, takes the messages that bring its client up to date (encoded
+//! once per change for every stream, see [`crate::feed`]), and puts them on
+//! a bounded queue that is the response body. A client that does not read
+//! fills its queue; the stream is then closed with `RESOURCE_EXHAUSTED` and
+//! its subscription released. Nothing else waits on it.
 
+mod grpc;
+mod queue;
+#[cfg(test)]
+mod tests;
 mod translate;
 mod updates;
 
-pub use translate::{MeshConfig, DEFAULT_PROXY_INBOUND_PORT, DEFAULT_WEIGHT};
-pub use updates::MAX_ADDRS_PER_UPDATE;
+pub use grpc::DestinationGrpc;
+pub use translate::{weighted_addr, MeshConfig, DEFAULT_PROXY_INBOUND_PORT, DEFAULT_WEIGHT};
+pub use updates::{EndpointsEncoder, ProfileEncoder, MAX_ADDRS_PER_UPDATE};
 
 use crate::{
     authority,
-    index::Target,
+    feed::Encode,
+    index::{EndpointSet, ProfileView, Target},
     metrics::Metrics,
     resource::ServiceType,
     store::{Store, Subscription},
 };
-use futures_util::StreamExt;
-use linkerd2_proxy_api::destination::{
-    destination_server::{Destination, DestinationServer},
-    DestinationProfile, GetDestination, Update,
-};
+use linkerd2_proxy_api::destination::GetDestination;
 use prometheus_client::metrics::gauge::Gauge;
+use queue::{QueueBody, Sent};
 use std::{future::Future, sync::Arc, time::Duration};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tonic::Status;
 
 /// Bounds and behaviour of the gRPC server.
 #[derive(Clone, Debug)]
@@ -108,18 +111,9 @@ impl Default for ServerConfig {
 pub struct DestinationService {
     store: Arc<Store>,
     config: Arc<ServerConfig>,
+    endpoints: Arc<dyn Encode<EndpointSet>>,
     streams: Arc<Semaphore>,
     shutdown: watch::Receiver<bool>,
-}
-
-/// A stream's bounded queue holds boxed messages: a queue slot then costs a
-/// pointer, however large the message type.
-type Queued<T> = Result<Box<T>, Box<Status>>;
-type Stream<T> =
-    futures_util::stream::Map<ReceiverStream<Queued<T>>, fn(Queued<T>) -> Result<T, Status>>;
-
-fn unbox<T>(item: Queued<T>) -> Result<T, Status> {
-    item.map(|m| *m).map_err(|s| *s)
 }
 
 impl DestinationService {
@@ -128,6 +122,9 @@ impl DestinationService {
         Self {
             store,
             streams: Arc::new(Semaphore::new(config.max_streams)),
+            endpoints: Arc::new(EndpointsEncoder {
+                mesh: config.mesh.clone(),
+            }),
             config: Arc::new(config),
             shutdown,
         }
@@ -164,111 +161,82 @@ impl DestinationService {
         Ok(target)
     }
 
-    /// Runs one stream: sends what `render` makes of each new answer until the
-    /// client leaves, the queue overflows, or the server shuts down.
-    fn spawn_stream<V, T>(
+    /// Runs one stream: sends what brings its client up to date after each
+    /// change until the client leaves, the queue overflows, or the server
+    /// shuts down.
+    fn spawn_stream<V>(
         &self,
         method: &'static str,
         mut sub: Subscription<V>,
         permit: OwnedSemaphorePermit,
-        mut render: impl FnMut(&Arc<V>) -> Vec<T> + Send + 'static,
-    ) -> Stream<T>
+    ) -> QueueBody
     where
-        V: Send + Sync + 'static,
-        T: Send + 'static,
+        V: PartialEq + Send + Sync + 'static,
     {
-        // One slot stays free for the status that closes an overflowing stream.
-        let (tx, rx) = mpsc::channel(self.config.stream_queue + 1);
-        let metrics = self.store.metrics().clone();
+        let (tx, body) = queue::queue(self.config.stream_queue);
+        let metrics = self.store.metrics();
         let label = Metrics::method(method);
         let open = StreamGauge::open(metrics.streams.get_or_create(&label).clone());
         metrics.streams_total.get_or_create(&label).inc();
         let sent = metrics.updates_sent_total.get_or_create(&label).clone();
         let overflows = metrics.stream_overflows_total.get_or_create(&label).clone();
+        let resyncs = metrics.stream_resyncs_total.get_or_create(&label).clone();
         let mut shutdown = self.shutdown.clone();
         let queue = self.config.stream_queue;
         let send_wait = self.config.stream_send_wait;
         tokio::spawn(async move {
             let _permit = permit;
             let _open = open;
-            let mut answer = sub.current();
             loop {
-                for msg in render(&answer) {
+                let catch_up = sub.catch_up();
+                if catch_up.is_reset() {
+                    resyncs.inc();
+                }
+                for frame in catch_up.messages() {
                     // Wait briefly for room (a large answer is many messages
                     // and the client reads them as they go); a client that
                     // makes no room in that time is not reading.
-                    let room = tokio::time::timeout(send_wait, tx.reserve_many(2)).await;
-                    match room {
-                        Ok(Ok(mut permits)) => {
-                            if let Some(permit) = permits.next() {
-                                permit.send(Ok(Box::new(msg)));
-                            }
-                        }
-                        Ok(Err(_closed)) => return,
-                        Err(_full) => {
+                    match tx.send(frame.clone(), send_wait).await {
+                        Sent::Queued => sent.inc(),
+                        Sent::Gone => return,
+                        Sent::Full => {
                             overflows.inc();
-                            let _ = tx.try_send(Err(Box::new(Status::resource_exhausted(format!(
+                            tx.finish(Status::resource_exhausted(format!(
                                 "client did not read {queue} queued updates; stream closed, reconnect"
-                            )))));
+                            )));
                             return;
                         }
-                    }
-                    sent.inc();
+                    };
                 }
+                drop(catch_up);
                 tokio::select! {
-                    next = sub.changed() => match next {
-                        Some(next) => answer = next,
-                        None => return,
-                    },
+                    alive = sub.changed() => if !alive { return },
                     _ = tx.closed() => return,
                     _ = shutdown.wait_for(|stop| *stop) => return,
                 }
             }
         });
-        ReceiverStream::new(rx).map(unbox::<T> as fn(Queued<T>) -> Result<T, Status>)
+        body
     }
-}
 
-#[tonic::async_trait]
-impl Destination for DestinationService {
-    type GetStream = Stream<Update>;
-
-    async fn get(&self, req: Request<GetDestination>) -> Result<Response<Self::GetStream>, Status> {
-        let target = self.target(req.get_ref())?;
+    /// Opens a `Get` stream: its response body.
+    pub fn get(&self, req: &GetDestination) -> Result<QueueBody, Status> {
+        let target = self.target(req)?;
         let permit = self.admit("Get")?;
-        let sub = self.store.subscribe_endpoints(target);
-        let mesh = self.config.mesh.clone();
-        // The previous answer is kept by reference: answers are immutable
-        // and shared by every stream of the subscription.
-        let mut last: Option<Arc<crate::index::EndpointSet>> = None;
-        let stream = self.spawn_stream("Get", sub, permit, move |cur| {
-            let msgs = updates::diff(last.as_deref(), cur, &mesh);
-            last = Some(cur.clone());
-            msgs
-        });
-        Ok(Response::new(stream))
+        let sub = self.store.subscribe_endpoints(target, &self.endpoints);
+        Ok(self.spawn_stream("Get", sub, permit))
     }
 
-    type GetProfileStream = Stream<DestinationProfile>;
-
-    async fn get_profile(
-        &self,
-        req: Request<GetDestination>,
-    ) -> Result<Response<Self::GetProfileStream>, Status> {
-        let target = self.target(req.get_ref())?;
+    /// Opens a `GetProfile` stream: its response body.
+    pub fn get_profile(&self, req: &GetDestination) -> Result<QueueBody, Status> {
+        let target = self.target(req)?;
         let permit = self.admit("GetProfile")?;
-        let sub = self.store.subscribe_profile(target.clone());
-        let mesh = self.config.mesh.clone();
-        let mut last: Option<DestinationProfile> = None;
-        let stream = self.spawn_stream("GetProfile", sub, permit, move |view| {
-            let profile = translate::profile(view, &target, &mesh);
-            if last.as_ref() == Some(&profile) {
-                return vec![];
-            }
-            last = Some(profile.clone());
-            vec![profile]
+        let encoder: Arc<dyn Encode<ProfileView>> = Arc::new(ProfileEncoder {
+            mesh: self.config.mesh.clone(),
+            target: target.clone(),
         });
-        Ok(Response::new(stream))
+        let sub = self.store.subscribe_profile(target, &encoder);
+        Ok(self.spawn_stream("GetProfile", sub, permit))
     }
 }
 
@@ -299,15 +267,13 @@ pub async fn serve(
         std::sync::Arc<ballast_meshtls::server::ServeStats>,
     )>,
     service: DestinationService,
+    policy: Option<crate::policy::PolicyService>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let config = service.config.clone();
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<DestinationServer<DestinationService>>()
-        .await;
-    let destination =
-        DestinationServer::new(service).max_decoding_message_size(config.max_request_bytes);
+    health.set_serving::<DestinationGrpc>().await;
+    let destination = DestinationGrpc::new(service);
     let router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(config.keepalive))
         .http2_keepalive_timeout(Some(config.keepalive * 2))
@@ -316,7 +282,9 @@ pub async fn serve(
         .http2_max_pending_accept_reset_streams(Some(config.http2_max_pending_accept_resets))
         .http2_max_header_list_size(config.http2_max_header_list_bytes)
         .add_service(health_service)
-        .add_service(destination);
+        .add_service(destination)
+        .add_optional_service(policy.as_ref().map(|p| p.outbound_server()))
+        .add_optional_service(policy.as_ref().map(|p| p.inbound_server()));
     // Updates are small and latency-bound: no Nagle delay. TCP keepalive
     // finds peers that vanished without a FIN.
     match tls {

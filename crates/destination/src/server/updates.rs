@@ -1,8 +1,80 @@
-//! The `Update`s that move a client from one endpoint set to the next.
+//! The `Update`s that move a client from one endpoint set to the next, and
+//! the encoders that turn a subscription's answers into shared gRPC frames.
 
-use super::translate::{tcp_address, weighted_addr, MeshConfig};
-use crate::index::EndpointSet;
+use super::translate::{self, tcp_address, weighted_addr, MeshConfig};
+use crate::{
+    feed::Encode,
+    index::{EndpointSet, ProfileView, Target},
+};
+use bytes::{BufMut, Bytes, BytesMut};
 use linkerd2_proxy_api::destination::{update, AddrSet, NoEndpoints, Update, WeightedAddrSet};
+use prost::Message;
+
+/// `msg` as one gRPC message frame (uncompressed flag, length, protobuf),
+/// ready to be sent on any stream.
+pub fn frame(msg: &impl Message) -> Bytes {
+    let len = msg.encoded_len();
+    let mut buf = BytesMut::with_capacity(5 + len);
+    buf.put_u8(0);
+    // Messages are bounded (MAX_ADDRS_PER_UPDATE), far below 4 GiB.
+    buf.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
+    msg.encode_raw(&mut buf);
+    buf.freeze()
+}
+
+/// Endpoint sets as `Update`s, by Linkerd's rules: a new stream gets the
+/// whole set; then differences.
+pub struct EndpointsEncoder {
+    pub mesh: MeshConfig,
+}
+
+impl Encode<EndpointSet> for EndpointsEncoder {
+    fn full(&self, cur: &EndpointSet) -> Vec<Bytes> {
+        diff(None, cur, &self.mesh).iter().map(frame).collect()
+    }
+
+    fn diff(&self, prev: &EndpointSet, cur: &EndpointSet) -> Vec<Bytes> {
+        diff(Some(prev), cur, &self.mesh)
+            .iter()
+            .map(frame)
+            .collect()
+    }
+
+    fn reset(&self, cur: &EndpointSet) -> Option<Bytes> {
+        // An empty answer is sent as `no_endpoints`, itself a reset; a set
+        // is preceded by one so that nothing the client held survives.
+        (!cur.endpoints.is_empty()).then(|| {
+            frame(&Update {
+                update: Some(update::Update::NoEndpoints(NoEndpoints { exists: true })),
+            })
+        })
+    }
+}
+
+/// Profiles: each answer is one whole `DestinationProfile`, sent when it
+/// differs from the last one.
+pub struct ProfileEncoder {
+    pub mesh: MeshConfig,
+    pub target: Target,
+}
+
+impl Encode<ProfileView> for ProfileEncoder {
+    fn full(&self, cur: &ProfileView) -> Vec<Bytes> {
+        vec![frame(&translate::profile(cur, &self.target, &self.mesh))]
+    }
+
+    fn diff(&self, prev: &ProfileView, cur: &ProfileView) -> Vec<Bytes> {
+        let new = translate::profile(cur, &self.target, &self.mesh);
+        if translate::profile(prev, &self.target, &self.mesh) == new {
+            return vec![];
+        }
+        vec![frame(&new)]
+    }
+
+    fn reset(&self, _: &ProfileView) -> Option<Bytes> {
+        None
+    }
+}
 
 /// Endpoints per message, so that one message stays small (a few hundred
 /// KB at most) whatever the size of a service.

@@ -42,7 +42,11 @@ pub use resources::WATCHED_RESOURCES;
 
 use crate::{
     metrics::Metrics,
-    resource::{truncate, EndpointSliceWire, PodWire, ServiceWire},
+    resource::{
+        truncate, AuthorizationPolicyWire, EndpointSliceWire, GrpcRouteWire, HttpRouteWire,
+        LinkerdHttpRouteWire, MeshTlsAuthenticationWire, NamespaceWire, NetworkAuthenticationWire,
+        PodWire, ServerWire, ServiceWire,
+    },
     store::Store,
 };
 use ballast_backoff::Backoff;
@@ -179,27 +183,39 @@ pub async fn run(
     store: Arc<Store>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), KubeError> {
-    let pending = AtomicUsize::new(3);
+    let pending = AtomicUsize::new(resources::WATCHED_RESOURCES.len());
     let ctx = Ctx {
         config: &config,
         client: &client,
         store: &store,
         pending: &pending,
     };
+    let watchers: Vec<WatchLoop<'_>> = vec![
+        Box::pin(watch::<PodWire>(ctx)),
+        Box::pin(watch::<ServiceWire>(ctx)),
+        Box::pin(watch::<EndpointSliceWire>(ctx)),
+        Box::pin(watch::<NamespaceWire>(ctx)),
+        Box::pin(watch::<HttpRouteWire>(ctx)),
+        Box::pin(watch::<GrpcRouteWire>(ctx)),
+        Box::pin(watch::<LinkerdHttpRouteWire>(ctx)),
+        Box::pin(watch::<ServerWire>(ctx)),
+        Box::pin(watch::<AuthorizationPolicyWire>(ctx)),
+        Box::pin(watch::<MeshTlsAuthenticationWire>(ctx)),
+        Box::pin(watch::<NetworkAuthenticationWire>(ctx)),
+    ];
+    debug_assert_eq!(watchers.len(), resources::WATCHED_RESOURCES.len());
     let watchers = async {
-        futures_util::future::try_join3(
-            watch::<PodWire>(ctx),
-            watch::<ServiceWire>(ctx),
-            watch::<EndpointSliceWire>(ctx),
-        )
-        .await
-        .map(|_| ())
+        futures_util::future::try_join_all(watchers)
+            .await
+            .map(|_| ())
     };
     tokio::select! {
         () = shutdown => Ok(()),
         r = watchers => r,
     }
 }
+
+type WatchLoop<'a> = std::pin::Pin<Box<dyn Future<Output = Result<(), KubeError>> + Send + 'a>>;
 
 #[derive(Copy, Clone)]
 struct Ctx<'a> {
@@ -288,6 +304,22 @@ async fn watch<W: ApiKind>(ctx: Ctx<'_>) -> Result<(), KubeError> {
                     attempt = backoff.step(),
                     "Kubernetes API request failed; serving the last known state"
                 );
+                if !listed_once && W::KIND.is_policy() && not_installed(&error) {
+                    // A mesh without Gateway API or Linkerd's policy CRDs is
+                    // a mesh without those objects: serve it, keep asking.
+                    listed_once = true;
+                    tracing::info!(
+                        kind,
+                        group = W::GROUP,
+                        "Resource type not installed (404); serving none of it until it appears"
+                    );
+                    ctx.store
+                        .update(vec![crate::store::Op::Reset(W::KIND, Vec::new())]);
+                    if ctx.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+                        tracing::info!("Every kind listed; the Kubernetes source is ready");
+                        ctx.store.set_ready();
+                    }
+                }
                 if gone_at_watch_start(&error) {
                     // kube's watcher would retry the WATCH from the same
                     // (expired) resourceVersion; a new watcher relists.
@@ -307,6 +339,12 @@ fn what_failed(error: &watcher::Error) -> &'static str {
         watcher::Error::WatchFailed(_) => "watch stream",
         watcher::Error::NoResourceVersion => "list (no resourceVersion)",
     }
+}
+
+/// A LIST answered `404 Not Found`: the resource type is not served (its
+/// CRD is not installed).
+fn not_installed(error: &watcher::Error) -> bool {
+    matches!(error, watcher::Error::InitialListFailed(kube::Error::Api(s)) if s.code == 404)
 }
 
 /// A WATCH refused with `410 Gone` as its HTTP status (a real API server

@@ -13,8 +13,9 @@
 
 use crate::{
     resource::{
-        truncate, EndpointSliceWire, InvalidObject, Kind, ObjectKey, PodWire, Resource,
-        ServiceWire, Wire,
+        truncate, AuthorizationPolicyWire, EndpointSliceWire, GrpcRouteWire, HttpRouteWire,
+        InvalidObject, Kind, LinkerdHttpRouteWire, MeshTlsAuthenticationWire, NamespaceWire,
+        NetworkAuthenticationWire, ObjectKey, PodWire, Resource, ServerWire, ServiceWire, Wire,
     },
     store::Op,
 };
@@ -55,9 +56,68 @@ impl ApiKind for EndpointSliceWire {
     const PLURAL: &'static str = "endpointslices";
 }
 
+/// Policy kinds: their CRDs may not be installed (a LIST answered 404 is
+/// then taken as an empty list, and retried on the backoff schedule).
+macro_rules! api_kind {
+    ($wire:ty, $group:expr, $version:expr, $plural:expr) => {
+        impl ApiKind for $wire {
+            const GROUP: &'static str = $group;
+            const VERSION: &'static str = $version;
+            const PLURAL: &'static str = $plural;
+        }
+    };
+}
+
+api_kind!(NamespaceWire, "", "v1", "namespaces");
+api_kind!(
+    HttpRouteWire,
+    "gateway.networking.k8s.io",
+    "v1",
+    "httproutes"
+);
+api_kind!(
+    GrpcRouteWire,
+    "gateway.networking.k8s.io",
+    "v1",
+    "grpcroutes"
+);
+api_kind!(
+    LinkerdHttpRouteWire,
+    "policy.linkerd.io",
+    "v1beta3",
+    "httproutes"
+);
+api_kind!(ServerWire, "policy.linkerd.io", "v1beta3", "servers");
+api_kind!(
+    AuthorizationPolicyWire,
+    "policy.linkerd.io",
+    "v1alpha1",
+    "authorizationpolicies"
+);
+api_kind!(
+    MeshTlsAuthenticationWire,
+    "policy.linkerd.io",
+    "v1alpha1",
+    "meshtlsauthentications"
+);
+api_kind!(
+    NetworkAuthenticationWire,
+    "policy.linkerd.io",
+    "v1alpha1",
+    "networkauthentications"
+);
+
 /// The resources the source watches, as `(group, version, plural)`: what its
 /// RBAC role must allow `get`, `list` and `watch` on.
 pub const WATCHED_RESOURCES: &[(&str, &str, &str)] = &[
+    ("", "v1", "namespaces"),
+    ("gateway.networking.k8s.io", "v1", "httproutes"),
+    ("gateway.networking.k8s.io", "v1", "grpcroutes"),
+    ("policy.linkerd.io", "v1beta3", "httproutes"),
+    ("policy.linkerd.io", "v1beta3", "servers"),
+    ("policy.linkerd.io", "v1alpha1", "authorizationpolicies"),
+    ("policy.linkerd.io", "v1alpha1", "meshtlsauthentications"),
+    ("policy.linkerd.io", "v1alpha1", "networkauthentications"),
     (PodWire::GROUP, PodWire::VERSION, PodWire::PLURAL),
     (
         ServiceWire::GROUP,

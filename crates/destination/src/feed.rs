@@ -1,0 +1,376 @@
+//! One subscription's answers as its streams send them: each answer and the
+//! messages that lead to it are encoded once, when it is published, and
+//! shared by every stream.
+//!
+//! A [`Feed`] keeps its latest answer in a `watch` channel (latest value,
+//! never a queue) together with a bounded history of the encoded changes that
+//! led to it. A stream remembers only the version it last sent
+//! ([`Cursor`]): when it wakes it sends the changes since that version,
+//! shared with every other stream; a stream new to the feed sends the whole
+//! answer; a stream that fell behind the history sends a reset and the whole
+//! answer. Nothing per stream grows with the rate of change.
+
+use bytes::Bytes;
+use prometheus_client::metrics::gauge::Gauge;
+use std::{
+    collections::VecDeque,
+    sync::{Arc, OnceLock},
+};
+use tokio::sync::watch;
+
+/// Changes kept per subscription for streams that fall behind; a stream
+/// further behind gets a reset and the whole answer instead.
+pub const MAX_HISTORY: usize = 32;
+/// Encoded bytes of changes kept per subscription: the oldest go first once
+/// past it (the latest change is kept whatever its size).
+pub const MAX_HISTORY_BYTES: usize = 256 * 1024;
+
+/// Turns a subscription's answers into the messages its streams send, each
+/// a whole gRPC message frame, ready for the wire.
+pub trait Encode<V>: Send + Sync + 'static {
+    /// Everything a stream that holds nothing needs (a new stream's first
+    /// messages).
+    fn full(&self, cur: &V) -> Vec<Bytes>;
+    /// What moves a stream holding `prev` to `cur`.
+    fn diff(&self, prev: &V, cur: &V) -> Vec<Bytes>;
+    /// What a stream holding some older answer that is no longer known
+    /// needs before [`Encode::full`] so that it holds exactly `cur`.
+    fn reset(&self, cur: &V) -> Option<Bytes>;
+}
+
+/// A subscription's shared state: the latest answer, its messages, and the
+/// changes that led to it.
+pub struct Feed<V> {
+    encoder: Arc<dyn Encode<V>>,
+    tx: watch::Sender<Arc<Head<V>>>,
+    history_bytes: Gauge,
+}
+
+/// One published version of a feed; immutable once published.
+pub struct Head<V> {
+    version: u64,
+    answer: Arc<V>,
+    /// The changes into this version, oldest first: the last one moves a
+    /// stream from `version - 1` to `version`.
+    changes: VecDeque<Arc<Change>>,
+    /// Sum of the encoded bytes of `changes`.
+    changes_bytes: usize,
+    /// The whole answer, encoded on first demand (by a new stream or one
+    /// that fell behind), then shared.
+    full: OnceLock<Arc<[Bytes]>>,
+}
+
+struct Change {
+    messages: Box<[Bytes]>,
+    bytes: usize,
+}
+
+impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
+    /// A feed whose first answer is `answer`. `history_bytes` counts the
+    /// bytes of changes kept, across feeds.
+    pub fn new(answer: V, encoder: Arc<dyn Encode<V>>, history_bytes: Gauge) -> Self {
+        Self {
+            encoder,
+            tx: watch::Sender::new(Arc::new(Head {
+                version: 0,
+                answer: Arc::new(answer),
+                changes: VecDeque::new(),
+                changes_bytes: 0,
+                full: OnceLock::new(),
+            })),
+            history_bytes,
+        }
+    }
+
+    /// Publishes `answer` if it differs from the latest one: encodes the
+    /// change once, for every stream. Returns whether it was published.
+    pub fn publish(&self, answer: V) -> bool {
+        let head = self.tx.borrow().clone();
+        if *head.answer == answer {
+            return false;
+        }
+        let messages = self.encoder.diff(&head.answer, &answer);
+        let bytes = messages.iter().map(Bytes::len).sum();
+        let mut changes = head.changes.clone();
+        let mut changes_bytes = head.changes_bytes + bytes;
+        changes.push_back(Arc::new(Change {
+            messages: messages.into_boxed_slice(),
+            bytes,
+        }));
+        // The latest change is always kept, whatever its size: every
+        // stream that is up to date needs it.
+        while changes.len() > 1
+            && (changes.len() > MAX_HISTORY || changes_bytes > MAX_HISTORY_BYTES)
+        {
+            if let Some(old) = changes.pop_front() {
+                changes_bytes -= old.bytes;
+            }
+        }
+        self.history_bytes
+            .inc_by(changes_bytes as i64 - head.changes_bytes as i64);
+        self.tx.send_replace(Arc::new(Head {
+            version: head.version + 1,
+            answer: Arc::new(answer),
+            changes,
+            changes_bytes,
+            full: OnceLock::new(),
+        }));
+        true
+    }
+
+    /// The latest answer.
+    pub fn answer(&self) -> Arc<V> {
+        self.tx.borrow().answer.clone()
+    }
+
+    /// A cursor for a new stream: it has seen nothing.
+    pub fn cursor(&self) -> Cursor<V> {
+        Cursor {
+            rx: self.tx.subscribe(),
+            seen: None,
+        }
+    }
+
+    /// The messages that bring a stream from what `cursor` last took to the
+    /// latest answer, marking it taken.
+    pub fn catch_up(&self, cursor: &mut Cursor<V>) -> CatchUp {
+        let head = cursor.rx.borrow_and_update().clone();
+        let oldest = head.version - head.changes.len() as u64;
+        let kind = match cursor.seen {
+            Some(seen) if seen == head.version => Kind::Nothing,
+            Some(seen) if seen >= oldest => {
+                let skip = (seen - oldest) as usize;
+                Kind::Changes(head.changes.iter().skip(skip).cloned().collect())
+            }
+            Some(_) => Kind::Reset(self.encoder.reset(&head.answer), self.full(&head)),
+            None => Kind::Full(self.full(&head)),
+        };
+        cursor.seen = Some(head.version);
+        CatchUp { kind }
+    }
+
+    fn full(&self, head: &Head<V>) -> Arc<[Bytes]> {
+        head.full
+            .get_or_init(|| self.encoder.full(&head.answer).into())
+            .clone()
+    }
+}
+
+impl<V> Drop for Feed<V> {
+    fn drop(&mut self) {
+        self.history_bytes
+            .dec_by(self.tx.borrow().changes_bytes as i64);
+    }
+}
+
+/// Where one stream is in a feed: the version it last took.
+pub struct Cursor<V> {
+    rx: watch::Receiver<Arc<Head<V>>>,
+    seen: Option<u64>,
+}
+
+impl<V> Cursor<V> {
+    /// Waits for a version newer than the last one taken. Returns `false`
+    /// if the feed is gone.
+    pub async fn changed(&mut self) -> bool {
+        self.rx.changed().await.is_ok()
+    }
+}
+
+/// The messages that bring one stream up to date, shared with every other
+/// stream that needs the same ones.
+pub struct CatchUp {
+    kind: Kind,
+}
+
+enum Kind {
+    Nothing,
+    Changes(Vec<Arc<Change>>),
+    Full(Arc<[Bytes]>),
+    Reset(Option<Bytes>, Arc<[Bytes]>),
+}
+
+impl CatchUp {
+    /// True when the stream had fallen behind the history and is sent the
+    /// whole answer again.
+    pub fn is_reset(&self) -> bool {
+        matches!(self.kind, Kind::Reset(..))
+    }
+
+    /// The messages, in order; cloning one shares its bytes.
+    pub fn messages(&self) -> Box<dyn Iterator<Item = &Bytes> + Send + '_> {
+        match &self.kind {
+            Kind::Nothing => Box::new(std::iter::empty()),
+            Kind::Changes(changes) => Box::new(changes.iter().flat_map(|c| c.messages.iter())),
+            Kind::Full(full) => Box::new(full.iter()),
+            Kind::Reset(reset, full) => Box::new(reset.iter().chain(full.iter())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// Sets of numbers, as messages a test can apply: `+n`, `-n`, `reset`.
+    struct Sets;
+
+    fn msg(s: String) -> Bytes {
+        Bytes::from(s)
+    }
+
+    impl Encode<BTreeSet<u32>> for Sets {
+        fn full(&self, cur: &BTreeSet<u32>) -> Vec<Bytes> {
+            cur.iter().map(|n| msg(format!("+{n}"))).collect()
+        }
+        fn diff(&self, prev: &BTreeSet<u32>, cur: &BTreeSet<u32>) -> Vec<Bytes> {
+            let gone = prev.difference(cur).map(|n| msg(format!("-{n}")));
+            let new = cur.difference(prev).map(|n| msg(format!("+{n}")));
+            gone.chain(new).collect()
+        }
+        fn reset(&self, _: &BTreeSet<u32>) -> Option<Bytes> {
+            Some(msg("reset".into()))
+        }
+    }
+
+    fn feed(first: &[u32]) -> Feed<BTreeSet<u32>> {
+        Feed::new(
+            first.iter().copied().collect(),
+            Arc::new(Sets),
+            Gauge::default(),
+        )
+    }
+
+    fn set(ns: &[u32]) -> BTreeSet<u32> {
+        ns.iter().copied().collect()
+    }
+
+    /// Applies messages to what a client holds; returns how many there were.
+    fn apply(held: &mut BTreeSet<u32>, up: &CatchUp) -> usize {
+        let mut n = 0;
+        for m in up.messages() {
+            n += 1;
+            let text = std::str::from_utf8(m).unwrap();
+            match text.split_at(1) {
+                ("+", v) => {
+                    held.insert(v.parse().unwrap());
+                }
+                ("-", v) => {
+                    held.remove(&v.parse().unwrap());
+                }
+                _ => held.clear(),
+            }
+        }
+        n
+    }
+
+    #[test]
+    fn a_new_stream_gets_the_whole_answer_then_changes() {
+        let f = feed(&[1, 2]);
+        let mut c = f.cursor();
+        let mut held = set(&[7]);
+        let up = f.catch_up(&mut c);
+        assert!(!up.is_reset());
+        apply(&mut held, &up);
+        // A first answer is added to what a client held before (its own
+        // rule replaces the set on a new stream); here it holds 7 still.
+        assert_eq!(held, set(&[1, 2, 7]));
+        let mut held = set(&[1, 2]);
+        assert_eq!(apply(&mut held, &f.catch_up(&mut c)), 0, "nothing new");
+
+        assert!(f.publish(set(&[2, 3])));
+        assert!(!f.publish(set(&[2, 3])), "an equal answer is no change");
+        let up = f.catch_up(&mut c);
+        assert_eq!(apply(&mut held, &up), 2);
+        assert_eq!(held, set(&[2, 3]));
+    }
+
+    #[test]
+    fn every_stream_shares_the_messages_of_one_change() {
+        let f = feed(&[1]);
+        let mut a = f.cursor();
+        let mut b = f.cursor();
+        let _ = f.catch_up(&mut a);
+        let _ = f.catch_up(&mut b);
+        f.publish(set(&[1, 2]));
+        let (ua, ub) = (f.catch_up(&mut a), f.catch_up(&mut b));
+        let ma: Vec<&Bytes> = ua.messages().collect();
+        let mb: Vec<&Bytes> = ub.messages().collect();
+        assert_eq!(ma.len(), 1);
+        assert_eq!(
+            ma[0].as_ptr(),
+            mb[0].as_ptr(),
+            "encoded once, the same bytes for both"
+        );
+        // A new stream's whole answer is encoded once per version, too.
+        let (mut c, mut d) = (f.cursor(), f.cursor());
+        let (uc, ud) = (f.catch_up(&mut c), f.catch_up(&mut d));
+        let first = |u: &CatchUp| u.messages().next().unwrap().as_ptr();
+        assert_eq!(first(&uc), first(&ud));
+    }
+
+    #[test]
+    fn a_slow_reader_catches_up_from_the_history() {
+        let f = feed(&[]);
+        let mut slow = f.cursor();
+        let mut held = BTreeSet::new();
+        apply(&mut held, &f.catch_up(&mut slow));
+        for n in 1..=MAX_HISTORY as u32 {
+            f.publish((0..n).collect());
+        }
+        let up = f.catch_up(&mut slow);
+        assert!(!up.is_reset());
+        assert_eq!(apply(&mut held, &up), MAX_HISTORY);
+        assert_eq!(held, (0..MAX_HISTORY as u32).collect());
+    }
+
+    #[test]
+    fn a_reader_behind_the_history_gets_a_reset_and_the_whole_answer() {
+        let f = feed(&[1, 2, 3]);
+        let mut slow = f.cursor();
+        let mut held = BTreeSet::new();
+        apply(&mut held, &f.catch_up(&mut slow));
+        // Many more changes than the history keeps.
+        for n in 0..(10 * MAX_HISTORY as u32) {
+            f.publish(set(&[n % 7, 100 + n]));
+        }
+        let up = f.catch_up(&mut slow);
+        assert!(up.is_reset());
+        // Bounded by the answer, not by how many changes were missed.
+        assert_eq!(apply(&mut held, &up), 3);
+        assert_eq!(held, *f.answer());
+    }
+
+    #[test]
+    fn the_history_is_bounded_in_bytes_and_counted() {
+        let gauge = Gauge::default();
+        let f = Feed::new(BTreeSet::new(), Arc::new(Sets), gauge.clone());
+        let mut c = f.cursor();
+        let _ = f.catch_up(&mut c);
+        // Each change adds 10,000 numbers: ~60 KB of messages.
+        for round in 0..8u32 {
+            f.publish((0..10_000 * (round + 1)).collect());
+        }
+        let kept = gauge.get() as usize;
+        assert!(kept > 0 && kept <= MAX_HISTORY_BYTES, "{kept}");
+        let up = f.catch_up(&mut c);
+        assert!(up.is_reset(), "the first changes were dropped for size");
+        drop(f);
+        assert_eq!(gauge.get(), 0, "a dropped feed releases its count");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cursor_wakes_on_a_new_version_and_ends_with_the_feed() {
+        let f = feed(&[1]);
+        let mut c = f.cursor();
+        let _ = f.catch_up(&mut c);
+        let waiting = tokio::time::timeout(std::time::Duration::from_secs(1), c.changed()).await;
+        assert!(waiting.is_err(), "no new version, no wake-up");
+        f.publish(set(&[2]));
+        assert!(c.changed().await);
+        let _ = f.catch_up(&mut c);
+        drop(f);
+        assert!(!c.changed().await, "the feed is gone");
+    }
+}

@@ -1,0 +1,353 @@
+//! Linkerd's policy APIs over the same index as Destination:
+//! `OutboundPolicies` (routes and backends per target) and
+//! `InboundServerPolicies` (protocol and authorizations per pod port).
+//!
+//! One subscription per target or pod port, however many streams watch it.
+//! On each change the store reaches (as an [`Observer`]), only the
+//! subscriptions the change can affect are recomputed; an answer that
+//! differs is translated to protobuf once and shared by every stream on it
+//! (a stream holds a pointer to the latest message, never a queue).
+
+mod server;
+mod translate;
+
+pub use server::{PolicyService, DEFAULT_MAX_POLICY_STREAMS};
+pub use translate::{
+    inbound_server, outbound_policy, PolicyConfig, DEFAULT_DETECT_TIMEOUT, DEFAULT_EWMA_DECAY,
+    DEFAULT_EWMA_RTT, DEFAULT_FAILFAST_TIMEOUT, DEFAULT_QUEUE_CAPACITY,
+};
+
+use crate::{
+    index::{
+        policy::{InboundView, OutboundView},
+        Changes, Index, Target,
+    },
+    resource::ObjectKey,
+    store::{Observer, Store},
+};
+use linkerd2_proxy_api::{inbound, outbound};
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+use std::{
+    collections::HashMap,
+    hash::Hash,
+    sync::{Arc, Mutex, MutexGuard},
+};
+use tokio::sync::watch;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiLabel {
+    pub api: String,
+}
+
+/// The policy server's metrics.
+#[derive(Clone, Debug, Default)]
+pub struct PolicyMetrics {
+    /// Route objects left out of answers right now, by reason.
+    pub invalid_routes: Family<ReasonLabel, Gauge>,
+    /// Times a route object was found invalid (each finding once).
+    pub route_problems_total: Family<ReasonLabel, Counter>,
+    /// Shared subscriptions, by API (`outbound`, `inbound`).
+    pub subscriptions: Family<ApiLabel, Gauge>,
+    /// Open Watch streams, by API.
+    pub streams: Family<ApiLabel, Gauge>,
+    /// Streams refused at the stream limit.
+    pub streams_refused_total: Counter,
+    /// Answers recomputed and translated (once per change per subscription).
+    pub answers_total: Family<ApiLabel, Counter>,
+}
+
+impl PolicyMetrics {
+    pub fn register(&self, r: &mut Registry) {
+        let r = r.sub_registry_with_prefix("policy");
+        r.register(
+            "invalid_routes",
+            "Route objects left out of every answer (a parent or backend Service that does not exist)",
+            self.invalid_routes.clone(),
+        );
+        r.register(
+            "route_problems",
+            "Route objects found invalid, each finding counted once",
+            self.route_problems_total.clone(),
+        );
+        r.register(
+            "subscriptions",
+            "Shared policy subscriptions, by API",
+            self.subscriptions.clone(),
+        );
+        r.register(
+            "streams",
+            "Open policy Watch streams, by API",
+            self.streams.clone(),
+        );
+        r.register(
+            "streams_refused",
+            "Policy streams refused at --max-policy-streams",
+            self.streams_refused_total.clone(),
+        );
+        r.register(
+            "answers",
+            "Policy answers computed and encoded (once per change per subscription, shared by its streams)",
+            self.answers_total.clone(),
+        );
+    }
+
+    fn api(api: &str) -> ApiLabel {
+        ApiLabel {
+            api: api.to_string(),
+        }
+    }
+}
+
+/// The shared policy subscriptions.
+pub struct PolicyStore {
+    store: Arc<Store>,
+    config: PolicyConfig,
+    metrics: PolicyMetrics,
+    inner: Mutex<Subs>,
+}
+
+#[derive(Default)]
+struct Subs {
+    outbound: HashMap<Target, Entry<OutboundView, outbound::OutboundPolicy>>,
+    inbound: HashMap<(ObjectKey, u16), Entry<Option<InboundView>, inbound::Server>>,
+}
+
+struct Entry<V, M> {
+    view: V,
+    /// `None`: the target is not known (the stream ends with NOT_FOUND).
+    tx: watch::Sender<Option<Arc<M>>>,
+    watchers: usize,
+}
+
+/// A watcher's handle on one shared answer; leaving drops the
+/// subscription with its last watcher.
+pub struct PolicyWatch<M> {
+    rx: watch::Receiver<Option<Arc<M>>>,
+    _guard: Guard,
+}
+
+enum Key {
+    Outbound(Target),
+    Inbound(ObjectKey, u16),
+}
+
+struct Guard {
+    policy: Arc<PolicyStore>,
+    key: Key,
+}
+
+impl PolicyStore {
+    /// Creates the subscriptions and has the store tell them of changes.
+    pub fn new(store: Arc<Store>, config: PolicyConfig, metrics: PolicyMetrics) -> Arc<Self> {
+        let policy = Arc::new(Self {
+            store: store.clone(),
+            config,
+            metrics,
+            inner: Mutex::new(Subs::default()),
+        });
+        // Route problems present before the first subscription are counted
+        // by the observer as the sources load.
+        store.observe(policy.clone());
+        policy
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Subs> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn config(&self) -> &PolicyConfig {
+        &self.config
+    }
+
+    pub fn metrics(&self) -> &PolicyMetrics {
+        &self.metrics
+    }
+
+    pub fn watch_outbound(
+        self: &Arc<Self>,
+        target: Target,
+    ) -> PolicyWatch<outbound::OutboundPolicy> {
+        // Lock order: the store's, then ours (as in `Observer::changed`).
+        let rx = self.store.with_index(|index| {
+            let mut subs = self.lock();
+            let entry = subs.outbound.entry(target.clone()).or_insert_with(|| {
+                let view = index.outbound_policy(&target);
+                let msg = self.encode_outbound(&view);
+                Entry {
+                    view,
+                    tx: watch::Sender::new(msg),
+                    watchers: 0,
+                }
+            });
+            entry.watchers += 1;
+            let rx = entry.tx.subscribe();
+            self.count(&subs);
+            rx
+        });
+        PolicyWatch {
+            rx,
+            _guard: Guard {
+                policy: self.clone(),
+                key: Key::Outbound(target),
+            },
+        }
+    }
+
+    pub fn watch_inbound(
+        self: &Arc<Self>,
+        pod: ObjectKey,
+        port: u16,
+    ) -> PolicyWatch<inbound::Server> {
+        let rx = self.store.with_index(|index| {
+            let mut subs = self.lock();
+            let entry = subs.inbound.entry((pod.clone(), port)).or_insert_with(|| {
+                let view = index.inbound_policy(&pod, port);
+                let msg = self.encode_inbound(&view);
+                Entry {
+                    view,
+                    tx: watch::Sender::new(msg),
+                    watchers: 0,
+                }
+            });
+            entry.watchers += 1;
+            let rx = entry.tx.subscribe();
+            self.count(&subs);
+            rx
+        });
+        PolicyWatch {
+            rx,
+            _guard: Guard {
+                policy: self.clone(),
+                key: Key::Inbound(pod, port),
+            },
+        }
+    }
+
+    fn encode_outbound(&self, view: &OutboundView) -> Option<Arc<outbound::OutboundPolicy>> {
+        self.metrics
+            .answers_total
+            .get_or_create(&PolicyMetrics::api("outbound"))
+            .inc();
+        outbound_policy(view, &self.config).map(Arc::new)
+    }
+
+    fn encode_inbound(&self, view: &Option<InboundView>) -> Option<Arc<inbound::Server>> {
+        self.metrics
+            .answers_total
+            .get_or_create(&PolicyMetrics::api("inbound"))
+            .inc();
+        view.as_ref()
+            .map(|v| Arc::new(inbound_server(v, &self.config)))
+    }
+
+    fn count(&self, subs: &Subs) {
+        for (api, n) in [
+            ("outbound", subs.outbound.len()),
+            ("inbound", subs.inbound.len()),
+        ] {
+            self.metrics
+                .subscriptions
+                .get_or_create(&PolicyMetrics::api(api))
+                .set(n as i64);
+        }
+    }
+}
+
+/// Replaces an entry's answer when its view changed.
+fn refresh<V: PartialEq, M>(
+    entry: &mut Entry<V, M>,
+    view: V,
+    encode: impl FnOnce(&V) -> Option<Arc<M>>,
+) {
+    if entry.view == view {
+        return;
+    }
+    let msg = encode(&view);
+    entry.view = view;
+    entry.tx.send_replace(msg);
+}
+
+impl Observer for PolicyStore {
+    fn changed(&self, index: &Index, changes: &Changes) {
+        for p in &changes.route_problems {
+            self.metrics
+                .route_problems_total
+                .get_or_create(&ReasonLabel {
+                    reason: p.reason.to_string(),
+                })
+                .inc();
+            tracing::warn!(route = %p.route, problem = %p.detail, "Route left out of policy answers");
+        }
+        let mut by_reason: HashMap<&str, i64> = HashMap::new();
+        for p in index.policy().problems() {
+            *by_reason.entry(p.reason).or_default() += 1;
+        }
+        for reason in ["parent_not_found", "backend_not_found"] {
+            self.metrics
+                .invalid_routes
+                .get_or_create(&ReasonLabel {
+                    reason: reason.to_string(),
+                })
+                .set(by_reason.get(reason).copied().unwrap_or(0));
+        }
+
+        let mut subs = self.lock();
+        for (target, entry) in subs.outbound.iter_mut() {
+            if changes.affects_outbound(target, index) {
+                refresh(entry, index.outbound_policy(target), |v| {
+                    self.encode_outbound(v)
+                });
+            }
+        }
+        for ((pod, port), entry) in subs.inbound.iter_mut() {
+            if changes.affects_inbound(pod) {
+                refresh(entry, index.inbound_policy(pod, *port), |v| {
+                    self.encode_inbound(v)
+                });
+            }
+        }
+    }
+}
+
+fn leave<K: Eq + Hash, V, M>(map: &mut HashMap<K, Entry<V, M>>, key: &K) {
+    if let Some(entry) = map.get_mut(key) {
+        entry.watchers -= 1;
+        if entry.watchers == 0 {
+            map.remove(key);
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let mut subs = self.policy.lock();
+        match &self.key {
+            Key::Outbound(t) => leave(&mut subs.outbound, t),
+            Key::Inbound(pod, port) => leave(&mut subs.inbound, &(pod.clone(), *port)),
+        }
+        self.policy.count(&subs);
+    }
+}
+
+impl<M> PolicyWatch<M> {
+    /// The current answer, marking it seen; `None` if the target is unknown.
+    pub fn current(&mut self) -> Option<Arc<M>> {
+        self.rx.borrow_and_update().clone()
+    }
+
+    /// Waits for an answer other than the last one seen. `Err` when the
+    /// store is gone.
+    pub async fn changed(&mut self) -> Result<Option<Arc<M>>, ()> {
+        self.rx.changed().await.map_err(|_| ())?;
+        Ok(self.current())
+    }
+}

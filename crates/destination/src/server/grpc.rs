@@ -1,0 +1,101 @@
+//! The Destination service's gRPC routes, written out so that a stream's
+//! response body is its queue of shared, already-encoded frames (tonic's
+//! generated server would encode every message again for every stream, in a
+//! buffer of its own per stream).
+
+use super::{queue::QueueBody, DestinationService};
+use http::{header::CONTENT_TYPE, HeaderValue};
+use linkerd2_proxy_api::destination::GetDestination;
+use std::{
+    convert::Infallible,
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll},
+};
+use tonic::{codec::Streaming, server::NamedService, Status};
+
+const GET: &str = "/io.linkerd.proxy.destination.Destination/Get";
+const GET_PROFILE: &str = "/io.linkerd.proxy.destination.Destination/GetProfile";
+/// Room to decode a request; a `GetDestination` is a path and a token.
+const REQUEST_BUFFER_BYTES: usize = 1024;
+
+/// Linkerd's Destination API (`Get`, `GetProfile`) as a tower service for
+/// tonic's router.
+#[derive(Clone)]
+pub struct DestinationGrpc {
+    service: DestinationService,
+}
+
+impl DestinationGrpc {
+    pub fn new(service: DestinationService) -> Self {
+        Self { service }
+    }
+}
+
+impl NamedService for DestinationGrpc {
+    const NAME: &'static str = "io.linkerd.proxy.destination.Destination";
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, Infallible>> + Send>>;
+
+impl tower::Service<http::Request<tonic::body::Body>> for DestinationGrpc {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let profile = match req.uri().path() {
+            GET => false,
+            GET_PROFILE => true,
+            _ => {
+                return Box::pin(async { Ok(Status::unimplemented("no such method").into_http()) })
+            }
+        };
+        let service = self.service.clone();
+        Box::pin(async move {
+            let max = service.config.max_request_bytes;
+            let request = match decode(req, max).await {
+                Ok(r) => r,
+                Err(status) => return Ok(status.into_http()),
+            };
+            let opened = if profile {
+                service.get_profile(&request)
+            } else {
+                service.get(&request)
+            };
+            Ok(match opened {
+                Ok(body) => response(body),
+                Err(status) => status.into_http(),
+            })
+        })
+    }
+}
+
+/// The one request message of a server-streaming call.
+async fn decode(
+    req: http::Request<tonic::body::Body>,
+    max_request_bytes: usize,
+) -> Result<GetDestination, Status> {
+    let decoder = tonic_prost::ProstDecoder::<GetDestination>::new(
+        tonic::codec::BufferSettings::new(REQUEST_BUFFER_BYTES, REQUEST_BUFFER_BYTES),
+    );
+    // No compression is offered: a compressed request is refused by the
+    // decoder, by name.
+    let mut stream =
+        Streaming::new_request(decoder, req.into_body(), None, Some(max_request_bytes));
+    stream
+        .message()
+        .await?
+        .ok_or_else(|| Status::invalid_argument("missing request message"))
+}
+
+fn response(body: QueueBody) -> http::Response<tonic::body::Body> {
+    let mut res = http::Response::new(tonic::body::Body::new(body));
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    res
+}

@@ -1,0 +1,287 @@
+//! Streams over a real store, read through their response bodies, on
+//! tokio's paused clock.
+
+use super::*;
+use crate::{
+    index::{Index, IndexConfig},
+    resource::Resource,
+    store::Op,
+};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use linkerd2_proxy_api::destination::{update, Update};
+use prost::Message;
+use serde_json::json;
+use std::{collections::BTreeSet, net::SocketAddr};
+
+fn resource(v: serde_json::Value) -> Resource {
+    Resource::from_value(v).unwrap().unwrap()
+}
+
+fn service() -> Op {
+    Op::Apply(resource(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "ns"},
+        "spec": {"clusterIP": "10.96.0.1", "selector": {"app": "web"},
+                 "ports": [{"port": 80, "targetPort": 8080}]},
+    })))
+}
+
+fn pod(name: &str, ip: &str) -> Op {
+    Op::Apply(resource(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ns", "labels": {"app": "web"}},
+        "spec": {"containers": [{"name": "main", "ports": [{"containerPort": 8080}]}]},
+        "status": {"phase": "Running", "podIP": ip,
+                   "conditions": [{"type": "Ready", "status": "True"}]},
+    })))
+}
+
+fn delete_pod(name: &str) -> Op {
+    Op::Delete(
+        crate::resource::Kind::Pod,
+        crate::resource::ObjectKey::new("ns", name),
+    )
+}
+
+struct Setup {
+    store: Arc<Store>,
+    service: DestinationService,
+    stop: watch::Sender<bool>,
+}
+
+fn setup(queue: usize) -> Setup {
+    let store = Store::new(Index::new(IndexConfig::default()), Metrics::default());
+    store.update(vec![service(), pod("web-1", "10.0.0.1")]);
+    let (stop, shutdown) = watch::channel(false);
+    let config = ServerConfig {
+        stream_queue: queue,
+        ..Default::default()
+    };
+    let service = DestinationService::new(store.clone(), config, shutdown);
+    Setup {
+        store,
+        service,
+        stop,
+    }
+}
+
+fn get() -> GetDestination {
+    GetDestination {
+        scheme: "k8s".into(),
+        path: "web.ns.svc.cluster.local:80".into(),
+        context_token: String::new(),
+    }
+}
+
+enum Read {
+    Message(Bytes),
+    End(Status),
+}
+
+async fn read(body: &mut QueueBody) -> Read {
+    let frame = body.frame().await.expect("a frame").expect("no error");
+    match frame.into_data() {
+        Ok(data) => Read::Message(data),
+        Err(frame) => Read::End(Status::from_header_map(&frame.into_trailers().unwrap()).unwrap()),
+    }
+}
+
+async fn update(body: &mut QueueBody) -> Update {
+    match read(body).await {
+        Read::Message(data) => {
+            // A whole gRPC frame: uncompressed, then the length.
+            assert_eq!(data[0], 0);
+            let len = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
+            assert_eq!(len, data.len() - 5);
+            Update::decode(&data[5..]).unwrap()
+        }
+        Read::End(status) => panic!("stream ended: {status:?}"),
+    }
+}
+
+fn sock(a: &linkerd2_proxy_api::net::TcpAddress) -> SocketAddr {
+    SocketAddr::try_from(a.clone()).unwrap()
+}
+
+/// What a client holds, by Linkerd's rules (the first message of a stream
+/// starts from nothing).
+fn apply(held: &mut BTreeSet<SocketAddr>, u: &Update) {
+    match u.update.as_ref().unwrap() {
+        update::Update::Add(set) => {
+            held.extend(set.addrs.iter().map(|a| sock(a.addr.as_ref().unwrap())))
+        }
+        update::Update::Remove(set) => {
+            for a in &set.addrs {
+                held.remove(&sock(a));
+            }
+        }
+        update::Update::NoEndpoints(_) => held.clear(),
+    }
+}
+
+fn addrs(list: &[&str]) -> BTreeSet<SocketAddr> {
+    list.iter().map(|a| a.parse().unwrap()).collect()
+}
+
+fn gauge(
+    family: &prometheus_client::metrics::family::Family<crate::metrics::MethodLabel, Gauge>,
+) -> i64 {
+    family.get_or_create(&Metrics::method("Get")).get()
+}
+
+/// Waits (on the paused clock) until `cond` holds.
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..1_000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never: {what}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn first_the_whole_set_then_changes_shared_by_every_stream() {
+    let s = setup(8);
+    let mut one = s.service.get(&get()).unwrap();
+    let mut two = s.service.get(&get()).unwrap();
+    let mut held = BTreeSet::new();
+    apply(&mut held, &update(&mut one).await);
+    assert_eq!(held, addrs(&["10.0.0.1:8080"]));
+    let _ = update(&mut two).await;
+    assert_eq!(gauge(&s.store.metrics().subscriptions), 1);
+
+    s.store.update(vec![pod("web-2", "10.0.0.2")]);
+    let (a, b) = match (read(&mut one).await, read(&mut two).await) {
+        (Read::Message(a), Read::Message(b)) => (a, b),
+        _ => panic!("expected messages"),
+    };
+    assert_eq!(a.as_ptr(), b.as_ptr(), "one encoding, shared");
+    apply(&mut held, &Update::decode(&a[5..]).unwrap());
+    assert_eq!(held, addrs(&["10.0.0.1:8080", "10.0.0.2:8080"]));
+
+    // A stream opened now starts from the whole current set.
+    let mut three = s.service.get(&get()).unwrap();
+    let mut fresh = BTreeSet::new();
+    apply(&mut fresh, &update(&mut three).await);
+    assert_eq!(fresh, held);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_that_is_not_read_is_cut_and_its_subscription_freed() {
+    let s = setup(2);
+    let mut body = s.service.get(&get()).unwrap();
+    // The first set, then changes nobody reads: the queue of 2 fills.
+    for i in 2..10 {
+        s.store
+            .update(vec![pod(&format!("web-{i}"), &format!("10.0.0.{i}"))]);
+        tokio::task::yield_now().await;
+    }
+    until("the stream is cut", || {
+        counter(&s.store.metrics().stream_overflows_total) == 1
+    })
+    .await;
+    assert_eq!(gauge(&s.store.metrics().subscriptions), 0, "freed at once");
+    assert_eq!(gauge(&s.store.metrics().streams), 0);
+    // The client, reading at last, finds the queued messages, then the status.
+    let mut queued = 0;
+    let status = loop {
+        match read(&mut body).await {
+            Read::Message(_) => queued += 1,
+            Read::End(status) => break status,
+        }
+    };
+    assert_eq!(queued, 2, "bounded by the queue");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+    assert!(status.message().contains("did not read"));
+}
+
+/// Reads until nothing comes for a while.
+async fn drain(body: &mut QueueBody, held: &mut BTreeSet<SocketAddr>) {
+    while let Ok(u) = tokio::time::timeout(Duration::from_millis(100), update(body)).await {
+        apply(held, &u);
+    }
+}
+
+fn counter(
+    family: &prometheus_client::metrics::family::Family<
+        crate::metrics::MethodLabel,
+        prometheus_client::metrics::counter::Counter,
+    >,
+) -> u64 {
+    family.get_or_create(&Metrics::method("Get")).get()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_reader_catches_up_to_the_latest_set() {
+    let s = setup(1);
+    let mut body = s.service.get(&get()).unwrap();
+    let mut held = BTreeSet::new();
+    apply(&mut held, &update(&mut body).await);
+    let mut want = addrs(&["10.0.0.1:8080"]);
+    let mut next = 2;
+    // Changes come faster than the stream runs (nothing yields between
+    // them); the reader then takes what its queue of one holds, in turn.
+    let mut changes = |n: usize, want: &mut BTreeSet<SocketAddr>| {
+        for _ in 0..n {
+            let i = next;
+            next += 1;
+            let ip = |i: usize| format!("10.0.{}.{}", i / 200, i % 200 + 1);
+            s.store.update(vec![pod(&format!("web-{i}"), &ip(i))]);
+            want.insert(format!("{}:8080", ip(i)).parse().unwrap());
+            if i % 3 == 0 {
+                s.store.update(vec![delete_pod(&format!("web-{}", i - 1))]);
+                want.remove(&format!("{}:8080", ip(i - 1)).parse().unwrap());
+            }
+        }
+    };
+
+    // Within the shared history: replayed from it.
+    changes(10, &mut want);
+    drain(&mut body, &mut held).await;
+    assert_eq!(held, want);
+    assert_eq!(counter(&s.store.metrics().stream_resyncs_total), 0);
+
+    // Further behind than the history keeps: a reset and the whole set.
+    changes(3 * crate::feed::MAX_HISTORY, &mut want);
+    drain(&mut body, &mut held).await;
+    assert_eq!(held, want);
+    assert_eq!(counter(&s.store.metrics().stream_resyncs_total), 1);
+    assert_eq!(counter(&s.store.metrics().stream_overflows_total), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_leaves_or_a_shutdown_frees_the_subscription() {
+    let s = setup(8);
+    let mut leaving = s.service.get(&get()).unwrap();
+    let _ = update(&mut leaving).await;
+    drop(leaving);
+    until("the subscription is freed", || {
+        gauge(&s.store.metrics().subscriptions) == 0
+    })
+    .await;
+
+    let mut staying = s.service.get(&get()).unwrap();
+    let _ = update(&mut staying).await;
+    s.stop.send_replace(true);
+    match read(&mut staying).await {
+        Read::End(status) => assert_eq!(status.code(), tonic::Code::Ok),
+        Read::Message(_) => panic!("expected the end"),
+    }
+    until("the subscription is freed", || {
+        gauge(&s.store.metrics().subscriptions) == 0
+    })
+    .await;
+    assert_eq!(gauge(&s.store.metrics().streams), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_requests_are_refused_by_name() {
+    let s = setup(8);
+    let mut req = get();
+    req.path = "not a path".into();
+    let err = s.service.get(&req).err().unwrap();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert_eq!(gauge(&s.store.metrics().subscriptions), 0);
+}
