@@ -249,7 +249,7 @@ async fn outbound_policy_refuses_what_it_cannot_answer() {
         Some(distribution::Kind::FirstAvailable(f)) => {
             match &f.backends[0].backend.as_ref().unwrap().kind {
                 Some(backend::Kind::Forward(addr)) => {
-                    let a = SocketAddr::try_from(addr.addr.clone().unwrap()).unwrap();
+                    let a = SocketAddr::try_from(addr.addr.unwrap()).unwrap();
                     assert_eq!(a, "192.0.2.7:443".parse::<SocketAddr>().unwrap());
                 }
                 other => panic!("expected a forward backend, got {other:?}"),

@@ -101,7 +101,7 @@ async fn update(body: &mut QueueBody) -> Update {
 }
 
 fn sock(a: &linkerd2_proxy_api::net::TcpAddress) -> SocketAddr {
-    SocketAddr::try_from(a.clone()).unwrap()
+    SocketAddr::try_from(*a).unwrap()
 }
 
 /// What a client holds, by Linkerd's rules (the first message of a stream
