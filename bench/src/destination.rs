@@ -182,7 +182,7 @@ impl Streams {
         let (name, ns) = service_of(service);
         let path = format!("{name}.{ns}.svc.cluster.local:80");
         for _ in 0..n {
-            if self.next % 100 == 0 {
+            if self.next.is_multiple_of(100) {
                 let ch = Channel::from_shared(format!("http://{}", c.grpc))?
                     .connect()
                     .await?;
@@ -421,13 +421,15 @@ async fn main() -> anyhow::Result<()> {
         }
         hot2.sort();
         cold.sort();
-        let mut all = Latencies::default();
-        all.per_stream = hot2
-            .per_stream
-            .iter()
-            .chain(&cold.per_stream)
-            .copied()
-            .collect();
+        let mut all = Latencies {
+            per_stream: hot2
+                .per_stream
+                .iter()
+                .chain(&cold.per_stream)
+                .copied()
+                .collect(),
+            ..Default::default()
+        };
         all.sort();
         let (_, hwm) = rss(full_pid);
         fanout = Some((before, after, hot2, cold, all, hwm));

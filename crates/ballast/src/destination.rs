@@ -30,7 +30,8 @@ use tokio::sync::watch;
 #[command(
     after_help = "Source: with `--manifests DIR`, the Kubernetes objects (Pods, Services, \
 EndpointSlices, Namespaces, Gateway API HTTPRoutes and GRPCRoutes, and Linkerd's policy.linkerd.io \
-HTTPRoutes, Servers, AuthorizationPolicies, MeshTLSAuthentications and NetworkAuthentications) written in DIR, following edits to it (the embedded default for local runs). \
+HTTPRoutes, Servers, AuthorizationPolicies, MeshTLSAuthentications and NetworkAuthentications, \
+and ServiceProfiles) written in DIR, following edits to it (the embedded default for local runs). \
 Without it, the Kubernetes API: `--kubeconfig` if given, else KUBECONFIG or ~/.kube/config, \
 else the in-cluster service account.\n\
 Every flag can also be set by the environment variable shown."
@@ -326,6 +327,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             cluster_networks: args.cluster_networks.0.clone(),
             control_plane_namespace: args.controller_namespace.clone(),
             trust_domain: args.identity_trust_domain.clone(),
+            cluster_domain: args.cluster_domain.clone(),
         }),
         metrics,
     );

@@ -375,3 +375,61 @@ async fn inbound_policy_denies_by_default_and_admits_one_identity() {
         assert_eq!(err.code(), Code::InvalidArgument, "{workload} {port}");
     }
 }
+
+#[tokio::test]
+async fn get_profile_serves_a_service_profile_and_follows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    cluster(dir.path());
+    let c = Controller::start(dir.path(), &[]).await;
+    let mut profiles = c
+        .get_profile("web.shop.svc.cluster.local:80")
+        .await
+        .unwrap();
+    let first = next(&mut profiles).await;
+    assert!(first.routes.is_empty(), "no profile yet: {first:?}");
+
+    write_atomic(
+        &dir.path().join("profile.yaml"),
+        "apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\n\
+         metadata: {name: web.shop.svc.cluster.local, namespace: shop}\n\
+         spec:\n  routes:\n  - name: GET /api\n    condition: {method: GET, pathRegex: /api/.*}\n\
+         \x20   isRetryable: true\n    timeout: 250ms\n\
+         \x20   responseClasses: [{condition: {status: {min: 500, max: 599}}, isFailure: true}]\n\
+         \x20 retryBudget: {retryRatio: 0.5, minRetriesPerSecond: 3, ttl: 5s}\n\
+         \x20 dstOverrides: [{authority: web-v2.shop.svc.cluster.local:80, weight: 1}]\n",
+    );
+    let profiled = next(&mut profiles).await;
+    assert_eq!(profiled.routes.len(), 1);
+    let route = &profiled.routes[0];
+    assert_eq!(route.metrics_labels["route"], "GET /api");
+    assert!(route.is_retryable);
+    assert_eq!(route.timeout.unwrap().nanos, 250_000_000);
+    assert!(route.response_classes[0].is_failure);
+    let budget = profiled.retry_budget.unwrap();
+    assert_eq!(
+        (budget.retry_ratio, budget.min_retries_per_second),
+        (0.5, 3)
+    );
+    assert_eq!(
+        profiled.dst_overrides[0].authority,
+        "web-v2.shop.svc.cluster.local:80"
+    );
+    assert_eq!(profiled.dst_overrides[0].weight, 1000);
+
+    // A broken edit (a bad regex) is refused; the last good profile stays.
+    write_atomic(
+        &dir.path().join("profile.yaml"),
+        "apiVersion: linkerd.io/v1alpha2\nkind: ServiceProfile\n\
+         metadata: {name: web.shop.svc.cluster.local, namespace: shop}\n\
+         spec:\n  routes:\n  - name: bad\n    condition: {pathRegex: \"([\"}\n",
+    );
+    eventually("the broken profile named in the log", || async {
+        (!c.logs_containing("pathRegex").is_empty()).then_some(())
+    })
+    .await;
+    let mut again = c.get_profile("web.shop.svc.cluster.local:80").await.unwrap();
+    assert_eq!(next(&mut again).await, profiled, "the last good profile is kept");
+    std::fs::remove_file(dir.path().join("profile.yaml")).unwrap();
+    let removed = next(&mut profiles).await;
+    assert!(removed.routes.is_empty());
+}

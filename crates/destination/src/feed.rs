@@ -133,20 +133,19 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
 
     /// The messages that bring a stream from what `cursor` last took to the
     /// latest answer, marking it taken.
-    pub fn catch_up(&self, cursor: &mut Cursor<V>) -> CatchUp {
+    pub fn catch_up(&self, cursor: &mut Cursor<V>) -> CatchUp<V> {
         let head = cursor.rx.borrow_and_update().clone();
         let oldest = head.version - head.changes.len() as u64;
         let kind = match cursor.seen {
             Some(seen) if seen == head.version => Kind::Nothing,
-            Some(seen) if seen >= oldest => {
-                let skip = (seen - oldest) as usize;
-                Kind::Changes(head.changes.iter().skip(skip).cloned().collect())
-            }
+            Some(seen) if seen >= oldest => Kind::Changes {
+                skip: (seen - oldest) as usize,
+            },
             Some(_) => Kind::Reset(self.encoder.reset(&head.answer), self.full(&head)),
             None => Kind::Full(self.full(&head)),
         };
         cursor.seen = Some(head.version);
-        CatchUp { kind }
+        CatchUp { head, kind }
     }
 
     fn full(&self, head: &Head<V>) -> Arc<[Bytes]> {
@@ -179,18 +178,22 @@ impl<V> Cursor<V> {
 
 /// The messages that bring one stream up to date, shared with every other
 /// stream that needs the same ones.
-pub struct CatchUp {
+pub struct CatchUp<V> {
+    head: Arc<Head<V>>,
     kind: Kind,
 }
 
 enum Kind {
     Nothing,
-    Changes(Vec<Arc<Change>>),
+    /// The head's changes after the first `skip`.
+    Changes {
+        skip: usize,
+    },
     Full(Arc<[Bytes]>),
     Reset(Option<Bytes>, Arc<[Bytes]>),
 }
 
-impl CatchUp {
+impl<V> CatchUp<V> {
     /// True when the stream had fallen behind the history and is sent the
     /// whole answer again.
     pub fn is_reset(&self) -> bool {
@@ -201,7 +204,13 @@ impl CatchUp {
     pub fn messages(&self) -> Box<dyn Iterator<Item = &Bytes> + Send + '_> {
         match &self.kind {
             Kind::Nothing => Box::new(std::iter::empty()),
-            Kind::Changes(changes) => Box::new(changes.iter().flat_map(|c| c.messages.iter())),
+            Kind::Changes { skip } => Box::new(
+                self.head
+                    .changes
+                    .iter()
+                    .skip(*skip)
+                    .flat_map(|c| c.messages.iter()),
+            ),
             Kind::Full(full) => Box::new(full.iter()),
             Kind::Reset(reset, full) => Box::new(reset.iter().chain(full.iter())),
         }
@@ -247,7 +256,7 @@ mod tests {
     }
 
     /// Applies messages to what a client holds; returns how many there were.
-    fn apply(held: &mut BTreeSet<u32>, up: &CatchUp) -> usize {
+    fn apply(held: &mut BTreeSet<u32>, up: &CatchUp<BTreeSet<u32>>) -> usize {
         let mut n = 0;
         for m in up.messages() {
             n += 1;
@@ -306,7 +315,7 @@ mod tests {
         // A new stream's whole answer is encoded once per version, too.
         let (mut c, mut d) = (f.cursor(), f.cursor());
         let (uc, ud) = (f.catch_up(&mut c), f.catch_up(&mut d));
-        let first = |u: &CatchUp| u.messages().next().unwrap().as_ptr();
+        let first = |u: &CatchUp<BTreeSet<u32>>| u.messages().next().unwrap().as_ptr();
         assert_eq!(first(&uc), first(&ud));
     }
 

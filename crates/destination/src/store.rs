@@ -411,7 +411,7 @@ impl Drop for Guard {
 impl<V: PartialEq + Send + Sync + 'static> Subscription<V> {
     /// The messages that bring this watcher from what it last took to the
     /// latest answer (the whole answer, the first time), marking it taken.
-    pub fn catch_up(&mut self) -> CatchUp {
+    pub fn catch_up(&mut self) -> CatchUp<V> {
         self.feed.catch_up(&mut self.cursor)
     }
 
@@ -579,7 +579,7 @@ mod tests {
             let _ = s.catch_up();
         }
         store.update(vec![pod("a", "a-2", "10.0.0.2")]);
-        let ups: Vec<CatchUp> = subs.iter_mut().map(|s| s.catch_up()).collect();
+        let ups: Vec<CatchUp<EndpointSet>> = subs.iter_mut().map(|s| s.catch_up()).collect();
         let ptrs: Vec<*const u8> = ups
             .iter()
             .map(|u| u.messages().next().unwrap().as_ptr())

@@ -56,6 +56,8 @@ pub struct IndexConfig {
     /// Identity names are `SA.NS.serviceaccount.identity.CONTROL_NS.TRUST_DOMAIN`.
     pub control_plane_namespace: String,
     pub trust_domain: String,
+    /// ServiceProfiles are named `SERVICE.NS.svc.CLUSTER_DOMAIN`.
+    pub cluster_domain: String,
 }
 
 /// Linkerd's default cluster networks.
@@ -74,6 +76,7 @@ impl Default for IndexConfig {
                 .collect(),
             control_plane_namespace: "linkerd".to_string(),
             trust_domain: "cluster.local".to_string(),
+            cluster_domain: "cluster.local".to_string(),
         }
     }
 }
@@ -246,9 +249,36 @@ impl Index {
             Resource::Pod(p) => self.apply_pod(p, &mut ch),
             Resource::Service(s) => self.apply_service(s, &mut ch),
             Resource::EndpointSlice(e) => self.apply_slice(e, &mut ch),
+            Resource::ServiceProfile(p) => {
+                if self.policy.profiles.get(&p.key) != Some(&p) {
+                    ch.services.extend(self.profile_service(&p.key));
+                    self.policy.apply(Resource::ServiceProfile(p), &mut ch);
+                }
+            }
             other => self.policy.apply(other, &mut ch),
         }
         self.finish(ch)
+    }
+
+    /// The Service a ServiceProfile describes, by its name.
+    fn profile_service(&self, key: &ObjectKey) -> Option<ObjectKey> {
+        let (service, rest) = key.name.split_once('.')?;
+        let rest = rest.strip_prefix(&*key.namespace)?.strip_prefix(".svc.")?;
+        (rest == self.config.cluster_domain.trim_end_matches('.'))
+            .then(|| ObjectKey::new(key.namespace.clone(), service))
+    }
+
+    /// The ServiceProfile describing a Service, if one exists.
+    fn service_profile(&self, service: &ObjectKey) -> Option<&Arc<resource::ServiceProfile>> {
+        let name = format!(
+            "{}.{}.svc.{}",
+            service.name,
+            service.namespace,
+            self.config.cluster_domain.trim_end_matches('.')
+        );
+        self.policy
+            .profiles
+            .get(&ObjectKey::new(service.namespace.clone(), name))
     }
 
     /// Removes one object; deleting an unknown object changes nothing.
@@ -258,6 +288,12 @@ impl Index {
             Kind::Pod => self.delete_pod(key, &mut ch),
             Kind::Service => self.delete_service(key, &mut ch),
             Kind::EndpointSlice => self.delete_slice(key, &mut ch),
+            Kind::ServiceProfile => {
+                if self.policy.profiles.contains_key(key) {
+                    ch.services.extend(self.profile_service(key));
+                }
+                self.policy.delete(kind, key, &mut ch);
+            }
             _ => self.policy.delete(kind, key, &mut ch),
         }
         self.finish(ch)
@@ -560,6 +596,7 @@ impl Index {
                 service: key.clone(),
                 port,
                 opaque: self.service_port_is_opaque(svc, port),
+                profile: self.service_profile(key).cloned(),
             },
             None => ProfileView::UnknownService,
         };

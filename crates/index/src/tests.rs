@@ -1181,7 +1181,8 @@ fn dual_stack_cluster_ips_answer_alike() {
             ProfileView::Service {
                 service: k("web"),
                 port: 80,
-                opaque: false
+                opaque: false,
+                profile: None,
             },
             "{addr}"
         );
@@ -1202,6 +1203,7 @@ fn profiles() {
         service: k(name),
         port,
         opaque,
+        profile: None,
     };
     let addr = |s: &str| -> SocketAddr { s.parse().unwrap() };
     let pod_view = |name: &str, at: &str, sa: &str, opaque: bool| {

@@ -47,6 +47,8 @@ pub enum ProfileView {
         service: ObjectKey,
         port: u16,
         opaque: bool,
+        /// The service's ServiceProfile, when one is written.
+        profile: Option<std::sync::Arc<crate::resource::ServiceProfile>>,
     },
     /// An address that belongs to one pod.
     Pod { endpoint: Endpoint, opaque: bool },

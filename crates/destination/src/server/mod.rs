@@ -9,6 +9,7 @@
 
 mod grpc;
 mod queue;
+mod service_profile;
 #[cfg(test)]
 mod tests;
 mod translate;

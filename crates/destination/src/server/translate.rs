@@ -127,10 +127,18 @@ pub fn profile(view: &ProfileView, target: &Target, config: &MeshConfig) -> Dest
             service,
             port,
             opaque,
+            profile,
         } => {
             p.fully_qualified_name = authority::service_fqdn(service, &config.cluster_domain);
             p.opaque_protocol = *opaque;
             p.parent_ref = Some(service_ref(service, *port));
+            if let Some(profile) = profile {
+                p.routes = super::service_profile::routes(profile);
+                p.dst_overrides = super::service_profile::dst_overrides(profile);
+                if let Some(b) = &profile.retry_budget {
+                    p.retry_budget = Some(super::service_profile::retry_budget(b));
+                }
+            }
         }
         ProfileView::UnknownService => {
             // A service that may yet appear: the default profile, named.

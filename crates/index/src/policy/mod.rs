@@ -18,7 +18,7 @@ pub use outbound::{OutboundView, ServiceOutbound};
 use crate::{
     resource::{
         AuthorizationPolicy, Kind, MeshTlsAuthentication, Namespace, NetworkAuthentication,
-        ObjectKey, ParentKind, Resource, Route, Server,
+        ObjectKey, ParentKind, Resource, Route, Server, ServiceProfile,
     },
     Changes,
 };
@@ -72,6 +72,7 @@ pub struct PolicyObjects {
     pub(crate) authz_by_namespace: HashMap<Arc<str>, BTreeSet<Arc<str>>>,
     pub(crate) mesh_tls: HashMap<ObjectKey, Arc<MeshTlsAuthentication>>,
     pub(crate) networks: HashMap<ObjectKey, Arc<NetworkAuthentication>>,
+    pub(crate) profiles: HashMap<ObjectKey, Arc<ServiceProfile>>,
     /// Routes currently left out, and why.
     problems: BTreeMap<RouteId, RouteProblem>,
 }
@@ -87,6 +88,7 @@ impl PolicyObjects {
             Kind::AuthorizationPolicy => self.authorizations.len(),
             Kind::MeshTlsAuthentication => self.mesh_tls.len(),
             Kind::NetworkAuthentication => self.networks.len(),
+            Kind::ServiceProfile => self.profiles.len(),
             Kind::Pod | Kind::Service | Kind::EndpointSlice => 0,
         }
     }
@@ -104,6 +106,7 @@ impl PolicyObjects {
             Kind::AuthorizationPolicy => self.authorizations.keys().cloned().collect(),
             Kind::MeshTlsAuthentication => self.mesh_tls.keys().cloned().collect(),
             Kind::NetworkAuthentication => self.networks.keys().cloned().collect(),
+            Kind::ServiceProfile => self.profiles.keys().cloned().collect(),
             Kind::Pod | Kind::Service | Kind::EndpointSlice => Vec::new(),
         }
     }
@@ -187,6 +190,10 @@ impl PolicyObjects {
                 ch.inbound_all = true;
                 self.networks.insert(n.key.clone(), n);
             }
+            Resource::ServiceProfile(p) => {
+                // The caller marks the profile's service as changed.
+                self.profiles.insert(p.key.clone(), p);
+            }
             Resource::Pod(_) | Resource::Service(_) | Resource::EndpointSlice(_) => {}
         }
     }
@@ -228,6 +235,9 @@ impl PolicyObjects {
                 if self.networks.remove(key).is_some() {
                     ch.inbound_all = true;
                 }
+            }
+            Kind::ServiceProfile => {
+                self.profiles.remove(key);
             }
             Kind::Pod | Kind::Service | Kind::EndpointSlice => {}
         }

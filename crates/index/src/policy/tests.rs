@@ -410,3 +410,40 @@ fn inbound_routes_carry_their_own_authorizations() {
     // Inbound routes never reach outbound answers or route problems.
     assert_eq!(index.policy().problems().count(), 0);
 }
+
+#[test]
+fn a_service_profile_reaches_its_services_profile_answer() {
+    let mut index = Index::new(IndexConfig::default());
+    index.apply(service("web", "10.96.0.10"));
+    let profile = decode(json!({
+        "apiVersion": "linkerd.io/v1alpha2", "kind": "ServiceProfile",
+        "metadata": {"namespace": NS, "name": "web.shop.svc.cluster.local"},
+        "spec": {"routes": [{"name": "GET /", "condition": {"method": "GET"}, "isRetryable": true}]}
+    }));
+    let ch = index.apply(profile);
+    assert!(
+        ch.affects(&svc_target("web"), &index),
+        "the profile's service is touched"
+    );
+    match index.profile(&svc_target("web")) {
+        crate::ProfileView::Service {
+            profile: Some(p), ..
+        } => {
+            assert_eq!(p.routes[0].name, "GET /");
+            assert!(p.routes[0].is_retryable);
+        }
+        other => panic!("{other:?}"),
+    }
+    // A profile named for another domain describes nothing here.
+    index.apply(decode(json!({
+        "apiVersion": "linkerd.io/v1alpha2", "kind": "ServiceProfile",
+        "metadata": {"namespace": NS, "name": "api.shop.svc.example.org"},
+        "spec": {}
+    })));
+    let ch = index.delete(Kind::ServiceProfile, &key("web.shop.svc.cluster.local"));
+    assert!(ch.affects(&svc_target("web"), &index));
+    assert!(matches!(
+        index.profile(&svc_target("web")),
+        crate::ProfileView::Service { profile: None, .. }
+    ));
+}

@@ -9,6 +9,7 @@ mod duration;
 mod endpoint_slice;
 mod meta;
 mod pod;
+mod profile;
 mod route;
 mod service;
 
@@ -23,6 +24,10 @@ pub use duration::{parse_annotation_duration, parse_gateway_duration, MAX_POLICY
 pub use endpoint_slice::{EndpointSlice, SliceEndpoint, SlicePort};
 pub use meta::{Labels, ObjectKey, Owner};
 pub use pod::{ContainerPort, Phase, Pod};
+pub use profile::{
+    DstOverride, ProfileRoute, RequestCondition, ResponseClass, ResponseCondition, RetryBudget,
+    ServiceProfile, ServiceProfileWire,
+};
 pub use route::{
     check_regex, BackendRef, GrpcMatch, GrpcRetryCode, HeaderMatch, HeaderModifier, HostMatch,
     HttpMatch, ParentKind, ParentRef, PathMatch, PathModifier, QueryParamMatch, Redirect, Route,
@@ -73,6 +78,7 @@ pub enum Resource {
     AuthorizationPolicy(Arc<AuthorizationPolicy>),
     MeshTlsAuthentication(Arc<MeshTlsAuthentication>),
     NetworkAuthentication(Arc<NetworkAuthentication>),
+    ServiceProfile(Arc<ServiceProfile>),
 }
 
 /// The kinds of object the index holds.
@@ -93,6 +99,8 @@ pub enum Kind {
     AuthorizationPolicy,
     MeshTlsAuthentication,
     NetworkAuthentication,
+    /// `linkerd.io` `ServiceProfile`.
+    ServiceProfile,
 }
 
 impl Kind {
@@ -109,11 +117,12 @@ impl Kind {
             Kind::AuthorizationPolicy => "AuthorizationPolicy",
             Kind::MeshTlsAuthentication => "MeshTLSAuthentication",
             Kind::NetworkAuthentication => "NetworkAuthentication",
+            Kind::ServiceProfile => "ServiceProfile",
         }
     }
 
     /// Every kind, in the order sources load them.
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 12] = [
         Kind::Pod,
         Kind::Service,
         Kind::EndpointSlice,
@@ -125,6 +134,7 @@ impl Kind {
         Kind::AuthorizationPolicy,
         Kind::MeshTlsAuthentication,
         Kind::NetworkAuthentication,
+        Kind::ServiceProfile,
     ];
 
     /// Kinds that carry policy (routes and authorization), not endpoints.
@@ -149,6 +159,7 @@ impl Resource {
             Resource::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
             Resource::MeshTlsAuthentication(_) => Kind::MeshTlsAuthentication,
             Resource::NetworkAuthentication(_) => Kind::NetworkAuthentication,
+            Resource::ServiceProfile(_) => Kind::ServiceProfile,
         }
     }
 
@@ -163,6 +174,7 @@ impl Resource {
             Resource::AuthorizationPolicy(a) => &a.key,
             Resource::MeshTlsAuthentication(m) => &m.key,
             Resource::NetworkAuthentication(n) => &n.key,
+            Resource::ServiceProfile(p) => &p.key,
         }
     }
 
@@ -185,6 +197,9 @@ impl Resource {
                 decode::<EndpointSliceWire>(value).map(Some)
             }
             ("v1", "Namespace") => decode::<NamespaceWire>(value).map(Some),
+            ("linkerd.io/v1alpha2", "ServiceProfile") => {
+                decode::<ServiceProfileWire>(value).map(Some)
+            }
             (v, "HTTPRoute") if v.starts_with("gateway.networking.k8s.io/") => {
                 decode::<HttpRouteWire>(value).map(Some)
             }
@@ -291,6 +306,12 @@ macro_rules! policy_wire {
 }
 
 policy_wire!(NamespaceWire, Kind::Namespace, Namespace, Namespace);
+policy_wire!(
+    ServiceProfileWire,
+    Kind::ServiceProfile,
+    ServiceProfile,
+    ServiceProfile
+);
 policy_wire!(ServerWire, Kind::Server, Server, Server);
 policy_wire!(
     AuthorizationPolicyWire,

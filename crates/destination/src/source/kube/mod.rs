@@ -45,7 +45,7 @@ use crate::{
     resource::{
         truncate, AuthorizationPolicyWire, EndpointSliceWire, GrpcRouteWire, HttpRouteWire,
         LinkerdHttpRouteWire, MeshTlsAuthenticationWire, NamespaceWire, NetworkAuthenticationWire,
-        PodWire, ServerWire, ServiceWire,
+        PodWire, ServerWire, ServiceProfileWire, ServiceWire,
     },
     store::Store,
 };
@@ -202,6 +202,7 @@ pub async fn run(
         Box::pin(watch::<AuthorizationPolicyWire>(ctx)),
         Box::pin(watch::<MeshTlsAuthenticationWire>(ctx)),
         Box::pin(watch::<NetworkAuthenticationWire>(ctx)),
+        Box::pin(watch::<ServiceProfileWire>(ctx)),
     ];
     debug_assert_eq!(watchers.len(), resources::WATCHED_RESOURCES.len());
     let watchers = async {

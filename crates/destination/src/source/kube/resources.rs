@@ -15,7 +15,8 @@ use crate::{
     resource::{
         truncate, AuthorizationPolicyWire, EndpointSliceWire, GrpcRouteWire, HttpRouteWire,
         InvalidObject, Kind, LinkerdHttpRouteWire, MeshTlsAuthenticationWire, NamespaceWire,
-        NetworkAuthenticationWire, ObjectKey, PodWire, Resource, ServerWire, ServiceWire, Wire,
+        NetworkAuthenticationWire, ObjectKey, PodWire, Resource, ServerWire, ServiceProfileWire,
+        ServiceWire, Wire,
     },
     store::Op,
 };
@@ -107,6 +108,13 @@ api_kind!(
     "networkauthentications"
 );
 
+api_kind!(
+    ServiceProfileWire,
+    "linkerd.io",
+    "v1alpha2",
+    "serviceprofiles"
+);
+
 /// The resources the source watches, as `(group, version, plural)`: what its
 /// RBAC role must allow `get`, `list` and `watch` on.
 pub const WATCHED_RESOURCES: &[(&str, &str, &str)] = &[
@@ -118,6 +126,7 @@ pub const WATCHED_RESOURCES: &[(&str, &str, &str)] = &[
     ("policy.linkerd.io", "v1alpha1", "authorizationpolicies"),
     ("policy.linkerd.io", "v1alpha1", "meshtlsauthentications"),
     ("policy.linkerd.io", "v1alpha1", "networkauthentications"),
+    ("linkerd.io", "v1alpha2", "serviceprofiles"),
     (PodWire::GROUP, PodWire::VERSION, PodWire::PLURAL),
     (
         ServiceWire::GROUP,
