@@ -427,9 +427,118 @@ async fn get_profile_serves_a_service_profile_and_follows_it() {
         (!c.logs_containing("pathRegex").is_empty()).then_some(())
     })
     .await;
-    let mut again = c.get_profile("web.shop.svc.cluster.local:80").await.unwrap();
-    assert_eq!(next(&mut again).await, profiled, "the last good profile is kept");
+    let mut again = c
+        .get_profile("web.shop.svc.cluster.local:80")
+        .await
+        .unwrap();
+    assert_eq!(
+        next(&mut again).await,
+        profiled,
+        "the last good profile is kept"
+    );
     std::fs::remove_file(dir.path().join("profile.yaml")).unwrap();
     let removed = next(&mut profiles).await;
     assert!(removed.routes.is_empty());
+}
+
+/// The same answers from the Kubernetes source (testkit's API server).
+#[tokio::test]
+async fn policy_answers_from_the_kubernetes_source() {
+    use serde_json::json;
+    let api = ballast_testkit::ApiServer::start().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let kubeconfig = api.write_kubeconfig(tmp.path()).display().to_string();
+    for (name, ip) in [("web", "127.0.0.100"), ("web-v2", "127.0.0.101")] {
+        api.apply(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {"clusterIP": ip, "selector": {"app": name},
+                     "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}
+        }));
+    }
+    api.apply(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-a", "namespace": "shop", "labels": {"app": "web"}},
+        "spec": {"containers": [{"name": "main", "ports": [{"name": "http", "containerPort": 8080}]}]},
+        "status": {"phase": "Running", "podIP": "127.0.1.1",
+                   "conditions": [{"type": "Ready", "status": "True"}]}
+    }));
+    let route = |v2: &str| {
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": "canary", "namespace": "shop"},
+            "spec": {"parentRefs": [{"group": "core", "kind": "Service", "name": "web", "port": 80}],
+                     "rules": [{"backendRefs": [{"name": "web", "port": 80, "weight": 90},
+                                                {"name": v2, "port": 80, "weight": 10}]}]}
+        })
+    };
+    api.apply(route("web-v2"));
+    api.apply(json!({
+        "apiVersion": "policy.linkerd.io/v1beta3", "kind": "Server",
+        "metadata": {"name": "web-http", "namespace": "shop"},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "port": 8080}
+    }));
+    api.apply(json!({
+        "apiVersion": "policy.linkerd.io/v1alpha1", "kind": "AuthorizationPolicy",
+        "metadata": {"name": "allow-a", "namespace": "shop"},
+        "spec": {"targetRef": {"group": "policy.linkerd.io", "kind": "Server", "name": "web-http"},
+                 "requiredAuthenticationRefs": [{"kind": "ServiceAccount", "name": "client-a"}]}
+    }));
+    let c = Controller::start_with(&[
+        "--kubeconfig".to_string(),
+        kubeconfig,
+        "--default-inbound-policy".to_string(),
+        "deny".to_string(),
+    ])
+    .await;
+
+    let mut outbound = OutboundPoliciesClient::new(channel(c.policy).await);
+    let mut watch = outbound
+        .watch(by_addr("127.0.0.100:80"))
+        .await
+        .unwrap()
+        .into_inner();
+    let split = next(&mut watch).await;
+    assert_eq!(
+        backends(&http_routes(&split)[0]),
+        [
+            ("web.shop.svc.cluster.local:80".to_string(), 90),
+            ("web-v2.shop.svc.cluster.local:80".to_string(), 10)
+        ]
+    );
+    // Broken on purpose through the API: left out, the default route served.
+    api.apply(route("web-v3"));
+    let broken = next(&mut watch).await;
+    assert_eq!(
+        http_routes(&broken)
+            .iter()
+            .map(route_name)
+            .collect::<Vec<_>>(),
+        ["default:http"]
+    );
+
+    let mut inbound = InboundServerPoliciesClient::new(channel(c.policy).await);
+    let server = inbound
+        .get_port(PortSpec {
+            workload: "shop:web-a".into(),
+            port: 8080,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(server.labels["name"], "web-http");
+    match server.authorizations[0]
+        .authentication
+        .as_ref()
+        .and_then(|a| a.permit.as_ref())
+    {
+        Some(Permit::MeshTls(m)) => match &m.clients {
+            Some(permit_mesh_tls::Clients::Identities(ids)) => assert_eq!(
+                ids.identities[0].name,
+                "client-a.shop.serviceaccount.identity.linkerd.cluster.local"
+            ),
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    }
 }

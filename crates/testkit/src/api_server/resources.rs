@@ -30,7 +30,7 @@ impl ResourceType {
     }
 }
 
-/// Every served type; all are namespaced. A resource is referred to by its index here.
+/// Every served type; all are namespaced (Namespaces themselves are not served). A resource is referred to by its index here.
 pub(crate) const RESOURCES: &[ResourceType] = &[
     ResourceType {
         group: "",
@@ -67,6 +67,71 @@ pub(crate) const RESOURCES: &[ResourceType] = &[
         kind: "EndpointSlice",
         short_names: &[],
         field_labels: &["addressType"],
+    },
+    // Policy resources (custom resources on a real cluster). Linkerd's own
+    // `policy.linkerd.io` HTTPRoute is not served: plurals stay unique.
+    ResourceType {
+        group: "gateway.networking.k8s.io",
+        version: "v1",
+        plural: "httproutes",
+        singular: "httproute",
+        kind: "HTTPRoute",
+        short_names: &[],
+        field_labels: &[],
+    },
+    ResourceType {
+        group: "gateway.networking.k8s.io",
+        version: "v1",
+        plural: "grpcroutes",
+        singular: "grpcroute",
+        kind: "GRPCRoute",
+        short_names: &[],
+        field_labels: &[],
+    },
+    ResourceType {
+        group: "policy.linkerd.io",
+        version: "v1beta3",
+        plural: "servers",
+        singular: "server",
+        kind: "Server",
+        short_names: &[],
+        field_labels: &[],
+    },
+    ResourceType {
+        group: "policy.linkerd.io",
+        version: "v1alpha1",
+        plural: "authorizationpolicies",
+        singular: "authorizationpolicy",
+        kind: "AuthorizationPolicy",
+        short_names: &[],
+        field_labels: &[],
+    },
+    ResourceType {
+        group: "policy.linkerd.io",
+        version: "v1alpha1",
+        plural: "meshtlsauthentications",
+        singular: "meshtlsauthentication",
+        kind: "MeshTLSAuthentication",
+        short_names: &[],
+        field_labels: &[],
+    },
+    ResourceType {
+        group: "policy.linkerd.io",
+        version: "v1alpha1",
+        plural: "networkauthentications",
+        singular: "networkauthentication",
+        kind: "NetworkAuthentication",
+        short_names: &[],
+        field_labels: &[],
+    },
+    ResourceType {
+        group: "linkerd.io",
+        version: "v1alpha2",
+        plural: "serviceprofiles",
+        singular: "serviceprofile",
+        kind: "ServiceProfile",
+        short_names: &[],
+        field_labels: &[],
     },
 ];
 
