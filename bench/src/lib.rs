@@ -167,3 +167,33 @@ pub fn service(i: usize) -> serde_json::Value {
                  "ports": [{"name": "http", "port": 80, "targetPort": "http"}]},
     })
 }
+
+/// Writes a file whole (the manifests source never reads half of it).
+pub fn write_atomic(path: &Path, contents: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp~");
+    std::fs::write(&tmp, contents)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The `p` quantile (0..=1) of sorted durations; zero when empty.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+/// A process's memory at one moment: RSS and jemalloc allocated, KiB.
+#[derive(Clone, Copy, Debug)]
+pub struct Memory {
+    pub rss: u64,
+    pub allocated: u64,
+}
+
+pub async fn memory(c: &Controller) -> Memory {
+    Memory {
+        rss: rss(c.pid()).0,
+        allocated: allocated(&c.admin).await,
+    }
+}

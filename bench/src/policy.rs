@@ -1,0 +1,321 @@
+//! `policy-bench`: the policy API's cost in the controller.
+//!
+//! - Memory per route: 1,000 Services with no route, then with
+//!   `--routes-per-service` HTTPRoutes each, idle and with every Service's
+//!   outbound policy watched once; the difference per route.
+//! - Fan-out: `--watchers` Watch streams (proxies) on one Service's outbound
+//!   policy; its route is rewritten `--rounds` times, and the time from the
+//!   write to each stream's new answer is recorded.
+//!
+//! Build first: `cargo build --release -p ballast -p ballast-bench`.
+
+use ballast_bench::{memory, percentile, start, write_atomic, Controller, Memory};
+use linkerd2_proxy_api::{
+    net::TcpAddress,
+    outbound::{outbound_policies_client::OutboundPoliciesClient, traffic_spec, TrafficSpec},
+};
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+struct Opts {
+    ballast: PathBuf,
+    services: usize,
+    routes_per_service: usize,
+    watchers: usize,
+    rounds: usize,
+}
+
+fn opts() -> anyhow::Result<Opts> {
+    let mut o = Opts {
+        ballast: PathBuf::from("target/release/ballast"),
+        services: 1_000,
+        routes_per_service: 10,
+        watchers: 1_000,
+        rounds: 30,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--ballast" => o.ballast = value.into(),
+            "--services" => o.services = value.parse()?,
+            "--routes-per-service" => o.routes_per_service = value.parse()?,
+            "--watchers" => o.watchers = value.parse()?,
+            "--rounds" => o.rounds = value.parse()?,
+            other => anyhow::bail!("unknown flag {other}"),
+        }
+    }
+    Ok(o)
+}
+
+fn cluster_ip(i: usize) -> String {
+    format!("10.96.{}.{}", i / 250, i % 250 + 1)
+}
+
+fn service_yaml(i: usize) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{i}, namespace: ns-{ns}}}\n\
+         spec:\n  clusterIP: {ip}\n  selector: {{app: svc-{i}}}\n  ports: [{{name: http, port: 80, targetPort: 8080}}]\n\
+         ---\napiVersion: v1\nkind: Service\nmetadata: {{name: svc-{i}-canary, namespace: ns-{ns}}}\n\
+         spec:\n  clusterIP: None\n  selector: {{app: svc-{i}-canary}}\n  ports: [{{name: http, port: 80, targetPort: 8080}}]\n",
+        ns = i % 10,
+        ip = cluster_ip(i)
+    )
+}
+
+/// `n` HTTPRoutes on service `i`, each a path match with a weighted split;
+/// `generation` moves the weights (a real change of the answer).
+fn routes_yaml(i: usize, n: usize, generation: usize) -> String {
+    let canary = generation % 100;
+    (0..n)
+        .map(|r| {
+            format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\n\
+                 metadata: {{name: svc-{i}-r{r}, namespace: ns-{ns}}}\n\
+                 spec:\n  parentRefs: [{{group: core, kind: Service, name: svc-{i}, port: 80}}]\n\
+                 \x20 rules:\n  - matches: [{{path: {{type: PathPrefix, value: /api/v{r}}}, headers: [{{name: x-tenant, value: t{r}}}]}}]\n\
+                 \x20   backendRefs: [{{name: svc-{i}, port: 80, weight: {main}}}, {{name: svc-{i}-canary, port: 80, weight: {canary}}}]\n\
+                 \x20   timeouts: {{request: 2s}}\n",
+                ns = i % 10,
+                main = 100 - canary,
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+fn write_cluster(dir: &Path, o: &Opts, routes: usize) -> anyhow::Result<()> {
+    for i in 0..o.services {
+        write_atomic(&dir.join(format!("svc-{i}.yaml")), &service_yaml(i))?;
+        if routes > 0 {
+            write_atomic(
+                &dir.join(format!("routes-{i}.yaml")),
+                &routes_yaml(i, routes, 0),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn spec(i: usize) -> TrafficSpec {
+    let addr: SocketAddr = format!("{}:80", cluster_ip(i)).parse().expect("an address");
+    TrafficSpec {
+        source_workload: r#"{"ns":"bench","pod":"client"}"#.into(),
+        target: Some(traffic_spec::Target::Addr(TcpAddress::from(addr))),
+    }
+}
+
+/// Opens Watch streams, 100 per connection as proxies spread them; each
+/// reports the arrival time of every answer after its first.
+struct Watchers {
+    clients: Vec<OutboundPoliciesClient<Channel>>,
+    opened: usize,
+    first_tx: mpsc::UnboundedSender<()>,
+    first_rx: mpsc::UnboundedReceiver<()>,
+    arrivals_tx: mpsc::UnboundedSender<Instant>,
+    firsts: usize,
+}
+
+impl Watchers {
+    fn new(arrivals_tx: mpsc::UnboundedSender<Instant>) -> Self {
+        let (first_tx, first_rx) = mpsc::unbounded_channel();
+        Self {
+            clients: Vec::new(),
+            opened: 0,
+            first_tx,
+            first_rx,
+            arrivals_tx,
+            firsts: 0,
+        }
+    }
+
+    async fn open(&mut self, c: &Controller, service: usize) -> anyhow::Result<()> {
+        if self.opened.is_multiple_of(100) {
+            let ch = Channel::from_shared(format!("http://{}", c.grpc))?
+                .connect()
+                .await?;
+            self.clients.push(OutboundPoliciesClient::new(ch));
+        }
+        let mut client = self.clients[self.opened / 100].clone();
+        self.opened += 1;
+        let (first, arrivals) = (self.first_tx.clone(), self.arrivals_tx.clone());
+        tokio::spawn(async move {
+            let Ok(resp) = client.watch(spec(service)).await else {
+                return;
+            };
+            let mut stream = resp.into_inner();
+            if stream.message().await.ok().flatten().is_none() {
+                return;
+            }
+            let _ = first.send(());
+            while let Ok(Some(_)) = stream.message().await {
+                let _ = arrivals.send(Instant::now());
+            }
+        });
+        Ok(())
+    }
+
+    async fn wait_first(&mut self) -> anyhow::Result<()> {
+        while self.firsts < self.opened {
+            tokio::time::timeout(Duration::from_secs(60), self.first_rx.recv())
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("a stream ended"))?;
+            self.firsts += 1;
+        }
+        Ok(())
+    }
+}
+
+fn kb_per(before: Memory, after: Memory, n: usize) -> (f64, f64) {
+    let per = |a: u64, b: u64| b.saturating_sub(a) as f64 * 1024.0 / 1000.0 / n.max(1) as f64;
+    (
+        per(before.rss, after.rss),
+        per(before.allocated, after.allocated),
+    )
+}
+
+async fn settle() {
+    // The admin server samples jemalloc once a second.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let o = opts()?;
+    anyhow::ensure!(
+        o.ballast.exists(),
+        "{} not found: build it first with `cargo build --release -p ballast`",
+        o.ballast.display()
+    );
+    let args = |dir: &Path| vec!["--manifests".to_string(), dir.display().to_string()];
+
+    // === memory per route ===
+    let bare = tempfile::tempdir()?;
+    write_cluster(bare.path(), &o, 0)?;
+    let routed = tempfile::tempdir()?;
+    write_cluster(routed.path(), &o, o.routes_per_service)?;
+    let routes = o.services * o.routes_per_service;
+
+    let (bare_c, _) = start(&o.ballast, &args(bare.path())).await?;
+    let (routed_c, routed_ready) = start(&o.ballast, &args(routed.path())).await?;
+    settle().await;
+    let (bare_idle, routed_idle) = (memory(&bare_c).await, memory(&routed_c).await);
+    let (mut bare_w, mut routed_w) = (
+        Watchers::new(mpsc::unbounded_channel().0),
+        Watchers::new(mpsc::unbounded_channel().0),
+    );
+    for i in 0..o.services {
+        bare_w.open(&bare_c, i).await?;
+        routed_w.open(&routed_c, i).await?;
+    }
+    bare_w.wait_first().await?;
+    routed_w.wait_first().await?;
+    settle().await;
+    let (bare_watched, routed_watched) = (memory(&bare_c).await, memory(&routed_c).await);
+    drop((bare_w, routed_w, bare_c, routed_c));
+
+    println!("## Controller memory per route");
+    println!();
+    println!(
+        "{} Services; {} HTTPRoutes ({} per Service, each a path and header match, a weighted \
+         split over two backends, a timeout). Ready with routes in {}.",
+        o.services,
+        routes,
+        o.routes_per_service,
+        ms(routed_ready)
+    );
+    println!();
+    println!("| | no routes | with routes | per route (RSS / allocated) |");
+    println!("|---|---|---|---|");
+    for (name, a, b) in [
+        ("idle (routes in the index)", bare_idle, routed_idle),
+        (
+            "every Service's policy watched once",
+            bare_watched,
+            routed_watched,
+        ),
+    ] {
+        let (rss, alloc) = kb_per(a, b, routes);
+        println!(
+            "| {name} | {} KiB / {} KiB | {} KiB / {} KiB | {rss:.2} KB / {alloc:.2} KB |",
+            a.rss, a.allocated, b.rss, b.allocated
+        );
+    }
+    println!();
+
+    // === fan-out ===
+    let dir = tempfile::tempdir()?;
+    write_cluster(dir.path(), &o, 1)?;
+    let (c, _) = start(&o.ballast, &args(dir.path())).await?;
+    let (arrivals_tx, mut arrivals) = mpsc::unbounded_channel();
+    let mut watchers = Watchers::new(arrivals_tx);
+    settle().await;
+    let before = memory(&c).await;
+    for _ in 0..o.watchers {
+        watchers.open(&c, 0).await?;
+    }
+    watchers.wait_first().await?;
+    settle().await;
+    let after = memory(&c).await;
+    let mut per_stream = Vec::new();
+    let mut until_last = Vec::new();
+    for round in 1..=o.rounds {
+        let t0 = Instant::now();
+        write_atomic(&dir.path().join("routes-0.yaml"), &routes_yaml(0, 1, round))?;
+        let mut last = t0;
+        for _ in 0..o.watchers {
+            let at = tokio::time::timeout(Duration::from_secs(10), arrivals.recv())
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("streams ended"))?;
+            per_stream.push(at - t0);
+            last = last.max(at);
+        }
+        until_last.push(last - t0);
+        // Let the manifests source's rescan pass before the next write.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    per_stream.sort();
+    until_last.sort();
+    let (rss, alloc) = kb_per(before, after, o.watchers);
+    println!(
+        "## Policy fan-out: a route change reaching {} watching proxies",
+        o.watchers
+    );
+    println!();
+    println!(
+        "{} Watch streams on one Service's outbound policy (100 per connection), its HTTPRoute \
+         rewritten {} times (the split's weights move); from the file's write (the manifests \
+         source's reaction included) to each stream's new answer. Memory per open stream: \
+         {rss:.2} KB RSS, {alloc:.2} KB allocated.",
+        o.watchers, o.rounds
+    );
+    println!();
+    println!("| | p50 | p99 | max |");
+    println!("|---|---|---|---|");
+    for (name, v) in [
+        ("per stream", &per_stream),
+        ("until the last stream", &until_last),
+    ] {
+        println!(
+            "| {name} | {} | {} | {} |",
+            ms(percentile(v, 0.5)),
+            ms(percentile(v, 0.99)),
+            ms(percentile(v, 1.0))
+        );
+    }
+    Ok(())
+}
