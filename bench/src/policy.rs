@@ -7,7 +7,23 @@
 //!   policy; its route is rewritten `--rounds` times, and the time from the
 //!   write to each stream's new answer is recorded.
 //!
-//! Build first: `cargo build --release -p ballast -p ballast-bench`.
+//! - Routes on the request path: requests per second (wrk) and latency at a
+//!   fixed rate (oha) through `ballast proxy` to nginx with 0, 10 and 100
+//!   HTTPRoutes on the target (the request matching the last, catch-all
+//!   one), next to nginx directly.
+//!
+//! Build first: `cargo build --release -p ballast -p ballast-bench`. The
+//! routes section needs nginx, wrk and oha (`--skip-proxy` leaves it out).
+
+#[allow(dead_code)]
+#[path = "proxy/load.rs"]
+mod load;
+#[allow(dead_code)]
+#[path = "proxy/servers.rs"]
+mod servers;
+#[allow(dead_code)]
+#[path = "proxy/system.rs"]
+mod system;
 
 use ballast_bench::{memory, percentile, start, write_atomic, Controller, Memory};
 use linkerd2_proxy_api::{
@@ -31,6 +47,10 @@ struct Opts {
     routes_per_service: usize,
     watchers: usize,
     rounds: usize,
+    skip_proxy: bool,
+    oha: PathBuf,
+    rate: u32,
+    seconds: u64,
 }
 
 fn opts() -> anyhow::Result<Opts> {
@@ -40,9 +60,17 @@ fn opts() -> anyhow::Result<Opts> {
         routes_per_service: 10,
         watchers: 1_000,
         rounds: 30,
+        skip_proxy: false,
+        oha: PathBuf::from("oha"),
+        rate: 2_000,
+        seconds: 10,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
+        if flag == "--skip-proxy" {
+            o.skip_proxy = true;
+            continue;
+        }
         let value = args
             .next()
             .ok_or_else(|| anyhow::anyhow!("{flag} needs a value"))?;
@@ -52,6 +80,9 @@ fn opts() -> anyhow::Result<Opts> {
             "--routes-per-service" => o.routes_per_service = value.parse()?,
             "--watchers" => o.watchers = value.parse()?,
             "--rounds" => o.rounds = value.parse()?,
+            "--oha" => o.oha = value.into(),
+            "--rate" => o.rate = value.parse()?,
+            "--seconds" => o.seconds = value.parse()?,
             other => anyhow::bail!("unknown flag {other}"),
         }
     }
@@ -288,6 +319,8 @@ async fn main() -> anyhow::Result<()> {
         // Let the manifests source's rescan pass before the next write.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    drop(watchers);
+    drop(c);
     per_stream.sort();
     until_last.sort();
     let (rss, alloc) = kb_per(before, after, o.watchers);
@@ -317,5 +350,140 @@ async fn main() -> anyhow::Result<()> {
             ms(percentile(v, 1.0))
         );
     }
+    if !o.skip_proxy {
+        println!();
+        routes_on_the_path(&o).await?;
+    }
+    Ok(())
+}
+
+/// `n` routes on the bench's `backend` Service: `n - 1` that this bench's
+/// requests do not match (an exact path each, with a header), then the
+/// catch-all `all-N` they do.
+fn path_routes(n: usize) -> String {
+    let mut docs: Vec<String> = (0..n.saturating_sub(1))
+        .map(|r| {
+            format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\n\
+                 metadata: {{name: r{r}, namespace: bench, creationTimestamp: \"2026-01-01T00:00:00Z\"}}\n\
+                 spec:\n  parentRefs: [{{group: core, kind: Service, name: backend, port: 80}}]\n\
+                 \x20 rules:\n  - matches: [{{path: {{type: Exact, value: /r{r}}}, headers: [{{name: x-route, value: r{r}}}]}}]\n\
+                 \x20   backendRefs: [{{name: backend, port: 80}}]\n"
+            )
+        })
+        .collect();
+    if n > 0 {
+        docs.push(format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\n\
+             metadata: {{name: all-{n}, namespace: bench, creationTimestamp: \"2026-01-01T00:00:00Z\"}}\n\
+             spec:\n  parentRefs: [{{group: core, kind: Service, name: backend, port: 80}}]\n\
+             \x20 rules:\n  - matches: [{{path: {{type: PathPrefix, value: /}}}}]\n\
+             \x20   backendRefs: [{{name: backend, port: 80}}]\n"
+        ));
+    }
+    docs.join("---\n")
+}
+
+/// Waits until the proxy's answers come through route `name` (its route
+/// metrics say so).
+async fn wait_for_route(proxy: &servers::Server, name: &str) -> anyhow::Result<()> {
+    let admin = proxy.admin.clone().unwrap_or_default();
+    let started = Instant::now();
+    let mut conn = load::Conn::open(&proxy.addr).await?;
+    loop {
+        conn.get(servers::SERVICE_HOST).await?;
+        let (_, text) = ballast_bench::http_get(&admin, "/metrics").await;
+        let hit = text.lines().any(|l| {
+            l.starts_with("outbound_http_route_request_statuses_total")
+                && l.contains(&format!("route_name=\"{name}\""))
+        });
+        if hit {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "the proxy never used route {name}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn routes_on_the_path(o: &Opts) -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let nginx = servers::nginx(tmp.path(), 0, 1024).await?;
+    let manifests = tmp.path().join("cluster");
+    std::fs::create_dir_all(&manifests)?;
+    let backend_port: u16 = nginx.addr.rsplit(':').next().unwrap_or("0").parse()?;
+    servers::write_manifests(&manifests, backend_port, backend_port)?;
+    let (c, _) = start(
+        &o.ballast,
+        &["--manifests".to_string(), manifests.display().to_string()],
+    )
+    .await?;
+    let proxy = servers::ballast(&servers::BallastArgs {
+        ballast: &o.ballast,
+        destination: &c.grpc,
+        core: 1,
+        inbound: "127.0.0.1:0".into(),
+        forward_port: None,
+        max_connections: 1024,
+        extra: &[],
+    })
+    .await?;
+    let duration = Duration::from_secs(o.seconds);
+    let run = |addr: String, host: &'static str| {
+        let oha = o.oha.clone();
+        let rate = o.rate;
+        async move {
+            let fixed = load::oha(&load::OhaArgs {
+                oha: &oha,
+                core: 0,
+                addr: &addr,
+                host,
+                rate,
+                connections: 16,
+                duration,
+            })
+            .await?;
+            let max = load::wrk(0, &addr, host, 16, duration).await?;
+            anyhow::Ok((fixed, max))
+        }
+    };
+    let direct = run(nginx.addr.clone(), "b").await?;
+    let mut rows = vec![("nginx directly".to_string(), direct.clone())];
+    for n in [0usize, 10, 100] {
+        write_atomic(&manifests.join("routes.yaml"), &path_routes(n))?;
+        let route = if n == 0 {
+            "http".to_string()
+        } else {
+            format!("all-{n}")
+        };
+        wait_for_route(&proxy, &route).await?;
+        let measured = run(proxy.addr.clone(), servers::SERVICE_HOST).await?;
+        rows.push((format!("through the proxy, {n} routes"), measured));
+    }
+    println!("## Routes on the request path");
+    println!();
+    println!(
+        "`ballast proxy` (core 1) in explicit mode to nginx; oha at {} requests/s for {} s \
+         over 16 keep-alive connections, then wrk at its maximum for {} s (both on core 0). \
+         With N routes the request matches the last (a catch-all after N - 1 exact paths \
+         with a header); 0 routes is the Service's default route.",
+        o.rate, o.seconds, o.seconds
+    );
+    println!();
+    println!("| | p50 | p99 | p99 added over nginx | failed | max requests/s |");
+    println!("|---|---|---|---|---|---|");
+    for (name, (fixed, max)) in &rows {
+        println!(
+            "| {name} | {:.0} µs | {:.0} µs | {:+.0} µs | {} | {:.0} |",
+            fixed.p50_us,
+            fixed.p99_us,
+            fixed.p99_us - direct.0.p99_us,
+            fixed.failed + max.failed,
+            max.rps
+        );
+    }
+    drop((proxy, c, nginx));
     Ok(())
 }
