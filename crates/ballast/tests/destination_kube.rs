@@ -22,9 +22,7 @@ const KINDS: [&str; 3] = ["pods", "services", "endpointslices"];
 fn served_watches() -> usize {
     ballast_destination::source::kube::WATCHED_RESOURCES
         .iter()
-        .filter(|(group, _, plural)| {
-            *plural != "namespaces" && !(*group == "policy.linkerd.io" && *plural == "httproutes")
-        })
+        .filter(|(group, _, plural)| ballast_testkit::serves(group, plural))
         .count()
 }
 

@@ -8,4 +8,4 @@
 
 pub mod api_server;
 
-pub use api_server::{ApiServer, RequestRecord, Settings};
+pub use api_server::{serves, ApiServer, RequestRecord, Settings};

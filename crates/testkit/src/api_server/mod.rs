@@ -9,6 +9,14 @@ mod status;
 mod store;
 mod watch;
 
+/// Does the emulation serve this resource type (`group` `""` is core)?
+/// A client's watch of a type it does not serve gets 404.
+pub fn serves(group: &str, plural: &str) -> bool {
+    resources::RESOURCES
+        .iter()
+        .any(|r| r.group == group && r.plural == plural)
+}
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
