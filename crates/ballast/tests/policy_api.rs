@@ -183,7 +183,7 @@ async fn outbound_policy_follows_a_split_and_a_route_broken_on_purpose() {
             ("web-v2.shop.svc.cluster.local:80".to_string(), 10)
         ]
     );
-    let timeouts = routes[0].rules[0].timeouts.clone().unwrap();
+    let timeouts = routes[0].rules[0].timeouts.unwrap();
     assert_eq!(timeouts.request.unwrap().seconds, 2);
 
     // Broken on purpose (a backend that does not exist): left out, named in

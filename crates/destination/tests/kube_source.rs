@@ -172,7 +172,8 @@ async fn cut_watches_resume_without_listing() {
         api.cut_watches();
         let reopened = api
             .wait_until(WAIT, |a| {
-                KINDS.iter().all(|k| a.count("watch", k) == n + 1) && a.open_watches() == served_watches()
+                KINDS.iter().all(|k| a.count("watch", k) == n + 1)
+                    && a.open_watches() == served_watches()
             })
             .await;
         assert!(reopened, "cut {n}: watches not reopened");
