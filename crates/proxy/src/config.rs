@@ -214,6 +214,59 @@ pub struct InboundConfig {
     pub max_connections: usize,
     /// Names this pod in inbound metrics.
     pub pod: PodIdentity,
+    /// The policy of a port the controller has not answered for (within
+    /// the profile timeout) or refused.
+    pub default_policy: DefaultInboundPolicy,
+    /// What `cluster-*` default policies admit.
+    pub cluster_networks: Vec<crate::network::IpNetwork>,
+}
+
+/// Linkerd's default inbound policies: who may connect to a port the
+/// controller has said nothing of. `audit` allows everyone and counts it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DefaultInboundPolicy {
+    #[default]
+    AllUnauthenticated,
+    AllAuthenticated,
+    ClusterUnauthenticated,
+    ClusterAuthenticated,
+    Deny,
+    Audit,
+}
+
+impl DefaultInboundPolicy {
+    /// Linkerd's name of the policy (also its `srv_name` and `authz_name`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::AllUnauthenticated => "all-unauthenticated",
+            Self::AllAuthenticated => "all-authenticated",
+            Self::ClusterUnauthenticated => "cluster-unauthenticated",
+            Self::ClusterAuthenticated => "cluster-authenticated",
+            Self::Deny => "deny",
+            Self::Audit => "audit",
+        }
+    }
+}
+
+impl std::str::FromStr for DefaultInboundPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "all-unauthenticated" => Self::AllUnauthenticated,
+            "all-authenticated" => Self::AllAuthenticated,
+            "cluster-unauthenticated" => Self::ClusterUnauthenticated,
+            "cluster-authenticated" => Self::ClusterAuthenticated,
+            "deny" => Self::Deny,
+            "audit" => Self::Audit,
+            _ => {
+                return Err(format!(
+                    "{s:?} is not a default policy (all-unauthenticated, all-authenticated, \
+                     cluster-unauthenticated, cluster-authenticated, deny or audit)"
+                ))
+            }
+        })
+    }
 }
 
 /// Limits on every HTTP connection the proxy serves or opens.

@@ -26,6 +26,7 @@ mod io;
 mod listen;
 pub mod memory;
 pub mod metrics;
+pub mod network;
 mod orig_dst;
 mod outbound;
 mod own;
@@ -86,15 +87,16 @@ pub async fn serve(
     let sweeper = cache::spawn_sweeper(Arc::downgrade(&metrics), metrics.sweep_period(), |m| {
         m.sweep(tokio::time::Instant::now())
     });
-    let outbound = outbound::Outbound::new(
-        config.outbound.clone(),
-        config.traffic.clone(),
-        discovery,
-        metrics.clone(),
-        own.clone(),
-        &config.http,
-        config.mesh.clone(),
-    );
+    let outbound = outbound::Outbound::new(outbound::OutboundParts {
+        config: config.outbound.clone(),
+        traffic: config.traffic.clone(),
+        discovery: discovery.clone(),
+        metrics: metrics.clone(),
+        own: own.clone(),
+        limits: config.http,
+        mesh: config.mesh.clone(),
+        pod: config.inbound.pod.clone(),
+    });
     let inbound = inbound::Inbound::new(inbound::InboundParts {
         config: config.inbound.clone(),
         traffic: config.traffic.clone(),
@@ -102,6 +104,7 @@ pub async fn serve(
         metrics: metrics.clone(),
         own,
         mesh: config.mesh.clone(),
+        discovery,
     });
     let pipeline = Arc::new(Pipeline {
         detect_timeout: config.traffic.detect_timeout,

@@ -8,6 +8,8 @@
 //! one nobody uses stays for `--metrics-retention`, and each family holds
 //! at most `--metrics-max-series` series ([`series`]).
 
+pub mod authz;
+pub mod route;
 pub mod series;
 
 pub use series::{RetainedFamily, SeriesDrops, SeriesLimits};
@@ -318,6 +320,10 @@ pub struct Metrics {
     pub http2_calm_closed_total: Counter,
     /// Series removed from the traffic families, by reason.
     pub series_dropped_total: Family<SeriesDropLabels, Counter>,
+    /// Inbound authorization (Linkerd's `inbound_*_authz_*` families).
+    pub authz: authz::AuthzMetrics,
+    /// Outbound routes and backends of policies, and open policy watches.
+    pub outbound_policy: route::OutboundPolicyMetrics,
     limits: SeriesLimits,
 }
 
@@ -378,6 +384,8 @@ impl Metrics {
             http1_parked_connections: Gauge::default(),
             http2_calm_closed_total: Counter::default(),
             series_dropped_total,
+            authz: authz::AuthzMetrics::new(l, d),
+            outbound_policy: route::OutboundPolicyMetrics::new(l, d),
             limits,
         };
         let r = registry;
@@ -534,6 +542,8 @@ impl Metrics {
             "Traffic metric series removed: unused for --metrics-retention, or past --metrics-max-series",
             m.series_dropped_total.clone(),
         );
+        m.authz.register(r);
+        m.outbound_policy.register(r);
         Arc::new(m)
     }
 
@@ -549,6 +559,8 @@ impl Metrics {
         self.tcp_close_total.sweep(now);
         self.tcp_connection_duration_ms.sweep(now);
         self.balancer_endpoints.sweep(now);
+        self.authz.sweep(now);
+        self.outbound_policy.sweep(now);
     }
 
     /// How often to [`sweep`](Self::sweep): often enough that a series goes

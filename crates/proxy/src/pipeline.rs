@@ -64,6 +64,18 @@ async fn transport_header<T: AsyncRead + Unpin>(
     Some((port, opaque, buf.slice(used..)))
 }
 
+/// What a connection's TLS says of its client, for a side that authorizes
+/// clients.
+#[derive(Clone, Debug)]
+pub enum ClientTls {
+    /// Plaintext, or TLS passed through to the workload: no mesh
+    /// authentication; the connection's `tls` labels.
+    Unauthenticated(TlsLabels),
+    /// Mesh TLS this proxy terminated, and the identity the client's
+    /// certificate proved (`None`: it sent no certificate).
+    Mesh(Option<ballast_meshtls::IdentityName>),
+}
+
 /// Where an accepted connection goes, decided once.
 pub struct Accepted<R> {
     pub route: R,
@@ -115,6 +127,13 @@ pub trait Side: Send + Sync + 'static {
     fn reroute(&self, route: Self::Route, port: u16) -> Option<Self::Route> {
         let _ = port;
         Some(route)
+    }
+
+    /// Told what the connection's TLS proved of its client, once known (a
+    /// side that terminates mesh TLS; plaintext clients are not told).
+    fn client_tls(&self, route: Self::Route, tls: ClientTls) -> Self::Route {
+        let _ = tls;
+        route
     }
 
     /// Answers one request.
@@ -218,6 +237,10 @@ impl Pipeline {
         };
         if name.as_deref() != Some(mesh.name.as_str()) {
             let sni: Arc<str> = Arc::from(name.unwrap_or_default());
+            let route = side.client_tls(
+                route,
+                ClientTls::Unauthenticated(TlsLabels::Passthru(sni.clone())),
+            );
             let src = TcpMetrics::open(&self.metrics, Peer::src, labels, TlsLabels::Passthru(sni));
             let client = Counted::new(
                 Prefixed::new(prefix, stream),
@@ -267,6 +290,7 @@ impl Pipeline {
         } else {
             (route, opaque, Bytes::new())
         };
+        let route = side.client_tls(route, ClientTls::Mesh(client_id.clone()));
         let id: Arc<str> = Arc::from(client_id.as_ref().map_or("", |n| n.as_str()));
         let header = match &client_id {
             Some(n) => {

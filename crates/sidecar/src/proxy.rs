@@ -148,7 +148,8 @@ pub struct Args {
           value_parser = count(1, MANY))]
     max_endpoints_per_target: usize,
 
-    /// Targets (services, pods, addresses) resolved at once.
+    /// Targets (services, pods, addresses) resolved at once; also the most
+    /// inbound ports whose policy is watched (inbound_policy_ports).
     #[arg(long, env = "BALLAST_PROXY_MAX_TARGETS", default_value_t = defaults::DEFAULT_MAX_TARGETS,
           value_parser = count(1, MANY))]
     max_targets: usize,
@@ -183,7 +184,9 @@ pub struct Args {
     control_max_message_bytes: usize,
 
     /// How long a new transparent connection waits for its profile before it
-    /// is routed to its original destination without one.
+    /// is routed to its original destination without one; also how long an
+    /// inbound port's first connections wait for its policy before
+    /// --default-inbound-policy applies.
     #[arg(long, env = "BALLAST_PROXY_PROFILE_TIMEOUT", default_value = "500ms", value_parser = TIMEOUT)]
     profile_timeout: Duration,
 
@@ -287,6 +290,25 @@ pub struct Args {
     #[arg(long, env = "BALLAST_PROXY_INBOUND_OPAQUE_PORTS", default_value = defaults::DEFAULT_INBOUND_OPAQUE_PORTS,
           value_parser = defaults::parse_ports)]
     inbound_opaque_ports: std::vec::Vec<u16>,
+
+    /// Who may connect to an inbound port the controller has not given a
+    /// policy for (within --profile-timeout of the port's first connection,
+    /// or at all): all-unauthenticated, all-authenticated,
+    /// cluster-unauthenticated, cluster-authenticated, deny, or audit (all
+    /// allowed, counted as audit). A controller without the inbound policy
+    /// API leaves every port open.
+    #[arg(
+        long,
+        env = "BALLAST_PROXY_DEFAULT_INBOUND_POLICY",
+        default_value = "all-unauthenticated"
+    )]
+    default_inbound_policy: defaults::DefaultInboundPolicy,
+
+    /// The cluster's pod and node networks, comma-separated: whom the
+    /// cluster-* default policies admit.
+    #[arg(long, env = "BALLAST_PROXY_CLUSTER_NETWORKS", default_value = ballast_proxy::network::DEFAULT_CLUSTER_NETWORKS,
+          value_parser = parse_networks)]
+    cluster_networks: std::vec::Vec<ballast_proxy::network::IpNetwork>,
 
     /// Largest HTTP/1 head (request line or status line and headers), in
     /// bytes; a larger request gets 431 and the connection closes. Also
@@ -525,6 +547,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 owner: args.pod_owner.clone(),
                 pod_template_hash: args.pod_template_hash.clone(),
             },
+            default_policy: args.default_inbound_policy,
+            cluster_networks: args.cluster_networks.clone(),
         },
         http: HttpLimits {
             h1_max_header_bytes: args.http1_max_header_bytes,
@@ -650,6 +674,11 @@ fn control_tls(
             server_name,
         }),
     )
+}
+
+/// `--cluster-networks`: comma-separated CIDRs.
+fn parse_networks(s: &str) -> Result<Vec<ballast_proxy::network::IpNetwork>, String> {
+    ballast_proxy::network::parse_networks(s).map_err(|e| e.to_string())
 }
 
 /// `KIND/NAME`, as `--pod-owner` takes it.

@@ -788,13 +788,18 @@ impl RawH2 {
                             (u16::from_be_bytes([p[0], p[1]]) == H2_SETTINGS_MAX_CONCURRENT_STREAMS)
                                 .then(|| u32::from_be_bytes([p[2], p[3], p[4], p[5]]))
                         });
+                        // Acknowledged before it is reported: a test that
+                        // sends on seeing the SETTINGS must find them in
+                        // force (h2 applies its limits on the ACK).
+                        h2_frame(&mut answer, H2_SETTINGS, H2_ACK, 0, &[]);
+                        let _ = w.lock().await.write_all(&answer).await;
+                        answer.clear();
                         tx.send_modify(|s| {
                             if !s.settings_seen {
                                 s.settings_seen = true;
                                 s.max_concurrent_streams = max;
                             }
                         });
-                        h2_frame(&mut answer, H2_SETTINGS, H2_ACK, 0, &[]);
                     }
                     H2_PING if flags & H2_ACK == 0 => {
                         h2_frame(&mut answer, H2_PING, H2_ACK, 0, &payload);

@@ -9,14 +9,18 @@
 
 mod control;
 mod last_known;
+mod policy;
 mod profile;
 mod resolve;
+mod server_policy;
 mod stream;
 
 pub use control::ControlPlane;
 pub use last_known::LastKnown;
+pub use policy::{forward_endpoint, ConvertPolicy, PolicyState, PolicyWatch};
 pub use profile::{Profile, ProfileWatch};
 pub use resolve::{Resolution, ResolveState};
+pub use server_policy::{workload_json, PortAnswer, PortPolicyWatch};
 
 use crate::cache::spawn_sweeper;
 use std::{net::SocketAddr, sync::Arc};
@@ -156,8 +160,28 @@ impl Discovery {
         ProfileWatch::spawn(self.control.clone(), addr)
     }
 
+    /// Starts watching the outbound policy of the target `spec` names.
+    pub fn outbound_policy<T: Send + Sync + 'static, E: std::fmt::Display + 'static>(
+        &self,
+        spec: linkerd2_proxy_api::outbound::TrafficSpec,
+        convert: ConvertPolicy<T, E>,
+    ) -> PolicyWatch<T> {
+        PolicyWatch::spawn(self.control.clone(), spec, convert)
+    }
+
     pub fn profile_timeout(&self) -> std::time::Duration {
         self.control.config.profile_timeout
+    }
+
+    /// Starts watching the inbound policy of `port` of `workload` (see
+    /// [`workload_json`]), each answer turned into a `T` by `translate`.
+    pub fn watch_port<T: Send + Sync + 'static>(
+        &self,
+        workload: Arc<str>,
+        port: u16,
+        translate: Arc<dyn Fn(linkerd2_proxy_api::inbound::Server) -> T + Send + Sync>,
+    ) -> PortPolicyWatch<T> {
+        PortPolicyWatch::spawn(self.control.clone(), workload, port, translate)
     }
 }
 

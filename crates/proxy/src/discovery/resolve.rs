@@ -148,7 +148,7 @@ fn socket_of(addr: &WeightedAddr) -> Option<SocketAddr> {
 }
 
 /// An endpoint from the wire, or `None` when it has no usable address.
-fn endpoint(
+pub(super) fn endpoint(
     addr: WeightedAddr,
     namespace: Option<&String>,
     service: Option<&String>,

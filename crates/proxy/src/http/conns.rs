@@ -2,6 +2,7 @@
 //! expiring) and one shared, multiplexed HTTP/2 connection, opened by one
 //! connect at a time however many requests want it.
 
+use super::RequestBody;
 use crate::{
     config::{HttpLimits, TrafficConfig},
     connect::{ConnectError, Dialer},
@@ -10,10 +11,7 @@ use crate::{
     metrics::{DstLabels, HttpEndpointMetrics, Metrics, TcpMetrics, TlsLabels},
 };
 use ballast_meshtls::io::ClientIo;
-use hyper::{
-    body::Incoming,
-    client::conn::{http1, http2},
-};
+use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::{
     net::SocketAddr,
@@ -49,8 +47,8 @@ impl PoolConfig {
 
 #[derive(Debug)]
 pub struct EndpointConns {
-    h1_idle: Mutex<Vec<(http1::SendRequest<Incoming>, Instant)>>,
-    h2: Mutex<Option<http2::SendRequest<Incoming>>>,
+    h1_idle: Mutex<Vec<(http1::SendRequest<RequestBody>, Instant)>>,
+    h2: Mutex<Option<http2::SendRequest<RequestBody>>>,
     /// Held by the one HTTP/2 connect in flight; the requests that wait on
     /// it use its connection (or its failure) instead of connecting too.
     /// Holds whether the last connect failed.
@@ -117,7 +115,7 @@ impl EndpointConns {
     }
 
     /// An idle HTTP/1 connection that is still open, if any.
-    pub fn take_h1(&self, config: &PoolConfig) -> Option<http1::SendRequest<Incoming>> {
+    pub fn take_h1(&self, config: &PoolConfig) -> Option<http1::SendRequest<RequestBody>> {
         let mut idle = self.h1_idle.lock().unwrap_or_else(|e| e.into_inner());
         while let Some((sender, since)) = idle.pop() {
             if !sender.is_closed() && since.elapsed() < config.idle_timeout {
@@ -137,7 +135,7 @@ impl EndpointConns {
     }
 
     /// Returns a connection whose exchange finished.
-    pub fn put_h1(&self, sender: http1::SendRequest<Incoming>, config: &PoolConfig) {
+    pub fn put_h1(&self, sender: http1::SendRequest<RequestBody>, config: &PoolConfig) {
         if sender.is_closed() {
             return;
         }
@@ -164,7 +162,7 @@ impl EndpointConns {
         addr: SocketAddr,
         config: &PoolConfig,
         deadline: tokio::time::Instant,
-    ) -> Result<Result<Slot, http1::SendRequest<Incoming>>, ConnectError> {
+    ) -> Result<Result<Slot, http1::SendRequest<RequestBody>>, ConnectError> {
         let max = config.limits.max_connections_per_endpoint.max(1);
         loop {
             let freed = self.h1_freed.notified();
@@ -194,7 +192,7 @@ impl EndpointConns {
         config: &PoolConfig,
         deadline: tokio::time::Instant,
         tcp: impl FnOnce(TlsLabels) -> TcpMetrics,
-    ) -> Result<(http1::SendRequest<Incoming>, bool), ConnectError> {
+    ) -> Result<(http1::SendRequest<RequestBody>, bool), ConnectError> {
         let addr = ep.addr;
         let slot = match self.h1_slot(addr, config, deadline).await? {
             Ok(slot) => slot,
@@ -228,7 +226,7 @@ impl EndpointConns {
     }
 
     /// The shared HTTP/2 connection, if open.
-    pub fn open_h2(&self) -> Option<http2::SendRequest<Incoming>> {
+    pub fn open_h2(&self) -> Option<http2::SendRequest<RequestBody>> {
         self.h2
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -246,7 +244,7 @@ impl EndpointConns {
         config: &PoolConfig,
         deadline: tokio::time::Instant,
         tcp: impl FnOnce(TlsLabels) -> TcpMetrics,
-    ) -> Result<http2::SendRequest<Incoming>, ConnectError> {
+    ) -> Result<http2::SendRequest<RequestBody>, ConnectError> {
         let addr = ep.addr;
         if let Some(s) = self.open_h2() {
             return Ok(s);
@@ -277,7 +275,7 @@ impl EndpointConns {
         (dialer, ep): (&Dialer, &Endpoint),
         config: &PoolConfig,
         tcp: impl FnOnce(TlsLabels) -> TcpMetrics,
-    ) -> Result<http2::SendRequest<Incoming>, ConnectError> {
+    ) -> Result<http2::SendRequest<RequestBody>, ConnectError> {
         let addr = ep.addr;
         let (stream, tcp) = connect_counted(dialer, ep, tcp).await?;
         let limits = &config.limits;

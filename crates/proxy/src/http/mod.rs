@@ -6,10 +6,12 @@
 mod body;
 mod conns;
 pub mod orig_proto;
+mod request_body;
 pub mod server;
 
-pub use body::{grpc_status, ResponseBody};
+pub use body::{grpc_status, BodyEnd, BodyError, BodyTimeout, EndHook, ResponseBody};
 pub use conns::{EndpointConns, PoolConfig};
+pub use request_body::{Replay, ReplayBody, RequestBody};
 
 use crate::{
     balance::{BalanceError, Balancer, EndpointState, InFlight, MAX_CONNECT_ATTEMPTS},
@@ -211,7 +213,7 @@ mod tests {
 enum Attempt {
     Sent(Response<ResponseBody>),
     /// Not sent: the request, and the connect error if there was one.
-    Unsent(Request<Incoming>, Option<ConnectError>),
+    Unsent(Request<RequestBody>, Option<ConnectError>),
 }
 
 /// Shared by every request of every connection on one side of the proxy.
@@ -232,7 +234,18 @@ impl Forwarder {
     pub async fn forward(
         &self,
         balancer: &HttpBalancer,
-        mut req: Request<Incoming>,
+        req: Request<Incoming>,
+        naming: Naming,
+    ) -> Response<ResponseBody> {
+        self.forward_body(balancer, req.map(RequestBody::from), naming)
+            .await
+    }
+
+    /// [`Forwarder::forward`] for a request whose body may be a replay.
+    pub async fn forward_body(
+        &self,
+        balancer: &HttpBalancer,
+        mut req: Request<RequestBody>,
         naming: Naming,
     ) -> Response<ResponseBody> {
         let deadline = Instant::now() + balancer.failfast_timeout();
@@ -300,7 +313,7 @@ impl Forwarder {
     async fn send(
         &self,
         endpoint: &Arc<Endpoint>,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         h2: bool,
         deadline: Instant,
     ) -> Attempt {
@@ -379,7 +392,7 @@ impl Forwarder {
         rsp: Response<Incoming>,
         endpoint: &Arc<Endpoint>,
         in_flight: InFlight<EndpointConns>,
-        h1: Option<hyper::client::conn::http1::SendRequest<Incoming>>,
+        h1: Option<hyper::client::conn::http1::SendRequest<RequestBody>>,
         // The first exchange on a new connection pays for its setup at the
         // endpoint too; one such sample would mark the endpoint slow for
         // seconds (peak-EWMA), so only settled connections are measured.

@@ -10,31 +10,49 @@
 //! `authority`, and this pod (`PodIdentity`) in the `dst_*` labels. Without
 //! mTLS the source has no identity, so no identity
 //! labels are set.
+//!
+//! Authorization (Linkerd's `InboundServerPolicies`): each port's policy
+//! ([`store`]) decides whether its connections are detected or opaque, and
+//! who may connect ([`authorize`]). A connection that is not HTTP is
+//! checked when detection gives up on HTTP (opaque ports: at once), closed
+//! when denied, and closed later if a policy change denies it; each HTTP
+//! request is checked against the route it matches: 403 when denied (gRPC:
+//! `PERMISSION_DENIED`), 404 when no route matches.
+
+mod authorize;
+mod policy;
+mod route;
+mod store;
 
 use crate::{
     balance::{BalanceConfig, Balancer, MakeConns, TargetName},
     cache::{spawn_sweeper, sweep_period, IdleCache},
     config::{HttpLimits, InboundConfig, OwnerKind, PodIdentity, TrafficConfig},
     connect::Dialer,
-    discovery::{Endpoint, EndpointSet, Resolution, SetState},
+    discovery::{workload_json, Discovery, Endpoint, EndpointSet, Resolution, SetState},
     http::{
         error_response, orig_proto, EndpointConns, Forwarder, HttpBalancer, Naming, PoolConfig,
         ResponseBody,
     },
     metrics::{
+        authz::{AuthzLabels, PolicyMeta},
         empty_label, BalancerProtocol, Direction, DstWorkload, Metrics, TlsLabels, WorkloadLabels,
     },
     orig_dst::original_dst,
     own::OwnListeners,
-    pipeline::{Accepted, Side},
+    pipeline::{Accepted, ClientTls, Side},
     tcp::{self, TcpBalancer},
 };
-use http::{Request, Response, StatusCode};
+use authorize::{authorize_http, authorize_tcp, Client, HttpDecision};
+use http::{HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
+use policy::{Authorization, ServerPolicy};
+use prometheus_client::metrics::counter::Counter;
 use std::{
     net::{Ipv4Addr, SocketAddr},
-    sync::Arc,
+    sync::{Arc, Mutex},
 };
+use store::{PortPolicies, PortPoliciesConfig, PortPolicy};
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     net::TcpStream,
@@ -58,16 +76,23 @@ pub struct Inbound {
     /// name as their destination.
     this_pod: Endpoint,
     mesh: Option<Arc<crate::identity::MeshTls>>,
+    policies: PortPolicies,
 }
 
 /// Where an inbound connection goes: the workload port, and the original
-/// destination that names it in metrics.
+/// destination that names it in metrics; who the client is, and the
+/// policy of the port.
 pub struct Route {
     target: SocketAddr,
     orig: SocketAddr,
     /// Addressed to the proxy itself (not redirected): only a meshed
     /// client's transport header can say where it goes.
     direct: bool,
+    client: Client,
+    /// The client's `tls` labels.
+    tls: TlsLabels,
+    /// `None` until the port is known (a direct connection's header).
+    policy: Option<Arc<PortPolicy>>,
 }
 
 /// Everything the inbound side is built from.
@@ -79,6 +104,8 @@ pub struct InboundParts {
     pub own: Arc<OwnListeners>,
     /// This proxy's identity, to terminate mesh TLS; `None` when disabled.
     pub mesh: Option<Arc<crate::identity::MeshTls>>,
+    /// The controller, for each port's policy (`WatchPort`).
+    pub discovery: Discovery,
 }
 
 impl Inbound {
@@ -98,6 +125,17 @@ impl Inbound {
             workload: workload_of(pod),
             ..Endpoint::bare(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 0))
         };
+        let policies = PortPolicies::new(PortPoliciesConfig {
+            workload: Arc::from(workload_json(&pod.namespace, &pod.name)),
+            wait: p.discovery.profile_timeout(),
+            discovery: p.discovery,
+            default: p.config.default_policy,
+            cluster_networks: p.config.cluster_networks.clone(),
+            opaque_ports: p.config.opaque_ports.clone(),
+            max_ports: p.traffic.max_targets,
+            idle,
+            metrics: p.metrics.clone(),
+        });
         let this = Arc::new(Self {
             http_conns: EndpointConns::maker(&p.metrics),
             this_pod,
@@ -109,12 +147,14 @@ impl Inbound {
             own: p.own,
             forwarder,
             mesh: p.mesh,
+            policies,
         });
         // Balancers of workload ports no longer in use are dropped, and idle
         // connections to the workload closed.
         spawn_sweeper(Arc::downgrade(&this), sweep_period(idle), |i| {
             i.http_balancers.sweep();
             i.tcp_balancers.sweep();
+            i.policies.sweep();
             for b in i.http_balancers.values() {
                 for e in b.endpoints() {
                     e.conns.expire_h1(&i.forwarder.pool);
@@ -174,12 +214,171 @@ impl Inbound {
             self.make_balancer(target, orig, BalancerProtocol::Tcp, Arc::new(|| ()))
         }))
     }
+
+    /// A new connection's route, its client plaintext until the pipeline
+    /// says otherwise.
+    fn new_route(
+        &self,
+        stream: &TcpStream,
+        target: SocketAddr,
+        orig: SocketAddr,
+        direct: bool,
+    ) -> Route {
+        let ip = stream
+            .peer_addr()
+            .map_or(Ipv4Addr::UNSPECIFIED.into(), |a| a.ip().to_canonical());
+        let tls = self.plain_tls();
+        Route {
+            target,
+            orig,
+            direct,
+            client: Client {
+                ip,
+                tls: ClientTls::Unauthenticated(tls.clone()),
+            },
+            tls,
+            policy: (!direct).then(|| self.policies.get(orig.port())),
+        }
+    }
+
+    /// The authorization labels of a connection's series.
+    fn labels(
+        route: &Route,
+        server: &ServerPolicy,
+        http_route: Option<&Arc<PolicyMeta>>,
+        authz: Option<&Authorization>,
+    ) -> AuthzLabels {
+        AuthzLabels {
+            target_addr: Arc::from(route.orig.to_string()),
+            server: server.meta.clone(),
+            port: route.orig.port(),
+            route: http_route.cloned(),
+            authz: authz.map(|a| a.meta.clone()),
+            tls: route.tls.clone(),
+        }
+    }
+
+    /// Whether a connection that is not HTTP may go on, counted.
+    fn admit_tcp(&self, route: &Route, policy: &ServerPolicy) -> bool {
+        let m = &self.metrics.authz;
+        match authorize_tcp(policy, &route.client) {
+            Some(authz) => {
+                if authz.meta.is_audit() {
+                    tracing::debug!(client = %route.client.ip, port = route.orig.port(), "connection allowed by audit");
+                }
+                m.tcp_allow
+                    .get(&Self::labels(route, policy, None, Some(authz)))
+                    .inc();
+                true
+            }
+            None => {
+                tracing::debug!(client = %route.client.ip, port = route.orig.port(), server = %policy.meta.name, "connection denied");
+                m.tcp_deny
+                    .get(&Self::labels(route, policy, None, None))
+                    .inc();
+                self.metrics.error(DIRECTION, "unauthorized");
+                false
+            }
+        }
+    }
 }
+
+/// What serves a connection's HTTP requests: the workload port's balancer
+/// (`None` past `--max-targets`) and the connection's authorization.
+pub struct InboundHttp {
+    balancer: Option<Arc<HttpBalancer>>,
+    authz: Option<ConnAuthz>,
+}
+
+/// A connection's client and port policy, for its requests.
+struct ConnAuthz {
+    route: Route,
+    policy: Arc<PortPolicy>,
+    /// The allow series of the route and authorization the last allowed
+    /// request used: most connections use one.
+    last_allow: Mutex<Option<LastAllow>>,
+}
+
+struct LastAllow {
+    server: Arc<PolicyMeta>,
+    route: Arc<PolicyMeta>,
+    authz: Arc<PolicyMeta>,
+    counter: Arc<Counter>,
+}
+
+impl ConnAuthz {
+    fn count_allow(
+        &self,
+        metrics: &Metrics,
+        server: &ServerPolicy,
+        route: &Arc<PolicyMeta>,
+        authz: &Authorization,
+    ) {
+        let mut last = self.last_allow.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = &*last {
+            if Arc::ptr_eq(&l.server, &server.meta)
+                && Arc::ptr_eq(&l.route, route)
+                && Arc::ptr_eq(&l.authz, &authz.meta)
+            {
+                l.counter.inc();
+                return;
+            }
+        }
+        let counter = metrics.authz.http_allow.get(&Inbound::labels(
+            &self.route,
+            server,
+            Some(route),
+            Some(authz),
+        ));
+        counter.inc();
+        *last = Some(LastAllow {
+            server: server.meta.clone(),
+            route: route.clone(),
+            authz: authz.meta.clone(),
+            counter,
+        });
+    }
+}
+
+/// A proxy-made answer to a request the policy refused: gRPC requests get
+/// their status in headers (trailers-only), others an HTTP status; both
+/// carry `l5d-proxy-error`.
+fn refusal<B>(
+    req: &Request<B>,
+    status: StatusCode,
+    grpc: u16,
+    reason: &str,
+) -> Response<ResponseBody> {
+    let is_grpc = req.version() == http::Version::HTTP_2
+        && req
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/grpc"));
+    if !is_grpc {
+        return error_response(status, reason);
+    }
+    let mut rsp = Response::new(ResponseBody::full(bytes::Bytes::new()));
+    let h = rsp.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    h.insert("grpc-status", HeaderValue::from(grpc));
+    if let Ok(v) = HeaderValue::from_str(reason) {
+        h.insert("grpc-message", v.clone());
+        h.insert(crate::http::PROXY_ERROR_HEADER, v);
+    }
+    rsp
+}
+
+/// gRPC's PERMISSION_DENIED and NOT_FOUND.
+const GRPC_PERMISSION_DENIED: u16 = 7;
+const GRPC_NOT_FOUND: u16 = 5;
 
 impl Side for Inbound {
     type Route = Route;
-    /// The workload port's balancer, or `None` past `--max-targets`.
-    type Http = Option<Arc<HttpBalancer>>;
+    type Http = InboundHttp;
 
     async fn route(self: &Arc<Self>, stream: &TcpStream) -> Option<Accepted<Route>> {
         let orig = match (original_dst(stream), self.config.forward_port) {
@@ -197,11 +396,7 @@ impl Side for Inbound {
                     .this_pod
                     .dst_labels(DIRECTION, Arc::from(local.to_string()));
                 return Some(Accepted {
-                    route: Route {
-                        target: local,
-                        orig: local,
-                        direct: true,
-                    },
+                    route: self.new_route(stream, local, local, true),
                     labels,
                     opaque: true,
                 });
@@ -221,14 +416,17 @@ impl Side for Inbound {
         let labels = self
             .this_pod
             .dst_labels(DIRECTION, Arc::from(orig.to_string()));
+        let route = self.new_route(stream, target, orig, false);
+        // The port's policy says whether to detect (waiting, for a port's
+        // first connection, a bounded time for the controller).
+        let opaque = match &route.policy {
+            Some(p) => p.current().await.protocol.is_opaque(),
+            None => self.config.opaque_ports.contains(&orig.port()),
+        };
         Some(Accepted {
-            route: Route {
-                target,
-                orig,
-                direct: false,
-            },
+            route,
             labels,
-            opaque: self.config.opaque_ports.contains(&orig.port()),
+            opaque,
         })
     }
 
@@ -236,22 +434,58 @@ impl Side for Inbound {
     where
         C: AsyncRead + AsyncWrite + Unpin + Send,
     {
-        if route.direct {
+        let Some(port) = route.policy.clone().filter(|_| !route.direct) else {
             self.metrics.error(DIRECTION, "no_original_dst");
             return false;
+        };
+        let mut follow = port.follow();
+        let policy = follow.current().await;
+        if !self.admit_tcp(&route, &policy) {
+            return false;
         }
-        match self.tcp_balancer(route.target, route.orig) {
-            Some(b) => tcp::forward(client, &b, &self.forwarder.dialer, &self.metrics).await,
-            None => false,
+        let Some(b) = self.tcp_balancer(route.target, route.orig) else {
+            return false;
+        };
+        let forward = tcp::forward(client, &b, &self.forwarder.dialer, &self.metrics);
+        // A policy change that no longer admits the client ends the
+        // connection (Linkerd's terminate).
+        let revoked = async {
+            loop {
+                let policy = follow.changed().await;
+                if authorize_tcp(&policy, &route.client).is_none() {
+                    return policy;
+                }
+            }
+        };
+        tokio::select! {
+            ok = forward => ok,
+            policy = revoked => {
+                tracing::debug!(client = %route.client.ip, port = route.orig.port(), "connection closed: the policy no longer admits it");
+                self.metrics
+                    .authz
+                    .tcp_terminate
+                    .get(&Self::labels(&route, &policy, None, None))
+                    .inc();
+                false
+            }
         }
     }
 
     fn bind_http(self: &Arc<Self>, route: Route) -> Self::Http {
         if route.direct {
             self.metrics.error(DIRECTION, "no_original_dst");
-            return None;
+            return InboundHttp {
+                balancer: None,
+                authz: None,
+            };
         }
-        self.http_balancer(route.target, route.orig)
+        let balancer = self.http_balancer(route.target, route.orig);
+        let authz = route.policy.clone().map(|policy| ConnAuthz {
+            route,
+            policy,
+            last_allow: Mutex::new(None),
+        });
+        InboundHttp { balancer, authz }
     }
 
     fn mesh(&self) -> Option<&Arc<crate::identity::MeshTls>> {
@@ -276,7 +510,26 @@ impl Side for Inbound {
             target,
             orig: SocketAddr::new(route.orig.ip(), port),
             direct: false,
+            policy: Some(self.policies.get(port)),
+            ..route
         })
+    }
+
+    fn client_tls(&self, route: Route, tls: ClientTls) -> Route {
+        let labels = match &tls {
+            ClientTls::Unauthenticated(labels) => labels.clone(),
+            ClientTls::Mesh(id) => {
+                TlsLabels::ClientId(Arc::from(id.as_ref().map_or("", |n| n.as_str())))
+            }
+        };
+        Route {
+            client: Client {
+                ip: route.client.ip,
+                tls,
+            },
+            tls: labels,
+            ..route
+        }
     }
 
     async fn request(
@@ -285,14 +538,66 @@ impl Side for Inbound {
         mut req: Request<Incoming>,
     ) -> Response<ResponseBody> {
         let downgraded = orig_proto::downgrade(&mut req);
-        let mut rsp = match &*http {
-            Some(b) => self.forwarder.forward(b, req, Naming::Exact).await,
-            None => error_response(StatusCode::SERVICE_UNAVAILABLE, "too_many_targets"),
+        let refused = match &http.authz {
+            Some(conn) => self.authorize_request(conn, &req).await,
+            None => None,
+        };
+        let mut rsp = match (refused, &http.balancer) {
+            (Some(rsp), _) => rsp,
+            (None, Some(b)) => self.forwarder.forward(b, req, Naming::Exact).await,
+            (None, None) => error_response(StatusCode::SERVICE_UNAVAILABLE, "too_many_targets"),
         };
         if let Some(orig) = downgraded {
             orig_proto::mark(&mut rsp, orig);
         }
         rsp
+    }
+}
+
+impl Inbound {
+    /// Checks one request against its port's policy now; the refusal to
+    /// send, if it is refused.
+    async fn authorize_request<B>(
+        &self,
+        conn: &ConnAuthz,
+        req: &Request<B>,
+    ) -> Option<Response<ResponseBody>> {
+        let policy = conn.policy.current().await;
+        let m = &self.metrics.authz;
+        match authorize_http(&policy, req, &conn.route.client) {
+            HttpDecision::Allow { route, authz } => {
+                if authz.meta.is_audit() {
+                    tracing::debug!(client = %conn.route.client.ip, path = req.uri().path(), "request allowed by audit");
+                }
+                conn.count_allow(&self.metrics, &policy, &route.meta, authz);
+                None
+            }
+            HttpDecision::Deny { route } => {
+                tracing::debug!(client = %conn.route.client.ip, route = %route.meta.name, server = %policy.meta.name, "request denied");
+                m.http_deny
+                    .get(&Self::labels(&conn.route, &policy, Some(&route.meta), None))
+                    .inc();
+                self.metrics.error(DIRECTION, "unauthorized");
+                Some(refusal(
+                    req,
+                    StatusCode::FORBIDDEN,
+                    GRPC_PERMISSION_DENIED,
+                    "unauthorized",
+                ))
+            }
+            HttpDecision::NotFound => {
+                m.http_route_not_found
+                    .get(&Self::labels(&conn.route, &policy, None, None))
+                    .inc();
+                self.metrics.error(DIRECTION, "route_not_found");
+                Some(refusal(
+                    req,
+                    StatusCode::NOT_FOUND,
+                    GRPC_NOT_FOUND,
+                    "route_not_found",
+                ))
+            }
+        }
     }
 }
 
@@ -339,5 +644,35 @@ mod tests {
         assert_eq!(&*w.0.dst_serviceaccount, "db");
         assert_eq!(w, workload_of(&pod), "labels compare by value");
         assert_eq!(workload_of(&PodIdentity::default()), DstWorkload::none());
+    }
+
+    #[test]
+    fn refusals_are_403_or_permission_denied_for_grpc_with_l5d_proxy_error() {
+        let plain = Request::get("/").body(()).unwrap();
+        let rsp = refusal(
+            &plain,
+            StatusCode::FORBIDDEN,
+            GRPC_PERMISSION_DENIED,
+            "unauthorized",
+        );
+        assert_eq!(rsp.status(), StatusCode::FORBIDDEN);
+        assert_eq!(rsp.headers()["l5d-proxy-error"], "unauthorized");
+        assert!(rsp.headers().get("grpc-status").is_none());
+
+        let grpc = Request::post("/shop.Cart/Add")
+            .version(http::Version::HTTP_2)
+            .header("content-type", "application/grpc+proto")
+            .body(())
+            .unwrap();
+        let rsp = refusal(
+            &grpc,
+            StatusCode::FORBIDDEN,
+            GRPC_PERMISSION_DENIED,
+            "unauthorized",
+        );
+        assert_eq!(rsp.status(), StatusCode::OK);
+        assert_eq!(rsp.headers()["grpc-status"], "7");
+        assert_eq!(rsp.headers()["l5d-proxy-error"], "unauthorized");
+        assert_eq!(rsp.headers()["content-type"], "application/grpc");
     }
 }

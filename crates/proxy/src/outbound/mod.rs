@@ -10,6 +10,20 @@
 //!
 //! Then the protocol is detected (unless the port is opaque) and the
 //! connection is proxied per request (HTTP) or byte for byte (TCP).
+//!
+//! Where the controller serves `OutboundPolicies.Watch`, the target's
+//! policy decides instead ([`policy`]): detection or not, and for each HTTP
+//! request its route, filters, backend, timeouts and retries
+//! ([`request`]), read from the newest policy at every request. Without an
+//! answer in time (the profile timeout), or from a controller without the
+//! API, a target is routed as above.
+
+mod backend;
+mod filters;
+mod overrides;
+mod policy;
+mod request;
+mod route;
 
 use crate::{
     authority::{is_short_name, parse_host, HostTarget},
@@ -17,7 +31,10 @@ use crate::{
     cache::{spawn_sweeper, sweep_period, CacheFull, IdleCache},
     config::{HttpLimits, OutboundConfig, TrafficConfig},
     connect::Dialer,
-    discovery::{Discovery, Endpoint, EndpointSet, ProfileWatch, Resolution, SetState},
+    discovery::{
+        Discovery, Endpoint, EndpointSet, PolicyState, PolicyWatch, ProfileWatch, Resolution,
+        SetState,
+    },
     http::{
         error_response, EndpointConns, Forwarder, HttpBalancer, Naming, PoolConfig, ResponseBody,
     },
@@ -29,6 +46,8 @@ use crate::{
 };
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
+use linkerd2_proxy_api::outbound::{traffic_spec, TrafficSpec};
+use policy::ClientPolicy;
 use std::{net::SocketAddr, sync::Arc};
 use tokio::{
     io::{AsyncRead, AsyncWrite},
@@ -72,12 +91,44 @@ impl Target {
     }
 }
 
+/// A target's policy watch.
+type Policy = PolicyWatch<ClientPolicy>;
+
+/// What a policy watch is keyed by: the target the controller is asked of.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+enum PolicyKey {
+    Addr(SocketAddr),
+    Authority(Arc<str>),
+}
+
 /// A connection's route: one target, or per-request by authority.
 pub enum Route {
     /// With the profile watch that named the target, kept in use while the
     /// connection lives.
     Target(Target, Option<Arc<ProfileWatch>>),
+    /// By the target's policy; `target` is where connections that are not
+    /// HTTP go when the policy names no opaque backend.
+    Policy {
+        watch: Arc<Policy>,
+        policy: Arc<ClientPolicy>,
+        target: Target,
+    },
+    /// A `--outbound-tcp` listener's authority: its policy's opaque
+    /// backends when it has a policy, else the authority's endpoints.
+    TcpAuthority(Arc<str>),
     ByAuthority,
+}
+
+/// How a target is routed: by its policy, or as without one.
+enum Routed {
+    Policy(Arc<Policy>, Arc<ClientPolicy>),
+    /// As without policy: the target, whether its port is opaque, and the
+    /// profile watch that named it.
+    Legacy {
+        target: Target,
+        opaque: bool,
+        profile: Option<Arc<ProfileWatch>>,
+    },
 }
 
 /// How a connection's HTTP requests are routed.
@@ -87,6 +138,12 @@ pub enum HttpRoute {
     Bound {
         balancer: Arc<HttpBalancer>,
         _profile: Option<Arc<ProfileWatch>>,
+    },
+    /// By the target's policy, the newest at each request (`last` when the
+    /// watch has none now).
+    Policy {
+        watch: Arc<Policy>,
+        last: Arc<ClientPolicy>,
     },
     /// Request by request, by `Host` / `:authority` (explicit mode).
     ByAuthority(std::sync::Mutex<Option<LastRoute>>),
@@ -101,25 +158,44 @@ pub struct Outbound {
     http_balancers: IdleCache<TargetKey, HttpBalancer>,
     tcp_balancers: IdleCache<TargetKey, TcpBalancer>,
     profiles: IdleCache<SocketAddr, ProfileWatch>,
+    policies: IdleCache<PolicyKey, Policy>,
+    /// `TrafficSpec.source_workload`: this pod, as JSON.
+    source_workload: String,
     metrics: Arc<Metrics>,
     own: Arc<OwnListeners>,
     forwarder: Forwarder,
     http_conns: MakeConns<EndpointConns>,
 }
 
+/// What the outbound side is made of.
+pub struct OutboundParts {
+    pub config: OutboundConfig,
+    pub traffic: TrafficConfig,
+    pub discovery: Discovery,
+    pub metrics: Arc<Metrics>,
+    pub own: Arc<OwnListeners>,
+    pub limits: HttpLimits,
+    /// This proxy's identity, for mutual TLS to meshed endpoints.
+    pub mesh: Option<Arc<crate::identity::MeshTls>>,
+    /// This pod: the `source_workload` of policy requests.
+    pub pod: crate::config::PodIdentity,
+}
+
 impl Outbound {
-    pub fn new(
-        config: OutboundConfig,
-        traffic: TrafficConfig,
-        discovery: Discovery,
-        metrics: Arc<Metrics>,
-        own: Arc<OwnListeners>,
-        limits: &HttpLimits,
-        mesh: Option<Arc<crate::identity::MeshTls>>,
-    ) -> Arc<Self> {
+    pub fn new(parts: OutboundParts) -> Arc<Self> {
+        let OutboundParts {
+            config,
+            traffic,
+            discovery,
+            metrics,
+            own,
+            limits,
+            mesh,
+            pod,
+        } = parts;
         let idle = traffic.discovery_idle_timeout;
         let forwarder = Forwarder {
-            pool: Arc::new(PoolConfig::new(&traffic, limits)),
+            pool: Arc::new(PoolConfig::new(&traffic, &limits)),
             dialer: Dialer {
                 timeout: traffic.connect_timeout,
                 mesh,
@@ -133,6 +209,8 @@ impl Outbound {
             http_balancers: IdleCache::new(traffic.max_targets, idle),
             tcp_balancers: IdleCache::new(traffic.max_targets, idle),
             profiles: IdleCache::new(traffic.max_targets, idle),
+            policies: IdleCache::new(traffic.max_targets, idle),
+            source_workload: crate::discovery::workload_json(&pod.namespace, &pod.name),
             config,
             traffic,
             discovery,
@@ -146,6 +224,7 @@ impl Outbound {
             o.http_balancers.sweep();
             o.tcp_balancers.sweep();
             o.profiles.sweep();
+            o.policies.sweep();
             for b in o.http_balancers.values() {
                 for e in b.endpoints() {
                     e.conns.expire_h1(&o.forwarder.pool);
@@ -198,6 +277,52 @@ impl Outbound {
         )
     }
 
+    /// The policy of `key`, waiting at most the profile timeout for the
+    /// first answer; `None` routes as without policy.
+    async fn policy_of(&self, key: PolicyKey) -> Option<(Arc<Policy>, Arc<ClientPolicy>)> {
+        let watch = self
+            .policies
+            .get_or_insert_with(&key, || {
+                let target = match &key {
+                    PolicyKey::Addr(a) => traffic_spec::Target::Addr((*a).into()),
+                    PolicyKey::Authority(a) => traffic_spec::Target::Authority(a.to_string()),
+                };
+                let spec = TrafficSpec {
+                    source_workload: self.source_workload.clone(),
+                    target: Some(target),
+                };
+                self.discovery.outbound_policy(spec, policy::from_wire)
+            })
+            .ok()?;
+        match watch.get(self.discovery.profile_timeout()).await {
+            PolicyState::Known(p) => Some((watch, p)),
+            PolicyState::Pending | PolicyState::Fallback => None,
+        }
+    }
+
+    /// How a connection to `dst` is routed: by its policy, else by what
+    /// `GetProfile` says it is.
+    async fn routed(&self, dst: SocketAddr) -> Routed {
+        if let Some((watch, p)) = Box::pin(self.policy_of(PolicyKey::Addr(dst))).await {
+            return Routed::Policy(watch, p);
+        }
+        let (target, opaque, watch) = self.route_for(dst).await;
+        Routed::Legacy {
+            target,
+            opaque,
+            profile: watch,
+        }
+    }
+
+    /// Where a policy's connections go when they are not HTTP and it names
+    /// no opaque backend: its Service, else the address itself.
+    fn policy_target(&self, p: &ClientPolicy, dst: SocketAddr) -> Target {
+        match p.service_authority(&self.config.cluster_domain) {
+            Some(a) => Target::Logical(a),
+            None => Target::Endpoint(Endpoint::bare(dst)),
+        }
+    }
+
     /// What the controller says `dst` is. The returned watch keeps the
     /// profile in use while the caller holds it.
     async fn route_for(&self, dst: SocketAddr) -> (Target, bool, Option<Arc<ProfileWatch>>) {
@@ -226,11 +351,22 @@ impl Outbound {
 
     /// The route of a connection accepted on a `--outbound-tcp` listener.
     pub fn tcp_route(authority: Arc<str>) -> Accepted<Route> {
-        let target = Target::Logical(authority);
         Accepted {
-            labels: target.labels(),
-            route: Route::Target(target, None),
+            labels: Target::Logical(authority.clone()).labels(),
+            route: Route::TcpAuthority(authority),
             opaque: true,
+        }
+    }
+
+    /// Where an opaque connection under `policy` goes: a backend of its
+    /// opaque route, else `otherwise`.
+    fn opaque_target(policy: &ClientPolicy, otherwise: Target) -> Target {
+        match backend::choose(&policy.opaque_backends, &mut rand::rng()) {
+            Some(b) => match &b.backend.target {
+                policy::BackendTarget::Balancer(path) => Target::Logical(path.clone()),
+                policy::BackendTarget::Forward(e) => Target::Endpoint(e.clone()),
+            },
+            None => otherwise,
         }
     }
 
@@ -239,25 +375,29 @@ impl Outbound {
         tracing::warn!(error = %e, "connection refused");
     }
 
-    /// The target a request's authority names, or the answer refusing it.
-    async fn target_of(
-        &self,
-        authority: Option<&str>,
-    ) -> Result<(Target, Option<Arc<ProfileWatch>>), Response<ResponseBody>> {
+    /// How a request's authority is routed, or the answer refusing it.
+    async fn target_of(&self, authority: Option<&str>) -> Result<Routed, Response<ResponseBody>> {
         let Some(authority) = authority else {
             self.metrics.error(DIRECTION, "no_authority");
             return Err(error_response(StatusCode::BAD_REQUEST, "no_authority"));
         };
         match parse_host(authority, &self.config.cluster_domain) {
-            HostTarget::Service(a) => Ok((Target::Logical(Arc::from(a)), None)),
+            HostTarget::Service(a) => {
+                let a: Arc<str> = Arc::from(a);
+                match self.policy_of(PolicyKey::Authority(a.clone())).await {
+                    Some((watch, p)) => Ok(Routed::Policy(watch, p)),
+                    None => Ok(Routed::Legacy {
+                        target: Target::Logical(a),
+                        opaque: false,
+                        profile: None,
+                    }),
+                }
+            }
             HostTarget::Addr(addr) if self.own.is_own(addr) => {
                 self.metrics.error(DIRECTION, "loop");
                 Err(error_response(StatusCode::BAD_GATEWAY, "loop"))
             }
-            HostTarget::Addr(addr) => {
-                let (target, _, watch) = self.route_for(addr).await;
-                Ok((target, watch))
-            }
+            HostTarget::Addr(addr) => Ok(self.routed(addr).await),
             HostTarget::Other => {
                 self.metrics.error(DIRECTION, "not_a_mesh_authority");
                 Err(error_response(
@@ -268,17 +408,31 @@ impl Outbound {
         }
     }
 
-    /// The balancer this connection's last request went to, if `req` names
-    /// the same authority.
+    /// Where this connection's last request went, if `req` names the same
+    /// authority.
     fn remembered(
         last: &std::sync::Mutex<Option<LastRoute>>,
         req: &Request<Incoming>,
-    ) -> Option<(Arc<HttpBalancer>, Naming)> {
+    ) -> Option<RouteTo> {
         let authority = authority_of(req)?;
         let last = last.lock().unwrap_or_else(|e| e.into_inner());
         last.as_ref()
             .filter(|l| &*l.authority == authority)
-            .map(|l| (l.balancer.clone(), l.naming))
+            .map(|l| l.to.clone())
+    }
+
+    /// Sends a request where its authority's route goes.
+    async fn send_to(&self, to: RouteTo, req: Request<Incoming>) -> Response<ResponseBody> {
+        match to {
+            RouteTo::Balancer(b, naming) => self.forwarder.forward(&b, req, naming).await,
+            RouteTo::Policy(watch, last) => {
+                let policy = match watch.current() {
+                    PolicyState::Known(p) => p,
+                    PolicyState::Pending | PolicyState::Fallback => last,
+                };
+                Box::pin(request::serve(self, policy, req)).await
+            }
+        }
     }
 
     /// Routes a request whose authority this connection has not just used.
@@ -294,26 +448,27 @@ impl Outbound {
             _ => Naming::Exact,
         };
         // Boxed: resolving a new authority is the rare path of a request.
-        let (target, _profile) = match Box::pin(self.target_of(authority)).await {
+        let routed = match Box::pin(self.target_of(authority)).await {
             Ok(t) => t,
             Err(refused) => return refused,
         };
-        match self.http_balancer(&target) {
-            Ok(b) => {
-                if let Some(a) = remember {
-                    *last.lock().unwrap_or_else(|e| e.into_inner()) = Some(LastRoute {
-                        authority: a,
-                        balancer: b.clone(),
-                        naming,
-                    });
+        let to = match routed {
+            Routed::Policy(watch, p) => RouteTo::Policy(watch, p),
+            Routed::Legacy { target, .. } => match self.http_balancer(&target) {
+                Ok(b) => RouteTo::Balancer(b, naming),
+                Err(e) => {
+                    self.too_many_targets(&e);
+                    return error_response(StatusCode::SERVICE_UNAVAILABLE, "too_many_targets");
                 }
-                self.forwarder.forward(&b, req, naming).await
-            }
-            Err(e) => {
-                self.too_many_targets(&e);
-                error_response(StatusCode::SERVICE_UNAVAILABLE, "too_many_targets")
-            }
+            },
+        };
+        if let Some(a) = remember {
+            *last.lock().unwrap_or_else(|e| e.into_inner()) = Some(LastRoute {
+                authority: a,
+                to: to.clone(),
+            });
         }
+        self.send_to(to, req).await
     }
 }
 
@@ -334,11 +489,28 @@ impl Side for Outbound {
             tracing::debug!(%dst, "refused a connection to the proxy's own listener");
             return None;
         }
-        let (target, opaque, watch) = self.route_for(dst).await;
-        Some(Accepted {
-            labels: target.labels(),
-            route: Route::Target(target, watch),
-            opaque,
+        Some(match self.routed(dst).await {
+            Routed::Legacy {
+                target,
+                opaque,
+                profile: watch,
+            } => Accepted {
+                labels: target.labels(),
+                route: Route::Target(target, watch),
+                opaque,
+            },
+            Routed::Policy(watch, policy) => {
+                let target = self.policy_target(&policy, dst);
+                Accepted {
+                    labels: target.labels(),
+                    opaque: policy.opaque,
+                    route: Route::Policy {
+                        watch,
+                        policy,
+                        target,
+                    },
+                }
+            }
         })
     }
 
@@ -346,10 +518,31 @@ impl Side for Outbound {
     where
         C: AsyncRead + AsyncWrite + Unpin + Send,
     {
-        let Route::Target(target, _profile) = route else {
-            // Not HTTP, and no destination to send it to.
-            self.metrics.error(DIRECTION, "no_route");
-            return false;
+        let target = match route {
+            Route::Target(target, _profile) => target,
+            Route::Policy {
+                watch,
+                policy,
+                target,
+            } => {
+                let policy = match watch.current() {
+                    PolicyState::Known(p) => p,
+                    PolicyState::Pending | PolicyState::Fallback => policy,
+                };
+                Self::opaque_target(&policy, target)
+            }
+            Route::TcpAuthority(authority) => {
+                let key = PolicyKey::Authority(authority.clone());
+                match Box::pin(self.policy_of(key)).await {
+                    Some((_watch, p)) => Self::opaque_target(&p, Target::Logical(authority)),
+                    None => Target::Logical(authority),
+                }
+            }
+            Route::ByAuthority => {
+                // Not HTTP, and no destination to send it to.
+                self.metrics.error(DIRECTION, "no_route");
+                return false;
+            }
         };
         match self.tcp_balancer(&target) {
             Ok(b) => tcp::forward(client, &b, &self.forwarder.dialer, &self.metrics).await,
@@ -371,6 +564,14 @@ impl Side for Outbound {
     fn bind_http(self: &Arc<Self>, route: Route) -> HttpRoute {
         match route {
             Route::ByAuthority => HttpRoute::ByAuthority(std::sync::Mutex::new(None)),
+            Route::Policy { watch, policy, .. } => HttpRoute::Policy {
+                watch,
+                last: policy,
+            },
+            // Opaque: never detected as HTTP; bound as the authority if it were.
+            Route::TcpAuthority(authority) => {
+                self.bind_http(Route::Target(Target::Logical(authority), None))
+            }
             Route::Target(target, profile) => match self.http_balancer(&target) {
                 Ok(balancer) => HttpRoute::Bound {
                     balancer,
@@ -393,8 +594,12 @@ impl Side for Outbound {
             HttpRoute::Bound { balancer, .. } => {
                 self.forwarder.forward(balancer, req, Naming::Exact).await
             }
+            HttpRoute::Policy { watch, last } => {
+                self.send_to(RouteTo::Policy(watch.clone(), last.clone()), req)
+                    .await
+            }
             HttpRoute::ByAuthority(last) => match Self::remembered(last, &req) {
-                Some((b, naming)) => self.forwarder.forward(&b, req, naming).await,
+                Some(to) => self.send_to(to, req).await,
                 // Boxed: the request future is moved whole, and is sized for
                 // its largest state; a new authority is the rare one.
                 None => Box::pin(self.by_authority(last, req)).await,
@@ -420,6 +625,12 @@ fn authority_of(req: &Request<Incoming>) -> Option<&str> {
 /// clients send the same one again and again.
 pub struct LastRoute {
     authority: Box<str>,
-    balancer: Arc<HttpBalancer>,
-    naming: Naming,
+    to: RouteTo,
+}
+
+/// Where an authority's requests go: a balancer, or the target's policy.
+#[derive(Clone)]
+enum RouteTo {
+    Balancer(Arc<HttpBalancer>, Naming),
+    Policy(Arc<Policy>, Arc<ClientPolicy>),
 }

@@ -1,0 +1,514 @@
+//! A controller that serves what the test says: `Get` endpoint sets by
+//! path, and (unless started without it) `OutboundPolicies.Watch` answers
+//! by target authority that the test can change while streams are open.
+//! Also a small HTTP/1 backend whose answers the request path chooses.
+
+#![allow(dead_code)]
+
+use futures_util::Stream;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper_util::rt::TokioIo;
+use linkerd2_proxy_api::{
+    destination::{
+        destination_server::{Destination, DestinationServer},
+        update, DestinationProfile, GetDestination, Update, WeightedAddr, WeightedAddrSet,
+    },
+    http_route as hr, meta,
+    outbound::{
+        self as out,
+        outbound_policies_server::{OutboundPolicies, OutboundPoliciesServer},
+        OutboundPolicy, TrafficSpec,
+    },
+};
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    pin::Pin,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
+use tonic::{transport::server::TcpIncoming, Status};
+
+type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[derive(Clone, Default)]
+struct State {
+    endpoints: Arc<Mutex<HashMap<String, Vec<SocketAddr>>>>,
+    policies: Arc<Mutex<HashMap<String, watch::Sender<Option<OutboundPolicy>>>>>,
+    /// The `source_workload` of every Watch received.
+    sources: Arc<Mutex<Vec<String>>>,
+}
+
+impl State {
+    fn policy(&self, authority: &str) -> watch::Receiver<Option<OutboundPolicy>> {
+        let mut all = self.policies.lock().unwrap();
+        all.entry(authority.to_string())
+            .or_insert_with(|| watch::channel(None).0)
+            .subscribe()
+    }
+}
+
+#[tonic::async_trait]
+impl Destination for State {
+    type GetStream = Stream_<Update>;
+
+    async fn get(
+        &self,
+        req: tonic::Request<GetDestination>,
+    ) -> Result<tonic::Response<Self::GetStream>, Status> {
+        let path = req.into_inner().path;
+        let Some(addrs) = self.endpoints.lock().unwrap().get(&path).cloned() else {
+            return Err(Status::not_found(format!("no endpoints for {path}")));
+        };
+        let add = Update {
+            update: Some(update::Update::Add(WeightedAddrSet {
+                addrs: addrs
+                    .iter()
+                    .map(|a| WeightedAddr {
+                        addr: Some((*a).into()),
+                        weight: 10_000,
+                        ..Default::default()
+                    })
+                    .collect(),
+                metric_labels: HashMap::new(),
+            })),
+        };
+        let updates = futures_util::StreamExt::chain(
+            futures_util::stream::iter([Ok(add)]),
+            futures_util::stream::pending(),
+        );
+        Ok(tonic::Response::new(Box::pin(updates)))
+    }
+
+    type GetProfileStream = Stream_<DestinationProfile>;
+
+    async fn get_profile(
+        &self,
+        _req: tonic::Request<GetDestination>,
+    ) -> Result<tonic::Response<Self::GetProfileStream>, Status> {
+        Err(Status::unimplemented("no profiles here"))
+    }
+}
+
+#[tonic::async_trait]
+impl OutboundPolicies for State {
+    async fn get(
+        &self,
+        _req: tonic::Request<TrafficSpec>,
+    ) -> Result<tonic::Response<OutboundPolicy>, Status> {
+        Err(Status::unimplemented("watch only"))
+    }
+
+    type WatchStream = Stream_<OutboundPolicy>;
+
+    async fn watch(
+        &self,
+        req: tonic::Request<TrafficSpec>,
+    ) -> Result<tonic::Response<Self::WatchStream>, Status> {
+        let spec = req.into_inner();
+        self.sources.lock().unwrap().push(spec.source_workload);
+        // Policies are filed by authority, or by `IP:PORT` for addresses.
+        let authority = match spec.target {
+            Some(out::traffic_spec::Target::Authority(a)) => a,
+            Some(out::traffic_spec::Target::Addr(a)) => SocketAddr::try_from(a)
+                .map_err(|_| Status::invalid_argument("a bad address"))?
+                .to_string(),
+            None => return Err(Status::invalid_argument("no target")),
+        };
+        let rx = self.policy(&authority);
+        let stream = futures_util::stream::unfold((rx, true), |(mut rx, first)| async move {
+            if !first && rx.changed().await.is_err() {
+                return None;
+            }
+            let mut rx = rx;
+            let current = rx.wait_for(Option::is_some).await.ok()?.clone()?;
+            Some((Ok(current), (rx, false)))
+        });
+        Ok(tonic::Response::new(Box::pin(stream)))
+    }
+}
+
+/// A running fake controller; stops when dropped.
+pub struct FakeController {
+    pub addr: SocketAddr,
+    state: State,
+    task: JoinHandle<()>,
+}
+
+impl FakeController {
+    /// With `policies`, it serves `OutboundPolicies`; without, a Watch is
+    /// answered `UNIMPLEMENTED` (tonic's answer for an unknown service).
+    pub async fn start(policies: bool) -> FakeController {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = State::default();
+        let mut router =
+            tonic::transport::Server::builder().add_service(DestinationServer::new(state.clone()));
+        if policies {
+            router = router.add_service(OutboundPoliciesServer::new(state.clone()));
+        }
+        let task = tokio::spawn(async move {
+            let _ = router
+                .serve_with_incoming(TcpIncoming::from(listener))
+                .await;
+        });
+        FakeController { addr, state, task }
+    }
+
+    pub fn endpoints(&self, path: &str, addrs: &[SocketAddr]) {
+        self.state
+            .endpoints
+            .lock()
+            .unwrap()
+            .insert(path.to_string(), addrs.to_vec());
+    }
+
+    /// Sets (or changes, for open streams too) the policy of `authority`.
+    pub fn policy(&self, authority: &str, policy: OutboundPolicy) {
+        let mut all = self.state.policies.lock().unwrap();
+        let tx = all
+            .entry(authority.to_string())
+            .or_insert_with(|| watch::channel(None).0);
+        tx.send_replace(Some(policy));
+    }
+
+    pub fn sources(&self) -> Vec<String> {
+        self.state.sources.lock().unwrap().clone()
+    }
+}
+
+impl Drop for FakeController {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub const NS: &str = "shop";
+
+pub fn authority(name: &str) -> String {
+    format!("{name}.{NS}.svc.cluster.local:80")
+}
+
+fn service_meta(name: &str) -> Option<meta::Metadata> {
+    Some(meta::Metadata {
+        kind: Some(meta::metadata::Kind::Resource(meta::Resource {
+            group: "core".into(),
+            kind: "Service".into(),
+            name: name.into(),
+            namespace: NS.into(),
+            section: String::new(),
+            port: 80,
+        })),
+    })
+}
+
+/// A protobuf duration, of whatever type the field wants.
+pub fn dur<T: TryFrom<Duration>>(d: Duration) -> Option<T>
+where
+    T::Error: std::fmt::Debug,
+{
+    Some(T::try_from(d).unwrap())
+}
+
+/// A backend: the Service `name` (port 80), balanced over what `Get` says
+/// of its path.
+pub fn backend(name: &str) -> out::Backend {
+    out::Backend {
+        metadata: service_meta(name),
+        queue: Some(out::Queue {
+            capacity: 100,
+            failfast_timeout: dur(Duration::from_secs(3)),
+        }),
+        kind: Some(out::backend::Kind::Balancer(out::backend::BalanceP2c {
+            discovery: Some(out::backend::EndpointDiscovery {
+                kind: Some(out::backend::endpoint_discovery::Kind::Dst(
+                    out::backend::endpoint_discovery::DestinationGet {
+                        path: authority(name),
+                    },
+                )),
+            }),
+            load: Some(out::backend::balance_p2c::Load::PeakEwma(
+                out::backend::balance_p2c::PeakEwma {
+                    default_rtt: dur(Duration::from_millis(30)),
+                    decay: dur(Duration::from_secs(10)),
+                },
+            )),
+        })),
+    }
+}
+
+fn route_backend(name: &str) -> out::http_route::RouteBackend {
+    out::http_route::RouteBackend {
+        backend: Some(backend(name)),
+        filters: vec![],
+        ..Default::default()
+    }
+}
+
+/// Backends by weight.
+pub fn split(weights: &[(&str, u32)]) -> out::http_route::Distribution {
+    out::http_route::Distribution {
+        kind: Some(out::http_route::distribution::Kind::RandomAvailable(
+            out::http_route::distribution::RandomAvailable {
+                backends: weights
+                    .iter()
+                    .map(|(name, weight)| out::http_route::WeightedRouteBackend {
+                        backend: Some(route_backend(name)),
+                        weight: *weight,
+                    })
+                    .collect(),
+            },
+        )),
+    }
+}
+
+/// One backend.
+pub fn to(name: &str) -> out::http_route::Distribution {
+    out::http_route::Distribution {
+        kind: Some(out::http_route::distribution::Kind::FirstAvailable(
+            out::http_route::distribution::FirstAvailable {
+                backends: vec![route_backend(name)],
+            },
+        )),
+    }
+}
+
+pub fn prefix(p: &str) -> hr::HttpRouteMatch {
+    hr::HttpRouteMatch {
+        path: Some(hr::PathMatch {
+            kind: Some(hr::path_match::Kind::Prefix(p.into())),
+        }),
+        ..Default::default()
+    }
+}
+
+pub fn exact(p: &str) -> hr::HttpRouteMatch {
+    hr::HttpRouteMatch {
+        path: Some(hr::PathMatch {
+            kind: Some(hr::path_match::Kind::Exact(p.into())),
+        }),
+        ..Default::default()
+    }
+}
+
+pub fn with_header(mut m: hr::HttpRouteMatch, name: &str, value: &str) -> hr::HttpRouteMatch {
+    m.headers.push(hr::HeaderMatch {
+        name: name.into(),
+        value: Some(hr::header_match::Value::Exact(value.as_bytes().to_vec())),
+    });
+    m
+}
+
+/// A rule taking `matches` to `backends`.
+pub fn rule(
+    matches: Vec<hr::HttpRouteMatch>,
+    backends: out::http_route::Distribution,
+) -> out::http_route::Rule {
+    out::http_route::Rule {
+        matches,
+        backends: Some(backends),
+        ..Default::default()
+    }
+}
+
+/// The policy of the Service `parent` with one HTTPRoute `route` of
+/// `rules`, for HTTP/1 and HTTP/2 alike, as Linkerd's controller sends it.
+pub fn policy(parent: &str, route: &str, rules: Vec<out::http_route::Rule>) -> OutboundPolicy {
+    let route = out::HttpRoute {
+        metadata: Some(meta::Metadata {
+            kind: Some(meta::metadata::Kind::Resource(meta::Resource {
+                group: "gateway.networking.k8s.io".into(),
+                kind: "HTTPRoute".into(),
+                name: route.into(),
+                namespace: NS.into(),
+                ..Default::default()
+            })),
+        }),
+        hosts: vec![],
+        rules,
+    };
+    OutboundPolicy {
+        metadata: service_meta(parent),
+        protocol: Some(out::ProxyProtocol {
+            kind: Some(out::proxy_protocol::Kind::Detect(
+                out::proxy_protocol::Detect {
+                    timeout: dur(Duration::from_secs(10)),
+                    opaque: Some(out::proxy_protocol::Opaque { routes: vec![] }),
+                    http1: Some(out::proxy_protocol::Http1 {
+                        routes: vec![route.clone()],
+                        failure_accrual: None,
+                    }),
+                    http2: Some(out::proxy_protocol::Http2 {
+                        routes: vec![route],
+                        failure_accrual: None,
+                    }),
+                },
+            )),
+        }),
+    }
+}
+
+/// Path-driven answers: `/slow` waits 5 s; `/trickle` sends its body's
+/// second chunk 5 s after its first; `/status/N` answers N;
+/// `/flaky/K/ID` answers 503 to the first K requests of that ID, then 200.
+/// Every answer names the backend (`x-backend`) and echoes `x-added`.
+pub struct TestBackend {
+    pub addr: SocketAddr,
+    pub name: String,
+    requests: Arc<AtomicU64>,
+    task: JoinHandle<()>,
+}
+
+impl TestBackend {
+    pub async fn start(name: &str, ip: &str) -> TestBackend {
+        let listener = TcpListener::bind(format!("{ip}:0")).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let requests = Arc::new(AtomicU64::new(0));
+        let flaky: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
+        let (n, name_) = (requests.clone(), name.to_string());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (n, name, flaky) = (n.clone(), name_.clone(), flaky.clone());
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                        let (n, name, flaky) = (n.clone(), name.clone(), flaky.clone());
+                        async move {
+                            n.fetch_add(1, Ordering::Relaxed);
+                            let path = req.uri().path().to_string();
+                            let added = req.headers().get("x-added").cloned();
+                            // Read the whole body, as a server would.
+                            let body = req
+                                .into_body()
+                                .collect()
+                                .await
+                                .map(|b| b.to_bytes().len())
+                                .unwrap_or(0);
+                            let status = answer(&path, &flaky).await;
+                            let text = Bytes::from(format!("{name} read {body}\n"));
+                            let body = if path.starts_with("/trickle") {
+                                trickle(text)
+                            } else {
+                                Full::new(text).boxed()
+                            };
+                            let mut rsp = Response::new(body);
+                            *rsp.status_mut() = status;
+                            rsp.headers_mut().insert("x-backend", name.parse().unwrap());
+                            if let Some(v) = added {
+                                rsp.headers_mut().insert("x-seen-added", v);
+                            }
+                            Ok::<_, std::convert::Infallible>(rsp)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        TestBackend {
+            addr,
+            name: name.to_string(),
+            requests,
+            task,
+        }
+    }
+
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+}
+
+type AnyBody = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
+
+/// A body whose first chunk comes at once and whose second 5 s later.
+fn trickle(first: Bytes) -> AnyBody {
+    let chunks = futures_util::stream::unfold(0, move |n| {
+        let first = first.clone();
+        async move {
+            match n {
+                0 => Some((Ok(hyper::body::Frame::data(first)), 1)),
+                1 => {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    Some((
+                        Ok(hyper::body::Frame::data(Bytes::from_static(b"late\n"))),
+                        2,
+                    ))
+                }
+                _ => None,
+            }
+        }
+    });
+    http_body_util::StreamBody::new(chunks).boxed()
+}
+
+async fn answer(path: &str, flaky: &Mutex<HashMap<String, u64>>) -> StatusCode {
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match parts.as_slice() {
+        ["slow", ..] => {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            StatusCode::OK
+        }
+        ["status", code, ..] => code
+            .parse::<u16>()
+            .ok()
+            .and_then(|c| StatusCode::from_u16(c).ok())
+            .unwrap_or(StatusCode::BAD_REQUEST),
+        ["flaky", k, id, ..] => {
+            let k: u64 = k.parse().unwrap_or(0);
+            let mut seen = flaky.lock().unwrap();
+            let n = seen.entry(id.to_string()).or_insert(0);
+            *n += 1;
+            if *n <= k {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::OK
+            }
+        }
+        _ => StatusCode::OK,
+    }
+}
+
+impl Drop for TestBackend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The policy of an opaque Service port whose one route goes to `backend`.
+pub fn opaque_policy(parent: &str, backend_name: &str) -> OutboundPolicy {
+    let route = out::OpaqueRoute {
+        metadata: None,
+        rules: vec![out::opaque_route::Rule {
+            backends: Some(out::opaque_route::Distribution {
+                kind: Some(out::opaque_route::distribution::Kind::FirstAvailable(
+                    out::opaque_route::distribution::FirstAvailable {
+                        backends: vec![out::opaque_route::RouteBackend {
+                            backend: Some(backend(backend_name)),
+                            filters: vec![],
+                        }],
+                    },
+                )),
+            }),
+            filters: vec![],
+        }],
+    };
+    OutboundPolicy {
+        metadata: service_meta(parent),
+        protocol: Some(out::ProxyProtocol {
+            kind: Some(out::proxy_protocol::Kind::Opaque(
+                out::proxy_protocol::Opaque {
+                    routes: vec![route],
+                },
+            )),
+        }),
+    }
+}

@@ -1,0 +1,328 @@
+//! Linkerd's outbound route metrics: per route (`outbound_http_route_*`,
+//! `outbound_grpc_route_*`), per route backend, and per route's retries,
+//! labelled by the policy's parent, route and backend resources
+//! (`parent_*`, `route_*`, `backend_*`). Every family is a
+//! [`RetainedFamily`], so series are bounded like the other traffic
+//! families.
+
+use super::series::{RetainedFamily, SeriesDrops, SeriesLimits};
+use prometheus_client::{
+    encoding::{EncodeLabelSet, EncodeLabelValue, LabelSetEncoder, LabelValueEncoder},
+    metrics::{counter::Counter, gauge::Gauge, histogram::Histogram},
+    registry::{Registry, Unit},
+};
+use std::sync::Arc;
+
+/// Linkerd's buckets of `*_route_request_duration_seconds`.
+const REQUEST_BUCKETS: [f64; 4] = [0.05, 0.5, 1.0, 10.0];
+/// Linkerd's buckets of `*_route_backend_response_duration_seconds`.
+const RESPONSE_BUCKETS: [f64; 7] = [0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 10.0];
+
+/// A policy resource as metrics name it (Linkerd's `Meta`): a Kubernetes
+/// resource, or one of the proxy's defaults (`kind="default"`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct ResourceMeta {
+    pub group: Arc<str>,
+    pub kind: Arc<str>,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+    pub port: Option<u16>,
+    pub section: Arc<str>,
+}
+
+impl ResourceMeta {
+    /// One of the proxy's own defaults, named `name`.
+    pub fn default_named(name: &str) -> Self {
+        let empty = super::empty_label();
+        Self {
+            group: empty.clone(),
+            kind: Arc::from("default"),
+            namespace: empty.clone(),
+            name: Arc::from(name),
+            port: None,
+            section: empty,
+        }
+    }
+
+    fn encode_meta(&self, scope: &str, enc: &mut LabelSetEncoder) -> std::fmt::Result {
+        let key = |k: &str| format!("{scope}_{k}");
+        [
+            (key("group"), &*self.group),
+            (key("kind"), &*self.kind),
+            (key("namespace"), &*self.namespace),
+            (key("name"), &*self.name),
+        ]
+        .encode(enc)
+    }
+
+    /// A parent or backend: with its port and section.
+    fn encode_service(&self, scope: &str, enc: &mut LabelSetEncoder) -> std::fmt::Result {
+        self.encode_meta(scope, enc)?;
+        let port = self.port.map(|p| p.to_string()).unwrap_or_default();
+        [
+            (format!("{scope}_port"), port.as_str()),
+            (format!("{scope}_section_name"), &*self.section),
+        ]
+        .encode(enc)
+    }
+}
+
+/// A route of a parent, and the host the request named.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct RouteLabels {
+    pub parent: Arc<ResourceMeta>,
+    pub route: Arc<ResourceMeta>,
+    pub hostname: Arc<str>,
+}
+
+impl EncodeLabelSet for RouteLabels {
+    fn encode(&self, enc: &mut LabelSetEncoder) -> std::fmt::Result {
+        self.parent.encode_service("parent", enc)?;
+        self.route.encode_meta("route", enc)?;
+        [("hostname", &*self.hostname)].encode(enc)
+    }
+}
+
+/// A backend of a route of a parent.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct RouteBackendLabels {
+    pub parent: Arc<ResourceMeta>,
+    pub route: Arc<ResourceMeta>,
+    pub backend: Arc<ResourceMeta>,
+}
+
+impl EncodeLabelSet for RouteBackendLabels {
+    fn encode(&self, enc: &mut LabelSetEncoder) -> std::fmt::Result {
+        self.parent.encode_service("parent", enc)?;
+        self.route.encode_meta("route", enc)?;
+        self.backend.encode_service("backend", enc)
+    }
+}
+
+/// Why a request got no response from an endpoint (Linkerd's `error`
+/// label values).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum RouteError {
+    FailFast,
+    LoadShed,
+    RequestTimeout,
+    ResponseHeadersTimeout,
+    IdleTimeout,
+    Unknown,
+}
+
+impl EncodeLabelValue for RouteError {
+    fn encode(&self, enc: &mut LabelValueEncoder) -> std::fmt::Result {
+        use std::fmt::Write;
+        enc.write_str(match self {
+            Self::FailFast => "FAIL_FAST",
+            Self::LoadShed => "LOAD_SHED",
+            Self::RequestTimeout => "REQUEST_TIMEOUT",
+            Self::ResponseHeadersTimeout => "RESPONSE_HEADERS_TIMEOUT",
+            Self::IdleTimeout => "IDLE_TIMEOUT",
+            Self::Unknown => "UNKNOWN",
+        })
+    }
+}
+
+/// How a request (or a try of it) ended: an HTTP status, a gRPC status,
+/// or an error.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct StatusLabels<P> {
+    pub of: P,
+    pub outcome: Outcome,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub enum Outcome {
+    Http(Option<u16>, Option<RouteError>),
+    /// gRPC's status name (`OK`, `UNAVAILABLE`, ...).
+    Grpc(&'static str, Option<RouteError>),
+}
+
+impl<P: EncodeLabelSet> EncodeLabelSet for StatusLabels<P> {
+    fn encode(&self, enc: &mut LabelSetEncoder) -> std::fmt::Result {
+        self.of.encode(enc)?;
+        match &self.outcome {
+            Outcome::Http(status, error) => {
+                let status = status.map(|s| s.to_string()).unwrap_or_default();
+                [("http_status", status.as_str())].encode(enc)?;
+                [("error", *error)].encode(enc)
+            }
+            Outcome::Grpc(status, error) => {
+                [("grpc_status", *status)].encode(enc)?;
+                [("error", *error)].encode(enc)
+            }
+        }
+    }
+}
+
+/// gRPC's status names, as Linkerd labels them.
+pub fn grpc_status_name(code: Option<u32>) -> &'static str {
+    match code {
+        Some(0) => "OK",
+        Some(1) => "CANCELLED",
+        Some(3) => "INVALID_ARGUMENT",
+        Some(4) => "DEADLINE_EXCEEDED",
+        Some(5) => "NOT_FOUND",
+        Some(6) => "ALREADY_EXISTS",
+        Some(7) => "PERMISSION_DENIED",
+        Some(8) => "RESOURCE_EXHAUSTED",
+        Some(9) => "FAILED_PRECONDITION",
+        Some(10) => "ABORTED",
+        Some(11) => "OUT_OF_RANGE",
+        Some(12) => "UNIMPLEMENTED",
+        Some(13) => "INTERNAL",
+        Some(14) => "UNAVAILABLE",
+        Some(15) => "DATA_LOSS",
+        Some(16) => "UNAUTHENTICATED",
+        _ => "UNKNOWN",
+    }
+}
+
+/// The families of one protocol's routes (`http` or `grpc`).
+#[derive(Debug)]
+pub struct RouteFamilies {
+    pub request_duration: RetainedFamily<RouteLabels, Histogram>,
+    pub request_statuses: RetainedFamily<StatusLabels<RouteLabels>, Counter>,
+    pub backend_requests: RetainedFamily<RouteBackendLabels, Counter>,
+    pub backend_response_duration: RetainedFamily<RouteBackendLabels, Histogram>,
+    pub backend_response_statuses: RetainedFamily<StatusLabels<RouteBackendLabels>, Counter>,
+    pub retry_requests: RetainedFamily<RouteLabels, Counter>,
+    pub retry_successes: RetainedFamily<RouteLabels, Counter>,
+    pub retry_limit_exceeded: RetainedFamily<RouteLabels, Counter>,
+    pub retry_overflow: RetainedFamily<RouteLabels, Counter>,
+}
+
+fn request_histogram() -> Histogram {
+    Histogram::new(REQUEST_BUCKETS)
+}
+
+fn response_histogram() -> Histogram {
+    Histogram::new(RESPONSE_BUCKETS)
+}
+
+impl RouteFamilies {
+    fn new(limits: SeriesLimits, drops: &SeriesDrops) -> Self {
+        let (l, d) = (limits, drops);
+        Self {
+            request_duration: RetainedFamily::new(l, d.clone(), request_histogram),
+            request_statuses: RetainedFamily::new(l, d.clone(), Counter::default),
+            backend_requests: RetainedFamily::new(l, d.clone(), Counter::default),
+            backend_response_duration: RetainedFamily::new(l, d.clone(), response_histogram),
+            backend_response_statuses: RetainedFamily::new(l, d.clone(), Counter::default),
+            retry_requests: RetainedFamily::new(l, d.clone(), Counter::default),
+            retry_successes: RetainedFamily::new(l, d.clone(), Counter::default),
+            retry_limit_exceeded: RetainedFamily::new(l, d.clone(), Counter::default),
+            retry_overflow: RetainedFamily::new(l, d.clone(), Counter::default),
+        }
+    }
+
+    /// Registers as Linkerd names them: `outbound_{protocol}_route_*`.
+    fn register(&self, registry: &mut Registry, protocol: &str) {
+        let r = registry.sub_registry_with_prefix(format!("outbound_{protocol}_route"));
+        r.register_with_unit(
+            "request_duration",
+            "The time between request initialization and response headers",
+            Unit::Seconds,
+            self.request_duration.clone(),
+        );
+        r.register(
+            "request_statuses",
+            "Completed request-response streams",
+            self.request_statuses.clone(),
+        );
+        r.register(
+            "backend_requests",
+            "The total number of requests dispatched to a route backend",
+            self.backend_requests.clone(),
+        );
+        r.register_with_unit(
+            "backend_response_duration",
+            "The time between request dispatch and response headers",
+            Unit::Seconds,
+            self.backend_response_duration.clone(),
+        );
+        r.register(
+            "backend_response_statuses",
+            "Completed responses",
+            self.backend_response_statuses.clone(),
+        );
+        r.register(
+            "retry_requests",
+            "Retry requests emitted",
+            self.retry_requests.clone(),
+        );
+        r.register(
+            "retry_successes",
+            "Successful responses to retry requests",
+            self.retry_successes.clone(),
+        );
+        r.register(
+            "retry_limit_exceeded",
+            "Retryable requests not sent due to retry limits",
+            self.retry_limit_exceeded.clone(),
+        );
+        r.register(
+            "retry_overflow",
+            "Retryable requests not sent due to circuit breakers",
+            self.retry_overflow.clone(),
+        );
+    }
+
+    fn sweep(&self, now: tokio::time::Instant) {
+        self.request_duration.sweep(now);
+        self.request_statuses.sweep(now);
+        self.backend_requests.sweep(now);
+        self.backend_response_duration.sweep(now);
+        self.backend_response_statuses.sweep(now);
+        self.retry_requests.sweep(now);
+        self.retry_successes.sweep(now);
+        self.retry_limit_exceeded.sweep(now);
+        self.retry_overflow.sweep(now);
+    }
+}
+
+/// The outbound policy metrics: HTTP and gRPC routes, and open watches.
+#[derive(Debug)]
+pub struct OutboundPolicyMetrics {
+    pub http: RouteFamilies,
+    pub grpc: RouteFamilies,
+    /// Policy watches open (one per target in use or recently used).
+    pub watches: Gauge,
+    /// Request body bytes kept for retries, all requests together (each
+    /// request keeps at most its rule's `max_request_bytes`, at most
+    /// `outbound::policy::MAX_RETRY_BODY_BYTES`).
+    pub retry_body_bytes: Gauge,
+}
+
+impl OutboundPolicyMetrics {
+    pub fn new(limits: SeriesLimits, drops: &SeriesDrops) -> Self {
+        Self {
+            http: RouteFamilies::new(limits, drops),
+            grpc: RouteFamilies::new(limits, drops),
+            watches: Gauge::default(),
+            retry_body_bytes: Gauge::default(),
+        }
+    }
+
+    pub fn register(&self, registry: &mut Registry) {
+        self.http.register(registry, "http");
+        self.grpc.register(registry, "grpc");
+        registry.register(
+            "outbound_policy_watches",
+            "Outbound policy watches open (one per target in use or recently used)",
+            self.watches.clone(),
+        );
+        registry.register(
+            "outbound_retry_body_bytes",
+            "Request body bytes kept in memory for retries (each request at most its route's max_request_bytes, capped at 1 MiB)",
+            self.retry_body_bytes.clone(),
+        );
+    }
+
+    pub fn sweep(&self, now: tokio::time::Instant) {
+        self.http.sweep(now);
+        self.grpc.sweep(now);
+    }
+}

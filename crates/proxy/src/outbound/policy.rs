@@ -1,0 +1,1304 @@
+//! An outbound policy as the proxy acts on it, made from the controller's
+//! `OutboundPolicy`: the parent (a Service port, or an address), whether
+//! to detect the protocol, and the HTTP or gRPC routes for each protocol,
+//! each rule with its filters, backends, timeouts and retries.
+//!
+//! Everything is checked once, when the message arrives (regexes compiled,
+//! header names and values parsed, durations bounded); a message that
+//! cannot be acted on is refused whole, naming what was wrong, and the last
+//! policy stays.
+
+use super::route::{
+    GrpcMatch, HeaderMatch, HostMatch, HttpMatch, PathMatch, QueryMatch, Route, Rule,
+};
+use crate::{discovery::Endpoint, metrics::route::ResourceMeta};
+use http::{HeaderName, HeaderValue, StatusCode};
+use linkerd2_proxy_api::{
+    destination::WeightedAddr,
+    grpc_route as grpc_api, http_route as api, meta,
+    outbound::{self as out, proxy_protocol},
+};
+use regex::Regex;
+use std::{sync::Arc, time::Duration};
+
+/// Longest duration taken from the controller: bounds every deadline the
+/// proxy computes from a policy (`Instant + Duration` never overflows).
+pub const MAX_POLICY_DURATION: Duration = Duration::from_secs(24 * 3600);
+/// Most retries a policy may ask for per request.
+pub const MAX_RETRIES: u32 = 10;
+/// Most request bytes kept for retries, whatever a policy asks.
+pub const MAX_RETRY_BODY_BYTES: u32 = 1024 * 1024;
+/// Longest regex the proxy compiles (bounds the compiled size).
+const MAX_REGEX_BYTES: usize = 1024;
+/// Most regexes one policy may hold, and the memory each may use compiled
+/// and while matching: together at most about 6 MiB a policy, whatever a
+/// controller sends.
+pub const MAX_REGEXES_PER_POLICY: usize = 64;
+const REGEX_COMPILED_BYTES: usize = 32 * 1024;
+const REGEX_MATCH_CACHE_BYTES: usize = 64 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidPolicy {
+    #[error("the policy names no protocol")]
+    NoProtocol,
+    #[error("invalid regex: {0}")]
+    Regex(String),
+    #[error("more than {MAX_REGEXES_PER_POLICY} regexes")]
+    TooManyRegexes,
+    #[error("invalid header name or value in {0}")]
+    Header(&'static str),
+    #[error("invalid method")]
+    Method,
+    #[error("a route match lacks its {0}")]
+    Missing(&'static str),
+    #[error("invalid duration in {0}")]
+    Duration(&'static str),
+    #[error("invalid redirect: {0}")]
+    Redirect(&'static str),
+    #[error("invalid status in {0}")]
+    Status(&'static str),
+    #[error("a backend lacks its {0}")]
+    Backend(&'static str),
+}
+
+/// What the controller decided for one target.
+#[derive(Debug)]
+pub struct ClientPolicy {
+    pub parent: Arc<ResourceMeta>,
+    /// Forward as TCP without detecting the protocol.
+    pub opaque: bool,
+    /// Routes of HTTP/1 requests and of HTTP/2 requests.
+    pub http1: HttpRoutes,
+    pub http2: HttpRoutes,
+    /// The backends of opaque connections (the first rule of the first
+    /// route), and of connections that turned out not to be HTTP.
+    pub opaque_backends: Distribution,
+}
+
+/// A protocol's routes: HTTP routes, or gRPC routes (when GRPCRoutes
+/// attach to the parent).
+#[derive(Debug)]
+pub enum HttpRoutes {
+    Http(Routes<HttpMatch>),
+    Grpc(Routes<GrpcMatch>),
+}
+
+/// Routes and their metadata, side by side.
+#[derive(Debug)]
+pub struct Routes<M> {
+    pub metas: Vec<Arc<ResourceMeta>>,
+    pub routes: Vec<Route<M, RulePolicy>>,
+}
+
+impl<M> Default for Routes<M> {
+    fn default() -> Self {
+        Self {
+            metas: Vec::new(),
+            routes: Vec::new(),
+        }
+    }
+}
+
+/// What a rule does with the requests it takes.
+#[derive(Debug)]
+pub struct RulePolicy {
+    pub filters: Vec<Filter>,
+    pub backends: Distribution,
+    pub timeouts: Timeouts,
+    pub retry: Option<RetryPolicy>,
+    /// Requests may change retries and timeouts by `l5d-*` headers.
+    pub allow_l5d_request_headers: bool,
+}
+
+/// Gateway API timeouts (`http_route.Timeouts`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Timeouts {
+    /// The whole request, all tries and backoffs included, to the end of
+    /// the response body.
+    pub request: Option<Duration>,
+    /// Each try, until response headers.
+    pub response: Option<Duration>,
+    /// Each wait for the response body's next frame.
+    pub idle: Option<Duration>,
+}
+
+/// When and how often a request is tried again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RetryPolicy {
+    pub max_retries: u32,
+    pub max_request_bytes: usize,
+    /// HTTP statuses (inclusive ranges) that are retried.
+    pub statuses: Vec<(u16, u16)>,
+    /// gRPC status codes that are retried.
+    pub grpc_codes: Vec<u32>,
+    /// Each try's limit (until response headers), overriding the rule's
+    /// response timeout.
+    pub timeout: Option<Duration>,
+    pub backoff: Option<RetryBackoff>,
+}
+
+/// Exponential backoff between tries.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RetryBackoff {
+    pub min: Duration,
+    pub max: Duration,
+    /// Fraction of each delay that is random, 0..=1.
+    pub jitter: f64,
+}
+
+/// A filter on requests of a rule (or of one backend).
+#[derive(Debug)]
+pub enum Filter {
+    RequestHeaders(HeaderModifier),
+    ResponseHeaders(HeaderModifier),
+    Redirect(Redirect),
+    HttpFailure {
+        status: StatusCode,
+        message: Arc<str>,
+        ratio: Ratio,
+    },
+    GrpcFailure {
+        code: u32,
+        message: Arc<str>,
+        ratio: Ratio,
+    },
+}
+
+/// Headers to add (append), set (replace) and remove.
+#[derive(Debug, Default)]
+pub struct HeaderModifier {
+    pub add: Vec<(HeaderName, HeaderValue)>,
+    pub set: Vec<(HeaderName, HeaderValue)>,
+    pub remove: Vec<HeaderName>,
+}
+
+/// A redirect: each part replaces the request's own when given.
+#[derive(Debug)]
+pub struct Redirect {
+    pub scheme: Option<http::uri::Scheme>,
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub path: Option<PathModifier>,
+    pub status: StatusCode,
+}
+
+#[derive(Debug)]
+pub enum PathModifier {
+    Full(String),
+    /// Replaces the path prefix the rule matched.
+    Prefix(String),
+}
+
+/// `numerator` of every `denominator` requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ratio {
+    pub numerator: u32,
+    pub denominator: u32,
+}
+
+/// How a rule chooses among its backends.
+#[derive(Debug, Default)]
+pub enum Distribution {
+    /// No backend: requests fail.
+    #[default]
+    Empty,
+    /// The first backend.
+    FirstAvailable(Vec<RouteBackend>),
+    /// A backend drawn at random in proportion to its weight.
+    RandomAvailable(Vec<(RouteBackend, u32)>),
+}
+
+#[derive(Debug)]
+pub struct RouteBackend {
+    pub backend: Arc<Backend>,
+    pub filters: Vec<Filter>,
+}
+
+/// Where a backend's requests go.
+#[derive(Debug)]
+pub struct Backend {
+    pub meta: Arc<ResourceMeta>,
+    pub target: BackendTarget,
+}
+
+#[derive(Debug)]
+pub enum BackendTarget {
+    /// A balancer over the endpoints `Get` resolves for this path
+    /// (`name.ns.svc.cluster.local:port`).
+    Balancer(Arc<str>),
+    /// One address.
+    Forward(Endpoint),
+}
+
+impl ClientPolicy {
+    /// The routes of requests of `version`.
+    pub fn routes(&self, version: http::Version) -> &HttpRoutes {
+        if version == http::Version::HTTP_2 {
+            &self.http2
+        } else {
+            &self.http1
+        }
+    }
+
+    /// The service authority the parent names (`name.ns.svc.DOMAIN:port`),
+    /// when the parent is a Service port.
+    pub fn service_authority(&self, cluster_domain: &str) -> Option<Arc<str>> {
+        let p = &self.parent;
+        let port = p.port?;
+        (&*p.kind == "Service" && !p.name.is_empty() && !p.namespace.is_empty()).then(|| {
+            Arc::from(format!(
+                "{}.{}.svc.{}:{port}",
+                p.name,
+                p.namespace,
+                cluster_domain.trim_end_matches('.')
+            ))
+        })
+    }
+}
+
+/// Reads the controller's answer.
+pub fn from_wire(policy: out::OutboundPolicy) -> Result<ClientPolicy, InvalidPolicy> {
+    if regexes_in(&policy) > MAX_REGEXES_PER_POLICY {
+        return Err(InvalidPolicy::TooManyRegexes);
+    }
+    let parent = meta_of(policy.metadata, "parent");
+    let kind = policy
+        .protocol
+        .and_then(|p| p.kind)
+        .ok_or(InvalidPolicy::NoProtocol)?;
+    let empty = || HttpRoutes::Http(Routes::default());
+    Ok(match kind {
+        proxy_protocol::Kind::Detect(d) => ClientPolicy {
+            parent,
+            opaque: false,
+            http1: HttpRoutes::Http(http_routes(d.http1.map(|h| h.routes))?),
+            http2: HttpRoutes::Http(http_routes(d.http2.map(|h| h.routes))?),
+            opaque_backends: opaque_backends(d.opaque.map(|o| o.routes))?,
+        },
+        proxy_protocol::Kind::Http1(h) => {
+            let routes = || http_routes(Some(h.routes.clone()));
+            ClientPolicy {
+                parent,
+                opaque: false,
+                http1: HttpRoutes::Http(routes()?),
+                http2: HttpRoutes::Http(routes()?),
+                opaque_backends: Distribution::Empty,
+            }
+        }
+        proxy_protocol::Kind::Http2(h) => {
+            let routes = || http_routes(Some(h.routes.clone()));
+            ClientPolicy {
+                parent,
+                opaque: false,
+                http1: HttpRoutes::Http(routes()?),
+                http2: HttpRoutes::Http(routes()?),
+                opaque_backends: Distribution::Empty,
+            }
+        }
+        proxy_protocol::Kind::Grpc(g) => ClientPolicy {
+            parent,
+            opaque: false,
+            http1: empty(),
+            http2: HttpRoutes::Grpc(grpc_routes(g.routes)?),
+            opaque_backends: Distribution::Empty,
+        },
+        proxy_protocol::Kind::Opaque(o) => ClientPolicy {
+            parent,
+            opaque: true,
+            http1: empty(),
+            http2: empty(),
+            opaque_backends: opaque_backends(Some(o.routes))?,
+        },
+        proxy_protocol::Kind::Tls(t) => {
+            // Routes by SNI are not taken: the connection goes to the first
+            // route's backends as opaque TCP.
+            let routes = t
+                .routes
+                .into_iter()
+                .map(|r| out::OpaqueRoute {
+                    metadata: r.metadata,
+                    rules: r
+                        .rules
+                        .into_iter()
+                        .map(|rule| out::opaque_route::Rule {
+                            backends: rule.backends.map(|b| out::opaque_route::Distribution {
+                                kind: b.kind.map(tls_to_opaque_distribution),
+                            }),
+                            filters: vec![],
+                        })
+                        .collect(),
+                })
+                .collect();
+            ClientPolicy {
+                parent,
+                opaque: true,
+                http1: empty(),
+                http2: empty(),
+                opaque_backends: opaque_backends(Some(routes))?,
+            }
+        }
+    })
+}
+
+/// How many regexes a policy asks the proxy to compile (counted before
+/// any is).
+fn regexes_in(policy: &out::OutboundPolicy) -> usize {
+    fn header(h: &api::HeaderMatch) -> usize {
+        usize::from(matches!(h.value, Some(api::header_match::Value::Regex(_))))
+    }
+    fn http(routes: &[out::HttpRoute]) -> usize {
+        let m = |m: &api::HttpRouteMatch| {
+            usize::from(matches!(
+                m.path.as_ref().and_then(|p| p.kind.as_ref()),
+                Some(api::path_match::Kind::Regex(_))
+            )) + m.headers.iter().map(header).sum::<usize>()
+                + m.query_params
+                    .iter()
+                    .filter(|q| matches!(q.value, Some(api::query_param_match::Value::Regex(_))))
+                    .count()
+        };
+        routes
+            .iter()
+            .flat_map(|r| &r.rules)
+            .flat_map(|r| &r.matches)
+            .map(m)
+            .sum()
+    }
+    let Some(kind) = policy.protocol.as_ref().and_then(|p| p.kind.as_ref()) else {
+        return 0;
+    };
+    match kind {
+        proxy_protocol::Kind::Detect(d) => {
+            d.http1.as_ref().map_or(0, |h| http(&h.routes))
+                + d.http2.as_ref().map_or(0, |h| http(&h.routes))
+        }
+        proxy_protocol::Kind::Http1(h) => http(&h.routes),
+        proxy_protocol::Kind::Http2(h) => http(&h.routes),
+        proxy_protocol::Kind::Grpc(g) => g
+            .routes
+            .iter()
+            .flat_map(|r| &r.rules)
+            .flat_map(|r| &r.matches)
+            .flat_map(|m| &m.headers)
+            .map(header)
+            .sum(),
+        proxy_protocol::Kind::Opaque(_) | proxy_protocol::Kind::Tls(_) => 0,
+    }
+}
+
+fn tls_to_opaque_distribution(
+    kind: out::tls_route::distribution::Kind,
+) -> out::opaque_route::distribution::Kind {
+    use out::{opaque_route as o, tls_route::distribution::Kind as T};
+    let backend = |b: out::tls_route::RouteBackend| o::RouteBackend {
+        backend: b.backend,
+        filters: vec![],
+    };
+    match kind {
+        T::Empty(_) => o::distribution::Kind::Empty(o::distribution::Empty {}),
+        T::FirstAvailable(f) => {
+            o::distribution::Kind::FirstAvailable(o::distribution::FirstAvailable {
+                backends: f.backends.into_iter().map(backend).collect(),
+            })
+        }
+        T::RandomAvailable(r) => {
+            o::distribution::Kind::RandomAvailable(o::distribution::RandomAvailable {
+                backends: r
+                    .backends
+                    .into_iter()
+                    .map(|w| o::WeightedRouteBackend {
+                        backend: w.backend.map(backend),
+                        weight: w.weight,
+                    })
+                    .collect(),
+            })
+        }
+    }
+}
+
+/// A resource's metadata; a missing one is the default `name`.
+fn meta_of(m: Option<meta::Metadata>, name: &str) -> Arc<ResourceMeta> {
+    let bounded = |s: String| -> Arc<str> { Arc::from(s.chars().take(253).collect::<String>()) };
+    Arc::new(match m.and_then(|m| m.kind) {
+        Some(meta::metadata::Kind::Resource(r)) => ResourceMeta {
+            group: bounded(r.group),
+            kind: bounded(r.kind),
+            namespace: bounded(r.namespace),
+            name: bounded(r.name),
+            port: u16::try_from(r.port).ok().filter(|p| *p != 0),
+            section: bounded(r.section),
+        },
+        Some(meta::metadata::Kind::Default(d)) => ResourceMeta::default_named(&bounded(d)),
+        None => ResourceMeta::default_named(name),
+    })
+}
+
+fn duration(
+    d: Option<prost_types::Duration>,
+    what: &'static str,
+) -> Result<Option<Duration>, InvalidPolicy> {
+    let Some(d) = d else { return Ok(None) };
+    let (Ok(secs), Ok(nanos)) = (u64::try_from(d.seconds), u32::try_from(d.nanos)) else {
+        return Err(InvalidPolicy::Duration(what));
+    };
+    if nanos >= 1_000_000_000 {
+        return Err(InvalidPolicy::Duration(what));
+    }
+    let d = Duration::new(secs.min(MAX_POLICY_DURATION.as_secs()), nanos).min(MAX_POLICY_DURATION);
+    // Zero is "no timeout", as Gateway API says.
+    Ok((!d.is_zero()).then_some(d))
+}
+
+fn regex(s: String) -> Result<Regex, InvalidPolicy> {
+    if s.len() > MAX_REGEX_BYTES {
+        return Err(InvalidPolicy::Regex(format!(
+            "over {MAX_REGEX_BYTES} bytes"
+        )));
+    }
+    regex::RegexBuilder::new(&s)
+        .size_limit(REGEX_COMPILED_BYTES)
+        .dfa_size_limit(REGEX_MATCH_CACHE_BYTES)
+        .build()
+        .map_err(|e| InvalidPolicy::Regex(e.to_string().chars().take(128).collect()))
+}
+
+fn header_name(name: &str, what: &'static str) -> Result<HeaderName, InvalidPolicy> {
+    HeaderName::from_bytes(name.as_bytes()).map_err(|_| InvalidPolicy::Header(what))
+}
+
+fn header_match(h: api::HeaderMatch) -> Result<HeaderMatch, InvalidPolicy> {
+    let name = header_name(&h.name, "a header match")?;
+    match h.value.ok_or(InvalidPolicy::Missing("header value"))? {
+        api::header_match::Value::Exact(v) => Ok(HeaderMatch::Exact(
+            name,
+            HeaderValue::from_bytes(&v).map_err(|_| InvalidPolicy::Header("a header match"))?,
+        )),
+        api::header_match::Value::Regex(re) => Ok(HeaderMatch::Regex(name, regex(re)?)),
+    }
+}
+
+fn host_match(h: api::HostMatch) -> Result<HostMatch, InvalidPolicy> {
+    match h.r#match.ok_or(InvalidPolicy::Missing("host"))? {
+        api::host_match::Match::Exact(e) => Ok(HostMatch::Exact(e)),
+        api::host_match::Match::Suffix(s) => Ok(HostMatch::Suffix(s.reverse_labels)),
+    }
+}
+
+fn http_match(m: api::HttpRouteMatch) -> Result<HttpMatch, InvalidPolicy> {
+    let path = m
+        .path
+        .map(|p| match p.kind.ok_or(InvalidPolicy::Missing("path"))? {
+            api::path_match::Kind::Exact(e) => Ok(PathMatch::Exact(e)),
+            api::path_match::Kind::Prefix(p) => Ok(PathMatch::Prefix(p)),
+            api::path_match::Kind::Regex(r) => Ok(PathMatch::Regex(regex(r)?)),
+        })
+        .transpose()?;
+    let headers = m
+        .headers
+        .into_iter()
+        .map(header_match)
+        .collect::<Result<_, _>>()?;
+    let query = m
+        .query_params
+        .into_iter()
+        .map(|q| {
+            if q.name.is_empty() {
+                return Err(InvalidPolicy::Missing("query parameter name"));
+            }
+            match q
+                .value
+                .ok_or(InvalidPolicy::Missing("query parameter value"))?
+            {
+                api::query_param_match::Value::Exact(v) => Ok(QueryMatch::Exact(q.name, v)),
+                api::query_param_match::Value::Regex(r) => Ok(QueryMatch::Regex(q.name, regex(r)?)),
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    let method = m
+        .method
+        .map(http::Method::try_from)
+        .transpose()
+        .map_err(|_| InvalidPolicy::Method)?;
+    Ok(HttpMatch {
+        path,
+        headers,
+        query,
+        method,
+    })
+}
+
+fn headers_of(
+    h: Option<linkerd2_proxy_api::http_types::Headers>,
+) -> Result<Vec<(HeaderName, HeaderValue)>, InvalidPolicy> {
+    h.map(|h| h.headers)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|h| {
+            Ok((
+                header_name(&h.name, "a header modifier")?,
+                HeaderValue::from_bytes(&h.value)
+                    .map_err(|_| InvalidPolicy::Header("a header modifier"))?,
+            ))
+        })
+        .collect()
+}
+
+fn modifier(
+    add: Option<linkerd2_proxy_api::http_types::Headers>,
+    set: Option<linkerd2_proxy_api::http_types::Headers>,
+    remove: Vec<String>,
+) -> Result<HeaderModifier, InvalidPolicy> {
+    Ok(HeaderModifier {
+        add: headers_of(add)?,
+        set: headers_of(set)?,
+        remove: remove
+            .iter()
+            .map(|n| header_name(n, "a header modifier"))
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+fn ratio(r: Option<api::Ratio>) -> Ratio {
+    match r {
+        // Linkerd: no ratio is every request; 0/0 is none.
+        None => Ratio {
+            numerator: 1,
+            denominator: 1,
+        },
+        Some(r) => Ratio {
+            numerator: r.numerator.min(r.denominator),
+            denominator: r.denominator,
+        },
+    }
+}
+
+fn redirect(r: api::RequestRedirect) -> Result<Redirect, InvalidPolicy> {
+    let scheme = r
+        .scheme
+        .map(http::uri::Scheme::try_from)
+        .transpose()
+        .map_err(|_| InvalidPolicy::Redirect("scheme"))?;
+    let port = u16::try_from(r.port).map_err(|_| InvalidPolicy::Redirect("port"))?;
+    let host = (!r.host.is_empty()).then_some(r.host);
+    if let Some(h) = &host {
+        http::uri::Authority::try_from(h.as_str()).map_err(|_| InvalidPolicy::Redirect("host"))?;
+    }
+    let path = match r.path.and_then(|p| p.replace) {
+        None => None,
+        Some(api::path_modifier::Replace::Full(p)) if p.starts_with('/') => {
+            Some(PathModifier::Full(p))
+        }
+        Some(api::path_modifier::Replace::Prefix(p)) if p.starts_with('/') => {
+            Some(PathModifier::Prefix(p))
+        }
+        Some(_) => return Err(InvalidPolicy::Redirect("relative path")),
+    };
+    let status = match r.status {
+        0 => StatusCode::MOVED_PERMANENTLY,
+        s => u16::try_from(s)
+            .ok()
+            .and_then(|s| StatusCode::from_u16(s).ok())
+            .filter(|s| s.is_redirection())
+            .ok_or(InvalidPolicy::Status("a redirect"))?,
+    };
+    Ok(Redirect {
+        scheme,
+        host,
+        port: (port != 0).then_some(port),
+        path,
+        status,
+    })
+}
+
+fn http_filter(f: out::http_route::Filter) -> Result<Option<Filter>, InvalidPolicy> {
+    use out::http_route::filter::Kind;
+    Ok(Some(match f.kind {
+        None => return Ok(None),
+        Some(Kind::RequestHeaderModifier(m)) => {
+            Filter::RequestHeaders(modifier(m.add, m.set, m.remove)?)
+        }
+        Some(Kind::ResponseHeaderModifier(m)) => {
+            Filter::ResponseHeaders(modifier(m.add, m.set, m.remove)?)
+        }
+        Some(Kind::Redirect(r)) => Filter::Redirect(redirect(r)?),
+        Some(Kind::FailureInjector(f)) => Filter::HttpFailure {
+            status: u16::try_from(f.status)
+                .ok()
+                .and_then(|s| StatusCode::from_u16(s).ok())
+                .ok_or(InvalidPolicy::Status("a failure injector"))?,
+            message: Arc::from(f.message.chars().take(256).collect::<String>()),
+            ratio: ratio(f.ratio),
+        },
+    }))
+}
+
+fn grpc_filter(f: out::grpc_route::Filter) -> Result<Option<Filter>, InvalidPolicy> {
+    use out::grpc_route::filter::Kind;
+    Ok(Some(match f.kind {
+        None => return Ok(None),
+        Some(Kind::RequestHeaderModifier(m)) => {
+            Filter::RequestHeaders(modifier(m.add, m.set, m.remove)?)
+        }
+        Some(Kind::FailureInjector(f)) => Filter::GrpcFailure {
+            code: f.code,
+            message: Arc::from(f.message.chars().take(256).collect::<String>()),
+            ratio: ratio(f.ratio),
+        },
+    }))
+}
+
+fn backend(b: Option<out::Backend>) -> Result<Arc<Backend>, InvalidPolicy> {
+    let b = b.ok_or(InvalidPolicy::Backend("description"))?;
+    let meta = meta_of(b.metadata, "backend");
+    let target = match b.kind.ok_or(InvalidPolicy::Backend("kind"))? {
+        out::backend::Kind::Forward(addr) => BackendTarget::Forward(forward(addr)?),
+        out::backend::Kind::Balancer(p2c) => {
+            let path = p2c
+                .discovery
+                .and_then(|d| d.kind)
+                .map(|out::backend::endpoint_discovery::Kind::Dst(d)| d.path)
+                .filter(|p| !p.is_empty() && p.len() <= 253 + 6)
+                .ok_or(InvalidPolicy::Backend("discovery path"))?;
+            BackendTarget::Balancer(Arc::from(path))
+        }
+    };
+    Ok(Arc::new(Backend { meta, target }))
+}
+
+fn forward(addr: WeightedAddr) -> Result<Endpoint, InvalidPolicy> {
+    crate::discovery::forward_endpoint(addr).ok_or(InvalidPolicy::Backend("address"))
+}
+
+/// A backend of any route kind as the wire has it: the backend, its
+/// filters, and its weight (for `RandomAvailable`).
+type WireBackend<F> = (Option<out::Backend>, Vec<F>, u32);
+
+/// A distribution of any route kind, once its backends are read.
+fn distribution<F>(
+    first: Option<Vec<(Option<out::Backend>, Vec<F>)>>,
+    random: Option<Vec<WireBackend<F>>>,
+    filter: fn(F) -> Result<Option<Filter>, InvalidPolicy>,
+) -> Result<Distribution, InvalidPolicy> {
+    let filters = |fs: Vec<F>| -> Result<Vec<Filter>, InvalidPolicy> {
+        Ok(fs
+            .into_iter()
+            .map(filter)
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .flatten()
+            .collect())
+    };
+    if let Some(first) = first {
+        return Ok(Distribution::FirstAvailable(
+            first
+                .into_iter()
+                .map(|(b, fs)| {
+                    Ok(RouteBackend {
+                        backend: backend(b)?,
+                        filters: filters(fs)?,
+                    })
+                })
+                .collect::<Result<_, InvalidPolicy>>()?,
+        ));
+    }
+    if let Some(random) = random {
+        return Ok(Distribution::RandomAvailable(
+            random
+                .into_iter()
+                .map(|(b, fs, w)| {
+                    Ok((
+                        RouteBackend {
+                            backend: backend(b)?,
+                            filters: filters(fs)?,
+                        },
+                        w,
+                    ))
+                })
+                .collect::<Result<_, InvalidPolicy>>()?,
+        ));
+    }
+    Ok(Distribution::Empty)
+}
+
+fn http_distribution(
+    d: Option<out::http_route::Distribution>,
+) -> Result<Distribution, InvalidPolicy> {
+    use out::http_route::distribution::Kind;
+    let none = || Ok(Distribution::Empty);
+    match d.and_then(|d| d.kind) {
+        None | Some(Kind::Empty(_)) => none(),
+        Some(Kind::FirstAvailable(f)) => distribution(
+            Some(
+                f.backends
+                    .into_iter()
+                    .map(|b| (b.backend, b.filters))
+                    .collect(),
+            ),
+            None,
+            http_filter,
+        ),
+        Some(Kind::RandomAvailable(r)) => distribution(
+            None,
+            Some(
+                r.backends
+                    .into_iter()
+                    .map(|w| {
+                        let (b, fs) = w
+                            .backend
+                            .map(|b| (b.backend, b.filters))
+                            .unwrap_or_default();
+                        (b, fs, w.weight)
+                    })
+                    .collect(),
+            ),
+            http_filter,
+        ),
+    }
+}
+
+fn grpc_distribution(
+    d: Option<out::grpc_route::Distribution>,
+) -> Result<Distribution, InvalidPolicy> {
+    use out::grpc_route::distribution::Kind;
+    match d.and_then(|d| d.kind) {
+        None | Some(Kind::Empty(_)) => Ok(Distribution::Empty),
+        Some(Kind::FirstAvailable(f)) => distribution(
+            Some(
+                f.backends
+                    .into_iter()
+                    .map(|b| (b.backend, b.filters))
+                    .collect(),
+            ),
+            None,
+            grpc_filter,
+        ),
+        Some(Kind::RandomAvailable(r)) => distribution(
+            None,
+            Some(
+                r.backends
+                    .into_iter()
+                    .map(|w| {
+                        let (b, fs) = w
+                            .backend
+                            .map(|b| (b.backend, b.filters))
+                            .unwrap_or_default();
+                        (b, fs, w.weight)
+                    })
+                    .collect(),
+            ),
+            grpc_filter,
+        ),
+    }
+}
+
+fn opaque_backends(routes: Option<Vec<out::OpaqueRoute>>) -> Result<Distribution, InvalidPolicy> {
+    use out::opaque_route::distribution::Kind;
+    let no_filters = |_: out::opaque_route::Filter| Ok(None);
+    let first_rule = routes
+        .unwrap_or_default()
+        .into_iter()
+        .next()
+        .and_then(|r| r.rules.into_iter().next());
+    match first_rule.and_then(|r| r.backends).and_then(|d| d.kind) {
+        None | Some(Kind::Empty(_)) => Ok(Distribution::Empty),
+        Some(Kind::FirstAvailable(f)) => distribution(
+            Some(
+                f.backends
+                    .into_iter()
+                    .map(|b| (b.backend, b.filters))
+                    .collect(),
+            ),
+            None,
+            no_filters,
+        ),
+        Some(Kind::RandomAvailable(r)) => distribution(
+            None,
+            Some(
+                r.backends
+                    .into_iter()
+                    .map(|w| {
+                        let (b, fs) = w
+                            .backend
+                            .map(|b| (b.backend, b.filters))
+                            .unwrap_or_default();
+                        (b, fs, w.weight)
+                    })
+                    .collect(),
+            ),
+            no_filters,
+        ),
+    }
+}
+
+fn timeouts(
+    t: Option<api::Timeouts>,
+    deprecated_request: Option<prost_types::Duration>,
+) -> Result<Timeouts, InvalidPolicy> {
+    let t = t.unwrap_or_default();
+    Ok(Timeouts {
+        request: duration(t.request.or(deprecated_request), "the request timeout")?,
+        response: duration(t.response, "the response timeout")?,
+        idle: duration(t.idle, "the idle timeout")?,
+    })
+}
+
+fn backoff(b: Option<out::ExponentialBackoff>) -> Result<Option<RetryBackoff>, InvalidPolicy> {
+    let Some(b) = b else { return Ok(None) };
+    let min = duration(b.min_backoff, "the retry backoff")?.unwrap_or_default();
+    let max = duration(b.max_backoff, "the retry backoff")?
+        .unwrap_or(min)
+        .max(min);
+    let jitter = if b.jitter_ratio.is_finite() {
+        f64::from(b.jitter_ratio).clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    Ok(Some(RetryBackoff { min, max, jitter }))
+}
+
+fn http_retry(r: Option<out::http_route::Retry>) -> Result<Option<RetryPolicy>, InvalidPolicy> {
+    let Some(r) = r else { return Ok(None) };
+    let statuses = r
+        .conditions
+        .map(|c| c.status_ranges)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| {
+            let start = u16::try_from(s.start)
+                .ok()
+                .filter(|s| (100..=599).contains(s));
+            // An end of 0 is the start alone.
+            let end = if s.end == 0 {
+                start
+            } else {
+                u16::try_from(s.end)
+                    .ok()
+                    .filter(|e| (100..=599).contains(e))
+            };
+            match (start, end) {
+                (Some(a), Some(b)) if a <= b => Ok((a, b)),
+                _ => Err(InvalidPolicy::Status("a retry condition")),
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Some(RetryPolicy {
+        max_retries: r.max_retries.min(MAX_RETRIES),
+        max_request_bytes: r.max_request_bytes.min(MAX_RETRY_BODY_BYTES) as usize,
+        statuses,
+        grpc_codes: Vec::new(),
+        timeout: duration(r.timeout, "the retry timeout")?,
+        backoff: backoff(r.backoff)?,
+    }))
+}
+
+fn grpc_retry(r: Option<out::grpc_route::Retry>) -> Result<Option<RetryPolicy>, InvalidPolicy> {
+    let Some(r) = r else { return Ok(None) };
+    let c = r.conditions.unwrap_or_default();
+    let grpc_codes = [
+        (c.cancelled, 1),
+        (c.deadine_exceeded, 4),
+        (c.resource_exhausted, 8),
+        (c.internal, 13),
+        (c.unavailable, 14),
+    ]
+    .into_iter()
+    .filter_map(|(on, code)| on.then_some(code))
+    .collect();
+    Ok(Some(RetryPolicy {
+        max_retries: r.max_retries.min(MAX_RETRIES),
+        max_request_bytes: r.max_request_bytes.min(MAX_RETRY_BODY_BYTES) as usize,
+        statuses: Vec::new(),
+        grpc_codes,
+        timeout: duration(r.timeout, "the retry timeout")?,
+        backoff: backoff(r.backoff)?,
+    }))
+}
+
+fn http_routes(routes: Option<Vec<out::HttpRoute>>) -> Result<Routes<HttpMatch>, InvalidPolicy> {
+    let mut out = Routes::default();
+    for r in routes.unwrap_or_default() {
+        out.metas.push(meta_of(r.metadata, "http"));
+        let hosts = r
+            .hosts
+            .into_iter()
+            .map(host_match)
+            .collect::<Result<_, _>>()?;
+        let rules = r
+            .rules
+            .into_iter()
+            .map(|rule| {
+                Ok(Rule {
+                    matches: rule
+                        .matches
+                        .into_iter()
+                        .map(http_match)
+                        .collect::<Result<_, _>>()?,
+                    policy: RulePolicy {
+                        filters: rule
+                            .filters
+                            .into_iter()
+                            .map(http_filter)
+                            .collect::<Result<Vec<_>, _>>()?
+                            .into_iter()
+                            .flatten()
+                            .collect(),
+                        backends: http_distribution(rule.backends)?,
+                        #[allow(deprecated)]
+                        timeouts: timeouts(rule.timeouts, rule.request_timeout)?,
+                        retry: http_retry(rule.retry)?,
+                        allow_l5d_request_headers: rule.allow_l5d_request_headers,
+                    },
+                })
+            })
+            .collect::<Result<_, InvalidPolicy>>()?;
+        out.routes.push(Route { hosts, rules });
+    }
+    Ok(out)
+}
+
+fn grpc_match(m: grpc_api::GrpcRouteMatch) -> Result<GrpcMatch, InvalidPolicy> {
+    let rpc = m.rpc.unwrap_or_default();
+    Ok(GrpcMatch {
+        service: (!rpc.service.is_empty()).then_some(rpc.service),
+        method: (!rpc.method.is_empty()).then_some(rpc.method),
+        headers: m
+            .headers
+            .into_iter()
+            .map(header_match)
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+fn grpc_routes(routes: Vec<out::GrpcRoute>) -> Result<Routes<GrpcMatch>, InvalidPolicy> {
+    let mut out = Routes::default();
+    for r in routes {
+        out.metas.push(meta_of(r.metadata, "grpc"));
+        let hosts = r
+            .hosts
+            .into_iter()
+            .map(host_match)
+            .collect::<Result<_, _>>()?;
+        let rules = r
+            .rules
+            .into_iter()
+            .map(|rule| {
+                Ok(Rule {
+                    matches: rule
+                        .matches
+                        .into_iter()
+                        .map(grpc_match)
+                        .collect::<Result<_, _>>()?,
+                    policy: RulePolicy {
+                        filters: rule
+                            .filters
+                            .into_iter()
+                            .map(grpc_filter)
+                            .collect::<Result<Vec<_>, _>>()?
+                            .into_iter()
+                            .flatten()
+                            .collect(),
+                        backends: grpc_distribution(rule.backends)?,
+                        #[allow(deprecated)]
+                        timeouts: timeouts(rule.timeouts, rule.request_timeout)?,
+                        retry: grpc_retry(rule.retry)?,
+                        allow_l5d_request_headers: rule.allow_l5d_request_headers,
+                    },
+                })
+            })
+            .collect::<Result<_, InvalidPolicy>>()?;
+        out.routes.push(Route { hosts, rules });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use linkerd2_proxy_api::{meta::Metadata, outbound::backend as wire_backend};
+
+    fn resource(group: &str, kind: &str, name: &str, port: u32) -> Option<Metadata> {
+        Some(Metadata {
+            kind: Some(meta::metadata::Kind::Resource(meta::Resource {
+                group: group.into(),
+                kind: kind.into(),
+                name: name.into(),
+                namespace: "shop".into(),
+                section: String::new(),
+                port,
+            })),
+        })
+    }
+
+    fn dur(ms: u64) -> Option<prost_types::Duration> {
+        Some(Duration::from_millis(ms).try_into().expect("duration"))
+    }
+
+    fn balancer(name: &str) -> out::Backend {
+        out::Backend {
+            metadata: resource("core", "Service", name, 80),
+            queue: Some(out::Queue {
+                capacity: 100,
+                failfast_timeout: dur(3000),
+            }),
+            kind: Some(wire_backend::Kind::Balancer(wire_backend::BalanceP2c {
+                discovery: Some(wire_backend::EndpointDiscovery {
+                    kind: Some(wire_backend::endpoint_discovery::Kind::Dst(
+                        wire_backend::endpoint_discovery::DestinationGet {
+                            path: format!("{name}.shop.svc.cluster.local:80"),
+                        },
+                    )),
+                }),
+                load: None,
+            })),
+        }
+    }
+
+    /// The answer for a Service port with no route attached, as Linkerd's
+    /// controller sends it: one default route, one rule for `/`.
+    fn default_policy(rule: out::http_route::Rule) -> out::OutboundPolicy {
+        let route = out::HttpRoute {
+            metadata: Some(Metadata {
+                kind: Some(meta::metadata::Kind::Default("http".into())),
+            }),
+            hosts: vec![],
+            rules: vec![rule],
+        };
+        out::OutboundPolicy {
+            metadata: resource("core", "Service", "web", 80),
+            protocol: Some(out::ProxyProtocol {
+                kind: Some(proxy_protocol::Kind::Detect(proxy_protocol::Detect {
+                    timeout: dur(10_000),
+                    opaque: Some(proxy_protocol::Opaque { routes: vec![] }),
+                    http1: Some(proxy_protocol::Http1 {
+                        routes: vec![route.clone()],
+                        failure_accrual: None,
+                    }),
+                    http2: Some(proxy_protocol::Http2 {
+                        routes: vec![route],
+                        failure_accrual: None,
+                    }),
+                })),
+            }),
+        }
+    }
+
+    fn prefix_rule(backends: out::http_route::Distribution) -> out::http_route::Rule {
+        out::http_route::Rule {
+            matches: vec![api::HttpRouteMatch {
+                path: Some(api::PathMatch {
+                    kind: Some(api::path_match::Kind::Prefix("/".into())),
+                }),
+                ..Default::default()
+            }],
+            backends: Some(backends),
+            ..Default::default()
+        }
+    }
+
+    fn first(name: &str) -> out::http_route::Distribution {
+        out::http_route::Distribution {
+            kind: Some(out::http_route::distribution::Kind::FirstAvailable(
+                out::http_route::distribution::FirstAvailable {
+                    backends: vec![out::http_route::RouteBackend {
+                        backend: Some(balancer(name)),
+                        ..Default::default()
+                    }],
+                },
+            )),
+        }
+    }
+
+    fn only_rule(p: &ClientPolicy) -> &RulePolicy {
+        match &p.http1 {
+            HttpRoutes::Http(r) => &r.routes[0].rules[0].policy,
+            HttpRoutes::Grpc(_) => panic!("HTTP routes expected"),
+        }
+    }
+
+    #[test]
+    fn the_default_answer_for_a_service_reads_as_one_route_to_its_balancer() {
+        let p = from_wire(default_policy(prefix_rule(first("web")))).expect("valid");
+        assert!(!p.opaque);
+        assert_eq!(
+            p.service_authority("cluster.local").as_deref(),
+            Some("web.shop.svc.cluster.local:80")
+        );
+        let HttpRoutes::Http(routes) = &p.http2 else {
+            panic!("HTTP routes expected")
+        };
+        assert_eq!(&*routes.metas[0].kind, "default");
+        assert_eq!(&*routes.metas[0].name, "http");
+        let rule = only_rule(&p);
+        let Distribution::FirstAvailable(b) = &rule.backends else {
+            panic!("{:?}", rule.backends)
+        };
+        assert!(
+            matches!(&b[0].backend.target, BackendTarget::Balancer(path) if &**path == "web.shop.svc.cluster.local:80")
+        );
+        assert_eq!(b[0].backend.meta.port, Some(80));
+        assert_eq!(rule.timeouts, Timeouts::default());
+        assert!(rule.retry.is_none());
+    }
+
+    #[test]
+    fn timeouts_and_retries_are_read_and_bounded() {
+        let mut rule = prefix_rule(first("web"));
+        rule.timeouts = Some(api::Timeouts {
+            request: dur(2_000),
+            response: dur(500),
+            idle: None,
+        });
+        rule.retry = Some(out::http_route::Retry {
+            max_retries: 1_000,
+            max_request_bytes: u32::MAX,
+            conditions: Some(out::http_route::retry::Conditions {
+                status_ranges: vec![
+                    out::http_route::retry::conditions::StatusRange {
+                        start: 500,
+                        end: 504,
+                    },
+                    out::http_route::retry::conditions::StatusRange { start: 429, end: 0 },
+                ],
+            }),
+            timeout: dur(100),
+            backoff: None,
+        });
+        let p = from_wire(default_policy(rule)).expect("valid");
+        let rule = only_rule(&p);
+        assert_eq!(rule.timeouts.request, Some(Duration::from_secs(2)));
+        assert_eq!(rule.timeouts.response, Some(Duration::from_millis(500)));
+        let retry = rule.retry.as_ref().expect("retry");
+        assert_eq!(retry.max_retries, MAX_RETRIES);
+        assert_eq!(retry.max_request_bytes, MAX_RETRY_BODY_BYTES as usize);
+        assert_eq!(retry.statuses, [(500, 504), (429, 429)]);
+        assert_eq!(retry.timeout, Some(Duration::from_millis(100)));
+
+        let mut huge = prefix_rule(first("web"));
+        huge.timeouts = Some(api::Timeouts {
+            request: Some(prost_types::Duration {
+                seconds: i64::MAX,
+                nanos: 0,
+            }),
+            ..Default::default()
+        });
+        let p = from_wire(default_policy(huge)).expect("valid");
+        assert_eq!(only_rule(&p).timeouts.request, Some(MAX_POLICY_DURATION));
+        let mut negative = prefix_rule(first("web"));
+        negative.timeouts = Some(api::Timeouts {
+            request: Some(prost_types::Duration {
+                seconds: -1,
+                nanos: 0,
+            }),
+            ..Default::default()
+        });
+        assert!(matches!(
+            from_wire(default_policy(negative)),
+            Err(InvalidPolicy::Duration(_))
+        ));
+    }
+
+    #[test]
+    fn what_cannot_be_acted_on_is_refused_whole() {
+        let mut bad = prefix_rule(first("web"));
+        bad.matches[0].path = Some(api::PathMatch {
+            kind: Some(api::path_match::Kind::Regex("(unclosed".into())),
+        });
+        assert!(matches!(
+            from_wire(default_policy(bad)),
+            Err(InvalidPolicy::Regex(_))
+        ));
+        let mut no_path = prefix_rule(first("web"));
+        if let Some(out::http_route::distribution::Kind::FirstAvailable(f)) =
+            no_path.backends.as_mut().and_then(|b| b.kind.as_mut())
+        {
+            f.backends[0].backend = None;
+        }
+        assert!(from_wire(default_policy(no_path)).is_err());
+        let mut many = prefix_rule(first("web"));
+        many.matches = (0..=MAX_REGEXES_PER_POLICY)
+            .map(|i| api::HttpRouteMatch {
+                path: Some(api::PathMatch {
+                    kind: Some(api::path_match::Kind::Regex(format!("/{i}/.*"))),
+                }),
+                ..Default::default()
+            })
+            .collect();
+        assert!(matches!(
+            from_wire(default_policy(many)),
+            Err(InvalidPolicy::TooManyRegexes)
+        ));
+        let mut huge = prefix_rule(first("web"));
+        huge.matches[0].path = Some(api::PathMatch {
+            kind: Some(api::path_match::Kind::Regex(
+                "(a|b|c){1000}[0-9]{1000}".into(),
+            )),
+        });
+        assert!(
+            matches!(
+                from_wire(default_policy(huge)),
+                Err(InvalidPolicy::Regex(_))
+            ),
+            "a regex past the compiled-size bound is refused"
+        );
+        let no_protocol = out::OutboundPolicy {
+            protocol: None,
+            metadata: None,
+        };
+        assert!(matches!(
+            from_wire(no_protocol),
+            Err(InvalidPolicy::NoProtocol)
+        ));
+    }
+
+    #[test]
+    fn an_address_that_is_no_service_is_forwarded_and_opaque_ports_skip_detection() {
+        let forward = out::Backend {
+            metadata: Some(Metadata {
+                kind: Some(meta::metadata::Kind::Default("forward".into())),
+            }),
+            queue: None,
+            kind: Some(wire_backend::Kind::Forward(WeightedAddr {
+                addr: Some(
+                    "10.1.2.3:8080"
+                        .parse::<std::net::SocketAddr>()
+                        .expect("addr")
+                        .into(),
+                ),
+                weight: 1,
+                ..Default::default()
+            })),
+        };
+        let opaque = out::OutboundPolicy {
+            metadata: Some(Metadata {
+                kind: Some(meta::metadata::Kind::Default("10.1.2.3:8080".into())),
+            }),
+            protocol: Some(out::ProxyProtocol {
+                kind: Some(proxy_protocol::Kind::Opaque(proxy_protocol::Opaque {
+                    routes: vec![out::OpaqueRoute {
+                        metadata: None,
+                        rules: vec![out::opaque_route::Rule {
+                            backends: Some(out::opaque_route::Distribution {
+                                kind: Some(out::opaque_route::distribution::Kind::FirstAvailable(
+                                    out::opaque_route::distribution::FirstAvailable {
+                                        backends: vec![out::opaque_route::RouteBackend {
+                                            backend: Some(forward),
+                                            filters: vec![],
+                                        }],
+                                    },
+                                )),
+                            }),
+                            filters: vec![],
+                        }],
+                    }],
+                })),
+            }),
+        };
+        let p = from_wire(opaque).expect("valid");
+        assert!(p.opaque);
+        assert_eq!(p.service_authority("cluster.local"), None);
+        let Distribution::FirstAvailable(b) = &p.opaque_backends else {
+            panic!("{:?}", p.opaque_backends)
+        };
+        assert!(matches!(&b[0].backend.target, BackendTarget::Forward(e) if e.addr.port() == 8080));
+    }
+}
