@@ -1,13 +1,13 @@
 //! The gRPC services: `OutboundPolicies` and `InboundServerPolicies`.
 //!
 //! A Watch stream sends the subscription's latest message whenever it
-//! changes. At most one message waits for a client: when it reads slowly,
-//! HTTP/2 flow control stops the stream from being polled, the producer
-//! waits, and what it sends next is whatever is latest then.
+//! changes. It has no task and no queue: the response body polls the shared
+//! answer when the client has room, so a slow reader gets whatever is latest
+//! then, and one that never reads holds only its stream's state.
 
 use super::{PolicyMetrics, PolicyStore, PolicyWatch};
 use crate::{authority, index::Target, resource::ObjectKey};
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use linkerd2_proxy_api::{
     inbound::{
         self,
@@ -93,12 +93,14 @@ impl PolicyService {
     /// with NOT_FOUND when the target goes, or cleanly at shutdown.
     fn stream<M: Clone + Send + Sync + 'static>(
         &self,
-        mut watch: PolicyWatch<M>,
+        watch: PolicyWatch<M>,
         api: &'static str,
         permit: OwnedSemaphorePermit,
     ) -> Result<WatchStream<M>, Status> {
-        let first = watch
-            .current()
+        let PolicyWatch { mut rx, _guard } = watch;
+        let first = rx
+            .borrow_and_update()
+            .clone()
             .ok_or_else(|| Status::not_found("no such target"))?;
         let gauge = self
             .policy
@@ -110,99 +112,49 @@ impl PolicyService {
         let open = OpenStream {
             gauge,
             _permit: permit,
+            _subscription: _guard,
         };
         let mut shutdown = self.shutdown.clone();
-        let s = async_stream(move |tx| async move {
-            let _open = open;
-            if !tx.send(Ok((*first).clone())).await {
-                return;
-            }
-            loop {
-                tokio::select! {
-                    biased;
-                    () = stopped(&mut shutdown) => return,
-                    next = watch.changed() => match next {
-                        Ok(Some(msg)) => {
-                            if !tx.send(Ok((*msg).clone())).await {
-                                return;
-                            }
-                        }
-                        Ok(None) => {
-                            let _ = tx.send(Err(Status::not_found("target no longer exists"))).await;
-                            return;
-                        }
-                        Err(()) => return,
-                    },
-                }
-            }
-        });
-        Ok(s)
+        let stopped = async move {
+            // The guard `wait_for` returns must not outlive this future's poll.
+            let _ = shutdown.wait_for(|s| *s).await.map(|_| ());
+        };
+        // No task and no queue per stream: the response body polls the
+        // subscription's latest answer when the client has room for it.
+        let changes =
+            tokio_stream::wrappers::WatchStream::from_changes(rx).scan(false, |gone, answer| {
+                let item = match (*gone, answer) {
+                    (true, _) => None,
+                    (false, Some(msg)) => Some(Ok((*msg).clone())),
+                    (false, None) => {
+                        *gone = true;
+                        Some(Err(Status::not_found("target no longer exists")))
+                    }
+                };
+                futures_util::future::ready(item)
+            });
+        let s = futures_util::stream::once(futures_util::future::ready(Ok((*first).clone())))
+            .chain(changes)
+            .take_until(stopped)
+            .map(move |item| {
+                // The stream owns its count, permit and subscription.
+                let _ = &open;
+                item
+            });
+        Ok(Box::pin(s))
     }
-}
-
-async fn stopped(rx: &mut watch::Receiver<bool>) {
-    // The guard `wait_for` returns must not live across the caller's awaits.
-    let _ = rx.wait_for(|s| *s).await.map(|_| ());
 }
 
 /// Keeps a stream counted and its permit held while it lives.
 struct OpenStream {
     gauge: prometheus_client::metrics::gauge::Gauge,
     _permit: OwnedSemaphorePermit,
+    _subscription: super::Guard,
 }
 
 impl Drop for OpenStream {
     fn drop(&mut self) {
         self.gauge.dec();
-    }
-}
-
-/// A stream driven by a producer task that hands over one item at a time:
-/// the producer waits until the consumer took the previous item (a
-/// rendezvous of capacity one), so nothing accumulates for a slow reader.
-fn async_stream<M, F, Fut>(produce: F) -> WatchStream<M>
-where
-    M: Send + 'static,
-    F: FnOnce(Sender<M>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::mpsc::channel(1);
-    let task = tokio::spawn(produce(Sender(tx)));
-    Box::pin(ProducedStream {
-        rx: tokio_stream::wrappers::ReceiverStream::new(rx),
-        task,
-    })
-}
-
-struct Sender<M>(tokio::sync::mpsc::Sender<Result<M, Status>>);
-
-impl<M> Sender<M> {
-    /// False when the consumer is gone.
-    async fn send(&self, item: Result<M, Status>) -> bool {
-        self.0.send(item).await.is_ok()
-    }
-}
-
-struct ProducedStream<M> {
-    rx: tokio_stream::wrappers::ReceiverStream<Result<M, Status>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl<M> Stream for ProducedStream<M> {
-    type Item = Result<M, Status>;
-
-    fn poll_next(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        Pin::new(&mut self.rx).poll_next(cx)
-    }
-}
-
-impl<M> Drop for ProducedStream<M> {
-    fn drop(&mut self) {
-        // The client went away: release the subscription now.
-        self.task.abort();
     }
 }
 
