@@ -378,6 +378,9 @@ route_wire!(
     "HTTPRoute"
 );
 
+/// Longest reason an [`InvalidObject`] carries.
+pub const MAX_REASON_BYTES: usize = 200;
+
 /// Why an object could not be used: the field that is wrong, and how.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("field `{field}`: {reason}")]
@@ -395,10 +398,14 @@ impl InvalidObject {
         }
     }
 
+    /// The reason is cut to [`MAX_REASON_BYTES`]: reasons quote input
+    /// values, and an error must stay small whatever the input.
     pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        let mut reason = reason.into();
+        truncate(&mut reason, MAX_REASON_BYTES);
         Self {
             field: field.into(),
-            reason: reason.into(),
+            reason,
         }
     }
 }
