@@ -122,14 +122,15 @@ pub struct Args {
     #[arg(long, env = "BALLAST_DESTINATION_DEFAULT_OPAQUE_PORTS", default_value = DEFAULT_OPAQUE_PORTS)]
     default_opaque_ports: String,
 
-    /// Messages queued per stream; a client that lets its queue fill is cut
-    /// off with RESOURCE_EXHAUSTED.
+    /// Changes each subscription keeps for its streams that fall behind (a
+    /// stream further behind gets the whole answer again); streams have no
+    /// queue of their own.
     #[arg(long, env = "BALLAST_DESTINATION_STREAM_QUEUE", default_value_t = server::DEFAULT_STREAM_QUEUE,
           value_parser = clap::value_parser!(u32).range(1..=65_536))]
     stream_queue: u32,
 
-    /// How long a stream with a full queue waits for its client to read
-    /// before it is cut off.
+    /// A stream that has not taken a change this long after its publication
+    /// is cut off with RESOURCE_EXHAUSTED at the next change to its target.
     #[arg(long, env = "BALLAST_DESTINATION_STREAM_SEND_WAIT", default_value = "1s", value_parser = TIMEOUT)]
     stream_send_wait: Duration,
 

@@ -240,7 +240,7 @@ async fn a_broken_file_keeps_its_last_good_state_and_the_rest_is_served() {
 async fn a_slow_reader_is_cut_while_another_stream_keeps_up() {
     let dir = tempfile::tempdir().unwrap();
     // Large updates fill the HTTP/2 window of a client that does not read;
-    // then its queue of 2 messages overflows.
+    // then it takes no change within the send wait and is cut.
     let write = |generation: u32| {
         let mut all = vec![service("shop", "big", "127.0.0.110", 80, 8080)];
         for i in 0..400u32 {
@@ -481,7 +481,7 @@ async fn diagnostics_prints_tables_and_json() {
 #[tokio::test]
 async fn a_large_answer_reaches_a_reading_client_whole_even_with_a_small_queue() {
     let dir = tempfile::tempdir().unwrap();
-    // 5,000 endpoints: five messages, more than the queue of 2 holds at once.
+    // 5,000 endpoints: five messages, more than a history of 2 changes holds.
     let mut all = vec![service("shop", "huge", "127.0.0.120", 80, 8080)];
     for i in 0..5_000u32 {
         let ip = format!("127.3.{}.{}", i / 250, i % 250 + 1);

@@ -9,14 +9,23 @@
 //! shared with every other stream; a stream new to the feed sends the whole
 //! answer; a stream that fell behind the history sends a reset and the whole
 //! answer. Nothing per stream grows with the rate of change.
+//!
+//! A feed also knows its readers (one small slot each: the version taken
+//! and a waker): a response body polls the feed directly
+//! ([`Feed::poll_catch_up`]), with no task of its own, and a publication
+//! wakes the readers waiting for it. A reader that has not taken a version
+//! within [`FeedLimits::send_wait`] of that version's publication does not
+//! read: the next publication cuts it ([`Published::cut`]).
 
 use bytes::Bytes;
 use prometheus_client::metrics::gauge::Gauge;
 use std::{
     collections::VecDeque,
-    sync::{Arc, OnceLock},
+    sync::{Arc, Mutex, MutexGuard, OnceLock},
+    task::{Context, Poll, Waker},
+    time::Duration,
 };
-use tokio::sync::watch;
+use tokio::{sync::watch, time::Instant};
 
 /// Changes kept per subscription for streams that fall behind; a stream
 /// further behind gets a reset and the whole answer instead.
@@ -24,6 +33,26 @@ pub const MAX_HISTORY: usize = 32;
 /// Encoded bytes of changes kept per subscription: the oldest go first once
 /// past it (the latest change is kept whatever its size).
 pub const MAX_HISTORY_BYTES: usize = 256 * 1024;
+
+/// How a feed keeps its history and when it cuts a reader.
+#[derive(Clone, Copy, Debug)]
+pub struct FeedLimits {
+    /// Changes kept for readers that fall behind (also bounded by
+    /// [`MAX_HISTORY_BYTES`]).
+    pub history: usize,
+    /// A reader that has not taken a version this long after its
+    /// publication is cut at the next publication.
+    pub send_wait: Duration,
+}
+
+impl Default for FeedLimits {
+    fn default() -> Self {
+        Self {
+            history: MAX_HISTORY,
+            send_wait: Duration::from_secs(1),
+        }
+    }
+}
 
 /// Turns a subscription's answers into the messages its streams send, each
 /// a whole gRPC message frame, ready for the wire.
@@ -44,6 +73,61 @@ pub struct Feed<V> {
     encoder: Arc<dyn Encode<V>>,
     tx: watch::Sender<Arc<Head<V>>>,
     history_bytes: Gauge,
+    limits: FeedLimits,
+    readers: Mutex<Readers>,
+}
+
+/// The readers of one feed, one slot each (reused once freed), and when
+/// the recent versions were published.
+struct Readers {
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    /// `(version, published at)`, oldest first, for the versions in the
+    /// history and the latest.
+    published: VecDeque<(u64, Instant)>,
+}
+
+#[derive(Default)]
+struct Slot {
+    /// The version last taken; `None` before the first.
+    seen: Option<u64>,
+    /// Set while the reader waits for a version newer than `seen`.
+    waker: Option<Waker>,
+    state: SlotState,
+}
+
+#[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
+enum SlotState {
+    #[default]
+    Free,
+    Open,
+    Cut,
+}
+
+/// What a publication did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Published {
+    /// The answer differed from the latest and became a new version.
+    pub changed: bool,
+    /// Readers cut because they had not taken a version within
+    /// [`FeedLimits::send_wait`] of its publication.
+    pub cut: usize,
+}
+
+/// What a reader's poll found.
+pub enum Next<V> {
+    /// Messages to send (possibly none, when an answer came and went).
+    Up(CatchUp<V>),
+    /// The reader was cut for not reading; it sends nothing more.
+    Cut,
+}
+
+/// What leaving a feed found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Left {
+    Open,
+    /// The reader had been cut, and its place counted as released then.
+    WasCut,
 }
 
 /// One published version of a feed; immutable once published.
@@ -68,8 +152,22 @@ struct Change {
 impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
     /// A feed whose first answer is `answer`. `history_bytes` counts the
     /// bytes of changes kept, across feeds.
-    pub fn new(answer: V, encoder: Arc<dyn Encode<V>>, history_bytes: Gauge) -> Self {
+    pub fn new(
+        answer: V,
+        encoder: Arc<dyn Encode<V>>,
+        history_bytes: Gauge,
+        limits: FeedLimits,
+    ) -> Self {
         Self {
+            limits: FeedLimits {
+                history: limits.history.max(1),
+                ..limits
+            },
+            readers: Mutex::new(Readers {
+                slots: Vec::new(),
+                free: Vec::new(),
+                published: VecDeque::from([(0, Instant::now())]),
+            }),
             encoder,
             tx: watch::Sender::new(Arc::new(Head {
                 version: 0,
@@ -83,11 +181,12 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
     }
 
     /// Publishes `answer` if it differs from the latest one: encodes the
-    /// change once, for every stream. Returns whether it was published.
-    pub fn publish(&self, answer: V) -> bool {
+    /// change once, for every stream, wakes the readers waiting for it and
+    /// cuts those that did not take an earlier version in time.
+    pub fn publish(&self, answer: V) -> Published {
         let head = self.tx.borrow().clone();
         if *head.answer == answer {
-            return false;
+            return Published::default();
         }
         let messages = self.encoder.diff(&head.answer, &answer);
         let bytes = messages.iter().map(Bytes::len).sum();
@@ -100,7 +199,7 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
         // The latest change is always kept, whatever its size: every
         // stream that is up to date needs it.
         while changes.len() > 1
-            && (changes.len() > MAX_HISTORY || changes_bytes > MAX_HISTORY_BYTES)
+            && (changes.len() > self.limits.history || changes_bytes > MAX_HISTORY_BYTES)
         {
             if let Some(old) = changes.pop_front() {
                 changes_bytes -= old.bytes;
@@ -108,14 +207,65 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
         }
         self.history_bytes
             .inc_by(changes_bytes as i64 - head.changes_bytes as i64);
+        let version = head.version + 1;
         self.tx.send_replace(Arc::new(Head {
-            version: head.version + 1,
+            version,
             answer: Arc::new(answer),
             changes,
             changes_bytes,
             full: OnceLock::new(),
         }));
-        true
+        // After the new head is visible: a reader that registers its waker
+        // before this lock saw the old head and is woken here; one after it
+        // sees the new head.
+        Published {
+            changed: true,
+            cut: self.wake_readers(version),
+        }
+    }
+
+    /// Wakes the readers waiting for `version` and cuts those still
+    /// lacking a version published more than `send_wait` ago. Returns how
+    /// many were cut.
+    fn wake_readers(&self, version: u64) -> usize {
+        let now = Instant::now();
+        let mut readers = self.lock_readers();
+        let Readers {
+            slots, published, ..
+        } = &mut *readers;
+        published.push_back((version, now));
+        while published.len() > self.limits.history + 1 {
+            published.pop_front();
+        }
+        let mut cut = 0;
+        for slot in slots.iter_mut().filter(|s| s.state == SlotState::Open) {
+            if let Some(seen) = slot.seen.filter(|seen| seen + 1 < version) {
+                // When the oldest version it lacks was published (or,
+                // past the kept times, the oldest kept: later, so never an
+                // early cut).
+                let since = published
+                    .iter()
+                    .find(|(v, _)| *v > seen)
+                    .map_or(now, |(_, at)| *at);
+                if now.duration_since(since) > self.limits.send_wait {
+                    slot.state = SlotState::Cut;
+                    cut += 1;
+                }
+            }
+            if let Some(w) = slot.waker.take() {
+                w.wake();
+            }
+        }
+        cut
+    }
+
+    /// Wakes every waiting reader (to notice a shutdown).
+    pub fn wake_all(&self) {
+        for slot in self.lock_readers().slots.iter_mut() {
+            if let Some(w) = slot.waker.take() {
+                w.wake();
+            }
+        }
     }
 
     /// The latest answer.
@@ -125,10 +275,45 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
 
     /// A cursor for a new stream: it has seen nothing.
     pub fn cursor(&self) -> Cursor<V> {
+        let mut readers = self.lock_readers();
+        let slot = match readers.free.pop() {
+            Some(i) => i,
+            None => {
+                readers.slots.push(Slot::default());
+                readers.slots.len() - 1
+            }
+        };
+        readers.slots[slot] = Slot {
+            state: SlotState::Open,
+            ..Slot::default()
+        };
         Cursor {
             rx: self.tx.subscribe(),
             seen: None,
+            slot,
         }
+    }
+
+    /// Takes what is new for `cursor`, or registers `cx`'s waker to be woken
+    /// by the next publication (then `Pending`).
+    pub fn poll_catch_up(&self, cursor: &mut Cursor<V>, cx: &mut Context<'_>) -> Poll<Next<V>> {
+        {
+            let mut readers = self.lock_readers();
+            let Some(slot) = readers.slots.get_mut(cursor.slot) else {
+                return Poll::Ready(Next::Cut);
+            };
+            if slot.state == SlotState::Cut {
+                return Poll::Ready(Next::Cut);
+            }
+            if cursor.seen == Some(self.tx.borrow().version) {
+                match &slot.waker {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    _ => slot.waker = Some(cx.waker().clone()),
+                }
+                return Poll::Pending;
+            }
+        }
+        Poll::Ready(Next::Up(self.catch_up(cursor)))
     }
 
     /// The messages that bring a stream from what `cursor` last took to the
@@ -145,6 +330,9 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
             None => Kind::Full(self.full(&head)),
         };
         cursor.seen = Some(head.version);
+        if let Some(slot) = self.lock_readers().slots.get_mut(cursor.slot) {
+            slot.seen = Some(head.version);
+        }
         CatchUp { head, kind }
     }
 
@@ -152,6 +340,35 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
         head.full
             .get_or_init(|| self.encoder.full(&head.answer).into())
             .clone()
+    }
+}
+
+impl<V> Feed<V> {
+    /// Frees `cursor`'s slot; says whether it had been cut.
+    pub fn leave(&self, cursor: &Cursor<V>) -> Left {
+        let mut readers = self.lock_readers();
+        let Some(slot) = readers.slots.get_mut(cursor.slot) else {
+            return Left::Open;
+        };
+        let was = std::mem::take(slot).state;
+        if was == SlotState::Free {
+            return Left::Open;
+        }
+        readers.free.push(cursor.slot);
+        if readers.free.len() == readers.slots.len() {
+            // The last reader left: give the slots back.
+            readers.slots = Vec::new();
+            readers.free = Vec::new();
+        }
+        match was {
+            SlotState::Cut => Left::WasCut,
+            _ => Left::Open,
+        }
+    }
+
+    fn lock_readers(&self) -> MutexGuard<'_, Readers> {
+        // Nothing panics while holding it; the slots are still whole.
+        self.readers.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -166,6 +383,8 @@ impl<V> Drop for Feed<V> {
 pub struct Cursor<V> {
     rx: watch::Receiver<Arc<Head<V>>>,
     seen: Option<u64>,
+    /// Its slot among the feed's readers.
+    slot: usize,
 }
 
 impl<V> Cursor<V> {
@@ -200,6 +419,28 @@ impl<V> CatchUp<V> {
         matches!(self.kind, Kind::Reset(..))
     }
 
+    /// The `i`th message (from 0), if there is one.
+    pub fn message(&self, mut i: usize) -> Option<&Bytes> {
+        match &self.kind {
+            Kind::Nothing => None,
+            Kind::Changes { skip } => {
+                for c in self.head.changes.iter().skip(*skip) {
+                    if let Some(m) = c.messages.get(i) {
+                        return Some(m);
+                    }
+                    i -= c.messages.len();
+                }
+                None
+            }
+            Kind::Full(full) => full.get(i),
+            Kind::Reset(Some(reset), full) => match i.checked_sub(1) {
+                None => Some(reset),
+                Some(i) => full.get(i),
+            },
+            Kind::Reset(None, full) => full.get(i),
+        }
+    }
+
     /// The messages, in order; cloning one shares its bytes.
     pub fn messages(&self) -> Box<dyn Iterator<Item = &Bytes> + Send + '_> {
         match &self.kind {
@@ -221,6 +462,7 @@ impl<V> CatchUp<V> {
 mod tests {
     use super::*;
     use std::collections::BTreeSet;
+    use std::task::Waker;
 
     /// Sets of numbers, as messages a test can apply: `+n`, `-n`, `reset`.
     struct Sets;
@@ -248,6 +490,7 @@ mod tests {
             first.iter().copied().collect(),
             Arc::new(Sets),
             Gauge::default(),
+            FeedLimits::default(),
         )
     }
 
@@ -288,8 +531,11 @@ mod tests {
         let mut held = set(&[1, 2]);
         assert_eq!(apply(&mut held, &f.catch_up(&mut c)), 0, "nothing new");
 
-        assert!(f.publish(set(&[2, 3])));
-        assert!(!f.publish(set(&[2, 3])), "an equal answer is no change");
+        assert!(f.publish(set(&[2, 3])).changed);
+        assert!(
+            !f.publish(set(&[2, 3])).changed,
+            "an equal answer is no change"
+        );
         let up = f.catch_up(&mut c);
         assert_eq!(apply(&mut held, &up), 2);
         assert_eq!(held, set(&[2, 3]));
@@ -354,7 +600,12 @@ mod tests {
     #[test]
     fn the_history_is_bounded_in_bytes_and_counted() {
         let gauge = Gauge::default();
-        let f = Feed::new(BTreeSet::new(), Arc::new(Sets), gauge.clone());
+        let f = Feed::new(
+            BTreeSet::new(),
+            Arc::new(Sets),
+            gauge.clone(),
+            FeedLimits::default(),
+        );
         let mut c = f.cursor();
         let _ = f.catch_up(&mut c);
         // Each change adds 10,000 numbers: ~60 KB of messages.
@@ -381,5 +632,126 @@ mod tests {
         let _ = f.catch_up(&mut c);
         drop(f);
         assert!(!c.changed().await, "the feed is gone");
+    }
+
+    /// Counts its wake-ups.
+    #[derive(Default)]
+    struct Wakes(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    impl Wakes {
+        fn count(&self) -> usize {
+            self.0.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    fn poll(
+        f: &Feed<BTreeSet<u32>>,
+        c: &mut Cursor<BTreeSet<u32>>,
+        w: &Arc<Wakes>,
+    ) -> Poll<Vec<Bytes>> {
+        let waker = Waker::from(w.clone());
+        match f.poll_catch_up(c, &mut Context::from_waker(&waker)) {
+            Poll::Ready(Next::Up(up)) => {
+                let by_index: Vec<Bytes> = (0..).map_while(|i| up.message(i).cloned()).collect();
+                let all: Vec<Bytes> = up.messages().cloned().collect();
+                assert_eq!(by_index, all, "message(i) is the i-th of messages()");
+                Poll::Ready(all)
+            }
+            Poll::Ready(Next::Cut) => Poll::Ready(vec![Bytes::from_static(b"cut")]),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    #[test]
+    fn a_polling_reader_takes_what_is_new_or_waits_for_the_next_publication() {
+        let f = feed(&[1, 2]);
+        let mut c = f.cursor();
+        let w = Arc::new(Wakes::default());
+        assert_eq!(
+            poll(&f, &mut c, &w),
+            Poll::Ready(vec![msg("+1".into()), msg("+2".into())])
+        );
+        assert_eq!(poll(&f, &mut c, &w), Poll::Pending);
+        assert_eq!(
+            poll(&f, &mut c, &w),
+            Poll::Pending,
+            "polled twice, one waker kept"
+        );
+        assert_eq!(w.count(), 0);
+        f.publish(set(&[2, 3]));
+        assert_eq!(w.count(), 1, "woken once by the publication");
+        f.publish(set(&[3]));
+        assert_eq!(w.count(), 1, "not woken again until it waits again");
+        assert_eq!(
+            poll(&f, &mut c, &w),
+            Poll::Ready(vec![msg("-1".into()), msg("+3".into()), msg("-2".into())])
+        );
+        // Behind the history: the reset comes first, by index as well.
+        for n in 0..(3 * MAX_HISTORY as u32) {
+            f.publish(set(&[n]));
+        }
+        let last = 3 * MAX_HISTORY as u32 - 1;
+        assert_eq!(
+            poll(&f, &mut c, &w),
+            Poll::Ready(vec![msg("reset".into()), msg(format!("+{last}"))])
+        );
+        assert_eq!(f.leave(&c), Left::Open);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reader_that_does_not_take_a_version_in_time_is_cut_at_the_next_publication() {
+        let wait = Duration::from_secs(1);
+        let f = Feed::new(
+            set(&[1]),
+            Arc::new(Sets),
+            Gauge::default(),
+            FeedLimits {
+                history: MAX_HISTORY,
+                send_wait: wait,
+            },
+        );
+        let (mut reader, mut idle) = (f.cursor(), f.cursor());
+        let w = Arc::new(Wakes::default());
+        let _ = (poll(&f, &mut reader, &w), poll(&f, &mut idle, &w));
+
+        assert_eq!(f.publish(set(&[2])).cut, 0);
+        let _ = poll(&f, &mut reader, &w);
+        tokio::time::advance(wait / 2).await;
+        assert_eq!(f.publish(set(&[3])).cut, 0, "within the wait");
+        let _ = poll(&f, &mut reader, &w);
+        tokio::time::advance(wait).await;
+        // `idle` lacks the version published 1.5 s ago; `reader` lacks
+        // nothing older than this publication.
+        assert_eq!(f.publish(set(&[4])).cut, 1);
+        assert_eq!(f.publish(set(&[5])).cut, 0, "cut once");
+        assert_eq!(
+            poll(&f, &mut idle, &w),
+            Poll::Ready(vec![msg("cut".into())])
+        );
+        assert_eq!(
+            poll(&f, &mut reader, &w),
+            Poll::Ready(vec![
+                msg("-3".into()),
+                msg("+4".into()),
+                msg("-4".into()),
+                msg("+5".into())
+            ])
+        );
+        assert_eq!(f.leave(&idle), Left::WasCut);
+        assert_eq!(f.leave(&reader), Left::Open);
+        assert!(f.lock_readers().slots.is_empty(), "slots given back");
+
+        // A reader that has never been polled is not cut (hyper polls a new
+        // body at once); nor is one that takes every version, however late.
+        let fresh = f.cursor();
+        tokio::time::advance(10 * wait).await;
+        assert_eq!(f.publish(set(&[6])).cut, 0);
+        assert_eq!(f.leave(&fresh), Left::Open);
     }
 }

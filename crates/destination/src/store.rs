@@ -8,10 +8,11 @@
 //! subscriptions, not all of them; each affected answer and its change are
 //! computed once. A [`Subscription`] handle counts as one watcher; when the
 //! last handle drops, on whatever path, the entry, its map key and its index
-//! keys are removed.
+//! keys are removed. A watcher its feed cut for not reading counts as gone
+//! from that moment, whether or not its handle is dropped yet.
 
 use crate::{
-    feed::{CatchUp, Cursor, Encode, Feed},
+    feed::{CatchUp, Cursor, Encode, Feed, FeedLimits, Left, Next},
     index::{Changes, EndpointSet, Index, ProfileView, Target},
     metrics::Metrics,
     resource::{Kind, ObjectKey, Resource},
@@ -20,6 +21,7 @@ use std::{
     collections::{HashMap, HashSet},
     net::IpAddr,
     sync::{Arc, Mutex, MutexGuard},
+    task::{Context, Poll},
 };
 use tokio::sync::watch;
 
@@ -67,6 +69,8 @@ struct Subs<V> {
 
 struct Entry<V> {
     feed: Arc<Feed<V>>,
+    /// Shared by the entry's watchers (a stream holds no copy of its own).
+    target: Arc<Target>,
     watchers: usize,
 }
 
@@ -79,8 +83,10 @@ pub struct Subscription<V> {
 
 struct Guard {
     store: Arc<Store>,
-    target: Target,
+    target: Arc<Target>,
     method: Method,
+    /// Still counted among the entry's watchers (not cut).
+    counted: bool,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -180,12 +186,45 @@ impl Store {
             return;
         }
         let index = &inner.index;
+        let mut cut_get = Vec::new();
         for (target, entry) in inner.get.affected(&changes, index) {
-            entry.feed.publish(index.endpoints(target));
+            let published = entry.feed.publish(index.endpoints(target));
+            if published.cut > 0 {
+                cut_get.push((target.clone(), published.cut));
+            }
         }
+        let mut cut_profile = Vec::new();
         for (target, entry) in inner.profile.affected(&changes, index) {
-            entry.feed.publish(index.profile(target));
+            let published = entry.feed.publish(index.profile(target));
+            if published.cut > 0 {
+                cut_profile.push((target.clone(), published.cut));
+            }
         }
+        // Cut watchers are gone now, not when their bodies are dropped (a
+        // client that does not read may never be polled again).
+        if !cut_get.is_empty() {
+            let overflows = self
+                .metrics
+                .stream_overflows_total
+                .get_or_create(&Metrics::method(Method::Get.label()));
+            for (target, n) in &cut_get {
+                overflows.inc_by(*n as u64);
+                inner.get.release(target, *n);
+            }
+            self.count_subscriptions(Method::Get, inner.get.entries.len());
+        }
+        if !cut_profile.is_empty() {
+            let overflows = self
+                .metrics
+                .stream_overflows_total
+                .get_or_create(&Metrics::method(Method::Profile.label()));
+            for (target, n) in &cut_profile {
+                overflows.inc_by(*n as u64);
+                inner.profile.release(target, *n);
+            }
+            self.count_subscriptions(Method::Profile, inner.profile.entries.len());
+        }
+        let index = &inner.index;
         for o in self
             .observers
             .read()
@@ -193,6 +232,18 @@ impl Store {
             .iter()
         {
             o.changed(index, &changes);
+        }
+    }
+
+    /// Wakes every waiting `Get` and `GetProfile` reader (so that each
+    /// notices a shutdown).
+    pub fn wake_readers(&self) {
+        let inner = self.lock();
+        for e in inner.get.entries.values() {
+            e.feed.wake_all();
+        }
+        for e in inner.profile.entries.values() {
+            e.feed.wake_all();
         }
     }
 
@@ -236,14 +287,16 @@ impl Store {
         self: &Arc<Self>,
         target: Target,
         encoder: &Arc<dyn Encode<EndpointSet>>,
+        limits: FeedLimits,
     ) -> Subscription<EndpointSet> {
         let mut inner = self.lock();
         let inner = &mut *inner;
-        let feed = inner.get.join(&target, || {
+        let (feed, target) = inner.get.join(&target, || {
             Feed::new(
                 inner.index.endpoints(&target),
                 encoder.clone(),
                 self.metrics.subscription_history_bytes.clone(),
+                limits,
             )
         });
         self.count_subscriptions(Method::Get, inner.get.entries.len());
@@ -256,14 +309,16 @@ impl Store {
         self: &Arc<Self>,
         target: Target,
         encoder: &Arc<dyn Encode<ProfileView>>,
+        limits: FeedLimits,
     ) -> Subscription<ProfileView> {
         let mut inner = self.lock();
         let inner = &mut *inner;
-        let feed = inner.profile.join(&target, || {
+        let (feed, target) = inner.profile.join(&target, || {
             Feed::new(
                 inner.index.profile(&target),
                 encoder.clone(),
                 self.metrics.subscription_history_bytes.clone(),
+                limits,
             )
         });
         self.count_subscriptions(Method::Profile, inner.profile.entries.len());
@@ -273,7 +328,7 @@ impl Store {
     fn subscription<V: PartialEq + Send + Sync + 'static>(
         self: &Arc<Self>,
         feed: Arc<Feed<V>>,
-        target: Target,
+        target: Arc<Target>,
         method: Method,
     ) -> Subscription<V> {
         Subscription {
@@ -283,6 +338,7 @@ impl Store {
                 store: self.clone(),
                 target,
                 method,
+                counted: true,
             },
         }
     }
@@ -306,7 +362,11 @@ impl<V> Default for Subs<V> {
 }
 
 impl<V> Subs<V> {
-    fn join(&mut self, target: &Target, create: impl FnOnce() -> Feed<V>) -> Arc<Feed<V>> {
+    fn join(
+        &mut self,
+        target: &Target,
+        create: impl FnOnce() -> Feed<V>,
+    ) -> (Arc<Feed<V>>, Arc<Target>) {
         if !self.entries.contains_key(target) {
             match target {
                 Target::Service { service, .. } => self
@@ -323,17 +383,19 @@ impl<V> Subs<V> {
         }
         let entry = self.entries.entry(target.clone()).or_insert_with(|| Entry {
             feed: Arc::new(create()),
+            target: Arc::new(target.clone()),
             watchers: 0,
         });
         entry.watchers += 1;
-        entry.feed.clone()
+        (entry.feed.clone(), entry.target.clone())
     }
 
-    fn leave(&mut self, target: &Target) {
+    /// `n` watchers of `target` are gone.
+    fn release(&mut self, target: &Target, n: usize) {
         let Some(entry) = self.entries.get_mut(target) else {
             return;
         };
-        entry.watchers -= 1;
+        entry.watchers = entry.watchers.saturating_sub(n);
         if entry.watchers > 0 {
             return;
         }
@@ -392,14 +454,17 @@ impl<V> Subs<V> {
 
 impl Drop for Guard {
     fn drop(&mut self) {
+        if !self.counted {
+            return;
+        }
         let mut inner = self.store.lock();
         let n = match self.method {
             Method::Get => {
-                inner.get.leave(&self.target);
+                inner.get.release(&self.target, 1);
                 inner.get.entries.len()
             }
             Method::Profile => {
-                inner.profile.leave(&self.target);
+                inner.profile.release(&self.target, 1);
                 inner.profile.entries.len()
             }
         };
@@ -424,6 +489,21 @@ impl<V: PartialEq + Send + Sync + 'static> Subscription<V> {
     /// if the subscription is gone.
     pub async fn changed(&mut self) -> bool {
         self.cursor.changed().await
+    }
+
+    /// Takes what is new, or registers `cx` to be woken when there is
+    /// something (see [`Feed::poll_catch_up`]).
+    pub fn poll_catch_up(&mut self, cx: &mut Context<'_>) -> Poll<Next<V>> {
+        self.feed.poll_catch_up(&mut self.cursor, cx)
+    }
+}
+
+impl<V> Drop for Subscription<V> {
+    fn drop(&mut self) {
+        if self.feed.leave(&self.cursor) == Left::WasCut {
+            // Released when it was cut.
+            self._guard.counted = false;
+        }
     }
 }
 
@@ -516,9 +596,9 @@ mod tests {
     fn one_subscription_per_target_freed_with_its_last_watcher() {
         let store = store();
         let enc = encoder();
-        let first = store.subscribe_endpoints(svc("a"), &enc);
-        let second = store.subscribe_endpoints(svc("a"), &enc);
-        let by_ip = store.subscribe_endpoints(addr("10.0.1.1:8080"), &enc);
+        let first = store.subscribe_endpoints(svc("a"), &enc, FeedLimits::default());
+        let second = store.subscribe_endpoints(svc("a"), &enc, FeedLimits::default());
+        let by_ip = store.subscribe_endpoints(addr("10.0.1.1:8080"), &enc, FeedLimits::default());
         assert_eq!(live(&store), 2);
         drop(first);
         assert_eq!(live(&store), 2, "a watcher is left");
@@ -534,17 +614,23 @@ mod tests {
     fn a_change_reaches_only_the_subscriptions_it_affects() {
         let store = store();
         let enc = encoder();
-        let mut a = store.subscribe_endpoints(svc("a"), &enc);
-        let mut b = store.subscribe_endpoints(svc("b"), &enc);
-        let mut a_cluster_ip = store.subscribe_endpoints(addr("10.96.0.1:80"), &enc);
-        let mut b_pod = store.subscribe_endpoints(addr("10.0.1.1:8080"), &enc);
+        let mut a = store.subscribe_endpoints(svc("a"), &enc, FeedLimits::default());
+        let mut b = store.subscribe_endpoints(svc("b"), &enc, FeedLimits::default());
+        let mut a_cluster_ip =
+            store.subscribe_endpoints(addr("10.96.0.1:80"), &enc, FeedLimits::default());
+        let mut b_pod =
+            store.subscribe_endpoints(addr("10.0.1.1:8080"), &enc, FeedLimits::default());
         for sub in [&mut a, &mut b, &mut a_cluster_ip, &mut b_pod] {
             assert_eq!(messages(sub), 1, "the first answer");
         }
         // Many unrelated address subscriptions: a change must not visit them.
         let others: Vec<_> = (0..1_000)
             .map(|i| {
-                store.subscribe_endpoints(addr(&format!("10.9.{}.{}:80", i / 250, i % 250)), &enc)
+                store.subscribe_endpoints(
+                    addr(&format!("10.9.{}.{}:80", i / 250, i % 250)),
+                    &enc,
+                    FeedLimits::default(),
+                )
             })
             .collect();
 
@@ -573,7 +659,7 @@ mod tests {
         let store = store();
         let enc = encoder();
         let mut subs: Vec<_> = (0..3)
-            .map(|_| store.subscribe_endpoints(svc("a"), &enc))
+            .map(|_| store.subscribe_endpoints(svc("a"), &enc, FeedLimits::default()))
             .collect();
         for s in &mut subs {
             let _ = s.catch_up();
@@ -591,8 +677,8 @@ mod tests {
     async fn a_watcher_wakes_only_for_its_own_target() {
         let store = store();
         let enc = encoder();
-        let mut a = store.subscribe_endpoints(svc("a"), &enc);
-        let mut b = store.subscribe_endpoints(svc("b"), &enc);
+        let mut a = store.subscribe_endpoints(svc("a"), &enc, FeedLimits::default());
+        let mut b = store.subscribe_endpoints(svc("b"), &enc, FeedLimits::default());
         let _ = (a.catch_up(), b.catch_up());
         store.update(vec![pod("a", "a-2", "10.0.0.2")]);
         assert!(a.changed().await);

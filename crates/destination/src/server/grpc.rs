@@ -1,9 +1,9 @@
 //! The Destination service's gRPC routes, written out so that a stream's
-//! response body is its queue of shared, already-encoded frames (tonic's
+//! response body hands out shared, already-encoded frames (tonic's
 //! generated server would encode every message again for every stream, in a
 //! buffer of its own per stream).
 
-use super::{queue::QueueBody, DestinationService};
+use super::{DestinationService, StreamBody};
 use http::{header::CONTENT_TYPE, HeaderValue};
 use linkerd2_proxy_api::destination::GetDestination;
 use std::{
@@ -63,14 +63,11 @@ impl tower::Service<http::Request<tonic::body::Body>> for DestinationGrpc {
                 Err(status) => return Ok(status.into_http()),
             };
             let opened = if profile {
-                service.get_profile(&request)
+                service.get_profile(&request).map(response)
             } else {
-                service.get(&request)
+                service.get(&request).map(response)
             };
-            Ok(match opened {
-                Ok(body) => response(body),
-                Err(status) => status.into_http(),
-            })
+            Ok(opened.unwrap_or_else(|status| status.into_http()))
         })
     }
 }
@@ -93,7 +90,9 @@ async fn decode(
         .ok_or_else(|| Status::invalid_argument("missing request message"))
 }
 
-fn response(body: QueueBody) -> http::Response<tonic::body::Body> {
+fn response<V: PartialEq + Send + Sync + 'static>(
+    body: StreamBody<V>,
+) -> http::Response<tonic::body::Body> {
     let mut res = http::Response::new(tonic::body::Body::new(body));
     res.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));

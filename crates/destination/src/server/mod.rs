@@ -1,14 +1,15 @@
 //! Linkerd's Destination gRPC API over the store.
 //!
-//! Each stream is a small task: it waits for its shared subscription to
-//! change, takes the messages that bring its client up to date (encoded
-//! once per change for every stream, see [`crate::feed`]), and puts them on
-//! a bounded queue that is the response body. A client that does not read
-//! fills its queue; the stream is then closed with `RESOURCE_EXHAUSTED` and
-//! its subscription released. Nothing else waits on it.
+//! A stream is its response body and nothing else: when hyper polls it, it
+//! takes the messages that bring its client up to date from its shared
+//! subscription (encoded once per change for every stream, see
+//! [`crate::feed`]); when there is nothing new, the next change wakes it. A
+//! client that does not read is cut by its subscription at a later change
+//! (`stream_send_wait`): closed with `RESOURCE_EXHAUSTED`, its subscription
+//! released. No task runs per stream.
 
+mod body;
 mod grpc;
-mod queue;
 mod service_profile;
 #[cfg(test)]
 mod tests;
@@ -21,15 +22,15 @@ pub use updates::{EndpointsEncoder, ProfileEncoder, MAX_ADDRS_PER_UPDATE};
 
 use crate::{
     authority,
-    feed::Encode,
+    feed::{Encode, FeedLimits},
     index::{EndpointSet, ProfileView, Target},
     metrics::Metrics,
     resource::ServiceType,
     store::{Store, Subscription},
 };
+pub use body::StreamBody;
+use body::StreamMetrics;
 use linkerd2_proxy_api::destination::GetDestination;
-use prometheus_client::metrics::gauge::Gauge;
-use queue::{QueueBody, Sent};
 use std::{future::Future, sync::Arc, time::Duration};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
@@ -38,9 +39,14 @@ use tonic::Status;
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     pub mesh: MeshConfig,
-    /// Messages queued per stream before a client that does not read is cut.
+    /// Changes each subscription keeps for its streams that fall behind
+    /// (also bounded by `feed::MAX_HISTORY_BYTES`); a stream further behind
+    /// gets a reset and the whole answer instead. Streams have no queue of
+    /// their own.
     pub stream_queue: usize,
-    /// How long a stream waits for room in a full queue before it is cut.
+    /// A stream that has not taken a change this long after its publication
+    /// is not reading: the next change to its subscription closes it with
+    /// `RESOURCE_EXHAUSTED` and releases its subscription.
     pub stream_send_wait: Duration,
     /// Concurrent streams (Get and GetProfile together) before new ones are
     /// refused with `RESOURCE_EXHAUSTED`.
@@ -63,9 +69,9 @@ pub struct ServerConfig {
     pub http2_max_header_list_bytes: u32,
 }
 
-/// Default per-stream queue, in messages.
+/// Default changes kept per subscription for streams that fall behind.
 pub const DEFAULT_STREAM_QUEUE: u32 = 64;
-/// Default wait for room in a full stream queue.
+/// Default time a stream has to take a change before it is cut.
 pub const DEFAULT_STREAM_SEND_WAIT: Duration = Duration::from_secs(1);
 /// Default limit of concurrent streams.
 pub const DEFAULT_MAX_STREAMS: u32 = 20_000;
@@ -112,15 +118,33 @@ impl Default for ServerConfig {
 pub struct DestinationService {
     store: Arc<Store>,
     config: Arc<ServerConfig>,
+    limits: FeedLimits,
     endpoints: Arc<dyn Encode<EndpointSet>>,
     streams: Arc<Semaphore>,
     shutdown: watch::Receiver<bool>,
+    get_metrics: Arc<StreamMetrics>,
+    profile_metrics: Arc<StreamMetrics>,
 }
 
 impl DestinationService {
-    /// `shutdown` turning true ends every stream cleanly (status OK).
+    /// `shutdown` turning true ends every stream cleanly (status OK). Call
+    /// within a tokio runtime: one task wakes every stream at shutdown.
     pub fn new(store: Arc<Store>, config: ServerConfig, shutdown: watch::Receiver<bool>) -> Self {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (store, mut shutdown) = (store.clone(), shutdown.clone());
+            rt.spawn(async move {
+                // A dropped sender counts as a shutdown (bodies see it so).
+                let _ = shutdown.wait_for(|stop| *stop).await;
+                store.wake_readers();
+            });
+        }
         Self {
+            get_metrics: stream_metrics(store.metrics(), "Get"),
+            profile_metrics: stream_metrics(store.metrics(), "GetProfile"),
+            limits: FeedLimits {
+                history: config.stream_queue,
+                send_wait: config.stream_send_wait,
+            },
             store,
             streams: Arc::new(Semaphore::new(config.max_streams)),
             endpoints: Arc::new(EndpointsEncoder {
@@ -162,99 +186,52 @@ impl DestinationService {
         Ok(target)
     }
 
-    /// Runs one stream: sends what brings its client up to date after each
-    /// change until the client leaves, the queue overflows, or the server
-    /// shuts down.
-    fn spawn_stream<V>(
+    /// A stream's body: it reads its subscription's feed when polled.
+    fn open_stream<V>(
         &self,
+        metrics: &Arc<StreamMetrics>,
         method: &'static str,
-        mut sub: Subscription<V>,
+        sub: Subscription<V>,
         permit: OwnedSemaphorePermit,
-    ) -> QueueBody
-    where
-        V: PartialEq + Send + Sync + 'static,
-    {
-        let (tx, body) = queue::queue(self.config.stream_queue);
-        let metrics = self.store.metrics();
-        let label = Metrics::method(method);
-        let open = StreamGauge::open(metrics.streams.get_or_create(&label).clone());
-        metrics.streams_total.get_or_create(&label).inc();
-        let sent = metrics.updates_sent_total.get_or_create(&label).clone();
-        let overflows = metrics.stream_overflows_total.get_or_create(&label).clone();
-        let resyncs = metrics.stream_resyncs_total.get_or_create(&label).clone();
-        let mut shutdown = self.shutdown.clone();
-        let queue = self.config.stream_queue;
-        let send_wait = self.config.stream_send_wait;
-        tokio::spawn(async move {
-            let _permit = permit;
-            let _open = open;
-            loop {
-                let catch_up = sub.catch_up();
-                if catch_up.is_reset() {
-                    resyncs.inc();
-                }
-                for frame in catch_up.messages() {
-                    // Wait briefly for room (a large answer is many messages
-                    // and the client reads them as they go); a client that
-                    // makes no room in that time is not reading.
-                    match tx.send(frame.clone(), send_wait).await {
-                        Sent::Queued => sent.inc(),
-                        Sent::Gone => return,
-                        Sent::Full => {
-                            overflows.inc();
-                            tx.finish(Status::resource_exhausted(format!(
-                                "client did not read {queue} queued updates; stream closed, reconnect"
-                            )));
-                            return;
-                        }
-                    };
-                }
-                drop(catch_up);
-                tokio::select! {
-                    alive = sub.changed() => if !alive { return },
-                    _ = tx.closed() => return,
-                    _ = shutdown.wait_for(|stop| *stop) => return,
-                }
-            }
-        });
-        body
+    ) -> StreamBody<V> {
+        self.store
+            .metrics()
+            .streams_total
+            .get_or_create(&Metrics::method(method))
+            .inc();
+        StreamBody::new(sub, self.shutdown.clone(), metrics.clone(), permit)
     }
 
     /// Opens a `Get` stream: its response body.
-    pub fn get(&self, req: &GetDestination) -> Result<QueueBody, Status> {
+    pub fn get(&self, req: &GetDestination) -> Result<StreamBody<EndpointSet>, Status> {
         let target = self.target(req)?;
         let permit = self.admit("Get")?;
-        let sub = self.store.subscribe_endpoints(target, &self.endpoints);
-        Ok(self.spawn_stream("Get", sub, permit))
+        let sub = self
+            .store
+            .subscribe_endpoints(target, &self.endpoints, self.limits);
+        Ok(self.open_stream(&self.get_metrics, "Get", sub, permit))
     }
 
     /// Opens a `GetProfile` stream: its response body.
-    pub fn get_profile(&self, req: &GetDestination) -> Result<QueueBody, Status> {
+    pub fn get_profile(&self, req: &GetDestination) -> Result<StreamBody<ProfileView>, Status> {
         let target = self.target(req)?;
         let permit = self.admit("GetProfile")?;
         let encoder: Arc<dyn Encode<ProfileView>> = Arc::new(ProfileEncoder {
             mesh: self.config.mesh.clone(),
             target: target.clone(),
         });
-        let sub = self.store.subscribe_profile(target, &encoder);
-        Ok(self.spawn_stream("GetProfile", sub, permit))
+        let sub = self.store.subscribe_profile(target, &encoder, self.limits);
+        Ok(self.open_stream(&self.profile_metrics, "GetProfile", sub, permit))
     }
 }
 
-/// Counts a stream as open for as long as its task lives.
-struct StreamGauge(Gauge);
-
-impl StreamGauge {
-    fn open(g: Gauge) -> Self {
-        g.inc();
-        Self(g)
-    }
-}
-
-impl Drop for StreamGauge {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
+fn stream_metrics(metrics: &Metrics, method: &str) -> Arc<StreamMetrics> {
+    let label = Metrics::method(method);
+    Arc::new(StreamMetrics {
+        open: metrics.streams.get_or_create(&label).clone(),
+        sent: metrics.updates_sent_total.get_or_create(&label).clone(),
+        resyncs: metrics.stream_resyncs_total.get_or_create(&label).clone(),
+    })
 }
 
 /// Serves the Destination API and gRPC health on `listener` until `shutdown`

@@ -10,6 +10,7 @@ use crate::{
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use linkerd2_proxy_api::destination::{update, Update};
+use prometheus_client::metrics::gauge::Gauge;
 use prost::Message;
 use serde_json::json;
 use std::{collections::BTreeSet, net::SocketAddr};
@@ -79,7 +80,7 @@ enum Read {
     End(Status),
 }
 
-async fn read(body: &mut QueueBody) -> Read {
+async fn read(body: &mut StreamBody<EndpointSet>) -> Read {
     let frame = body.frame().await.expect("a frame").expect("no error");
     match frame.into_data() {
         Ok(data) => Read::Message(data),
@@ -87,7 +88,7 @@ async fn read(body: &mut QueueBody) -> Read {
     }
 }
 
-async fn update(body: &mut QueueBody) -> Update {
+async fn update(body: &mut StreamBody<EndpointSet>) -> Update {
     match read(body).await {
         Read::Message(data) => {
             // A whole gRPC frame: uncompressed, then the length.
@@ -170,35 +171,90 @@ async fn first_the_whole_set_then_changes_shared_by_every_stream() {
 
 #[tokio::test(start_paused = true)]
 async fn a_stream_that_is_not_read_is_cut_and_its_subscription_freed() {
-    let s = setup(2);
-    let mut body = s.service.get(&get()).unwrap();
-    // The first set, then changes nobody reads: the queue of 2 fills.
-    for i in 2..10 {
-        s.store
-            .update(vec![pod(&format!("web-{i}"), &format!("10.0.0.{i}"))]);
-        tokio::task::yield_now().await;
-    }
-    until("the stream is cut", || {
-        counter(&s.store.metrics().stream_overflows_total) == 1
-    })
-    .await;
-    assert_eq!(gauge(&s.store.metrics().subscriptions), 0, "freed at once");
-    assert_eq!(gauge(&s.store.metrics().streams), 0);
-    // The client, reading at last, finds the queued messages, then the status.
-    let mut queued = 0;
-    let status = loop {
-        match read(&mut body).await {
-            Read::Message(_) => queued += 1,
-            Read::End(status) => break status,
+    let s = setup(8);
+    let wait = ServerConfig::default().stream_send_wait;
+    let mut idle = s.service.get(&get()).unwrap();
+    let mut reader = s.service.get(&get()).unwrap();
+    let _ = update(&mut idle).await;
+    let _ = update(&mut reader).await;
+    // `idle` is never polled again; `reader` takes every change.
+    s.store.update(vec![pod("web-2", "10.0.0.2")]);
+    let _ = update(&mut reader).await;
+    tokio::time::advance(wait / 2).await;
+    s.store.update(vec![pod("web-3", "10.0.0.3")]);
+    let _ = update(&mut reader).await;
+    let overflows = || counter(&s.store.metrics().stream_overflows_total);
+    assert_eq!(overflows(), 0, "still within the wait of web-2's change");
+
+    // Past the wait since the first change `idle` lacks: the next change
+    // cuts it, and only it.
+    tokio::time::advance(wait).await;
+    s.store.update(vec![pod("web-4", "10.0.0.4")]);
+    let _ = update(&mut reader).await;
+    assert_eq!(overflows(), 1);
+    assert_eq!(gauge(&s.store.metrics().subscriptions), 1);
+    drop(reader);
+    assert_eq!(
+        gauge(&s.store.metrics().subscriptions),
+        0,
+        "the cut stream no longer holds the subscription, though its body lives"
+    );
+    assert_eq!(gauge(&s.store.metrics().streams), 1, "open until it ends");
+    // The client, reading at last, finds only the status.
+    match read(&mut idle).await {
+        Read::End(status) => {
+            assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+            assert!(status.message().contains("did not read"));
         }
-    };
-    assert_eq!(queued, 2, "bounded by the queue");
-    assert_eq!(status.code(), tonic::Code::ResourceExhausted);
-    assert!(status.message().contains("did not read"));
+        Read::Message(_) => panic!("a cut stream sends nothing more"),
+    }
+    assert!(idle.frame().await.is_none());
+    assert_eq!(gauge(&s.store.metrics().streams), 0);
+    // A new stream on the same target starts a new subscription.
+    let mut again = s.service.get(&get()).unwrap();
+    let mut held = BTreeSet::new();
+    apply(&mut held, &update(&mut again).await);
+    assert_eq!(held.len(), 4);
+    drop((idle, again));
+    assert_eq!(gauge(&s.store.metrics().subscriptions), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_body_is_woken_by_a_change_and_by_shutdown() {
+    let s = setup(8);
+    let mut body = s.service.get(&get()).unwrap();
+    let _ = update(&mut body).await;
+    // Nothing new: the body waits (hyper would park its task).
+    assert!(
+        tokio::time::timeout(Duration::from_secs(5), body.frame())
+            .await
+            .is_err(),
+        "nothing to send"
+    );
+    let waiting = tokio::spawn(async move {
+        let u = update(&mut body).await;
+        (u, body)
+    });
+    tokio::task::yield_now().await;
+    s.store.update(vec![pod("web-2", "10.0.0.2")]);
+    let (u, mut body) = waiting.await.unwrap();
+    let mut held = addrs(&["10.0.0.1:8080"]);
+    apply(&mut held, &u);
+    assert_eq!(held, addrs(&["10.0.0.1:8080", "10.0.0.2:8080"]));
+
+    let waiting = tokio::spawn(async move { read(&mut body).await });
+    tokio::task::yield_now().await;
+    s.stop.send_replace(true);
+    match waiting.await.unwrap() {
+        Read::End(status) => assert_eq!(status.code(), tonic::Code::Ok),
+        Read::Message(_) => panic!("expected the end"),
+    }
+    assert_eq!(gauge(&s.store.metrics().subscriptions), 0);
+    assert_eq!(gauge(&s.store.metrics().streams), 0);
 }
 
 /// Reads until nothing comes for a while.
-async fn drain(body: &mut QueueBody, held: &mut BTreeSet<SocketAddr>) {
+async fn drain(body: &mut StreamBody<EndpointSet>, held: &mut BTreeSet<SocketAddr>) {
     while let Ok(u) = tokio::time::timeout(Duration::from_millis(100), update(body)).await {
         apply(held, &u);
     }
@@ -215,14 +271,14 @@ fn counter(
 
 #[tokio::test(start_paused = true)]
 async fn a_slow_reader_catches_up_to_the_latest_set() {
-    let s = setup(1);
+    let s = setup(crate::feed::MAX_HISTORY);
     let mut body = s.service.get(&get()).unwrap();
     let mut held = BTreeSet::new();
     apply(&mut held, &update(&mut body).await);
     let mut want = addrs(&["10.0.0.1:8080"]);
     let mut next = 2;
-    // Changes come faster than the stream runs (nothing yields between
-    // them); the reader then takes what its queue of one holds, in turn.
+    // Changes come faster than the stream reads (it is not polled between
+    // them); the reader then takes what it lacks from the shared history.
     let mut changes = |n: usize, want: &mut BTreeSet<SocketAddr>| {
         for _ in 0..n {
             let i = next;
