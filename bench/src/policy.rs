@@ -449,6 +449,11 @@ async fn routes_on_the_path(o: &Opts) -> anyhow::Result<()> {
             anyhow::Ok((fixed, max))
         }
     };
+    // Warm both paths first (connections, allocator, the proxy's caches):
+    // the first measured configuration must not pay for them.
+    run(nginx.addr.clone(), "b").await?;
+    wait_for_route(&proxy, "http").await?;
+    run(proxy.addr.clone(), servers::SERVICE_HOST).await?;
     let direct = run(nginx.addr.clone(), "b").await?;
     let mut rows = vec![("nginx directly".to_string(), direct.clone())];
     for n in [0usize, 10, 100] {
