@@ -468,8 +468,10 @@ impl Drop for Guard {
                 inner.profile.entries.len()
             }
         };
-        drop(inner);
+        // Set under the lock: two watchers leaving at once on two threads
+        // must not leave the gauge at the count the first one saw.
         self.store.count_subscriptions(self.method, n);
+        drop(inner);
     }
 }
 
