@@ -19,7 +19,7 @@
 //! Usage: destination-bench [--ballast PATH] [--pods N] [--services N]
 //!        [--streams N] [--cold-streams N (0: scenario 1 only)] [--rounds N]
 
-use ballast_bench::{allocated, rss, start, Controller};
+use ballast_bench::{allocated, memory, percentile, rss, start, write_atomic, Controller, Memory};
 use linkerd2_proxy_api::destination::{
     destination_client::DestinationClient, update, GetDestination,
 };
@@ -119,39 +119,11 @@ fn service_file(i: usize, pods_per_service: usize, generation: usize) -> String 
     out
 }
 
-fn write_atomic(path: &Path, contents: &str) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp~");
-    std::fs::write(&tmp, contents)?;
-    std::fs::rename(&tmp, path)
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
-
 /// An `Add` seen on a stream after its first message: which service the
 /// stream watches, and when it arrived.
 struct Arrival {
     service: usize,
     at: Instant,
-}
-
-/// The controller's memory at one moment: RSS and jemalloc allocated, KiB.
-#[derive(Clone, Copy)]
-struct Memory {
-    rss: u64,
-    allocated: u64,
-}
-
-async fn memory(c: &Controller) -> Memory {
-    Memory {
-        rss: rss(c.pid()).0,
-        allocated: allocated(&c.admin).await,
-    }
 }
 
 /// Growth per stream, in KB (1,000 bytes), from `before` to `after`.

@@ -13,6 +13,20 @@ pub enum HostTarget {
     Other,
 }
 
+/// The host a request names (`:authority`, else `Host`), without its port;
+/// an IPv6 literal keeps its brackets, as in a URI. Both sides' route
+/// matching reads it.
+pub fn request_host<B>(req: &http::Request<B>) -> Option<&str> {
+    if let Some(a) = req.uri().authority() {
+        return Some(a.host());
+    }
+    let host = req.headers().get(http::header::HOST)?.to_str().ok()?;
+    Some(match host.rsplit_once(':') {
+        Some((h, port)) if !h.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => host,
+    })
+}
+
 /// Reads `host[:port]` (port 80 when absent). A service may be named
 /// `name.ns`, `name.ns.svc` or `name.ns.svc.CLUSTER_DOMAIN`, with or without
 /// a trailing dot, in any case.

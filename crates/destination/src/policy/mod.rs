@@ -343,11 +343,4 @@ impl<M> PolicyWatch<M> {
     pub fn current(&mut self) -> Option<Arc<M>> {
         self.rx.borrow_and_update().clone()
     }
-
-    /// Waits for an answer other than the last one seen. `Err` when the
-    /// store is gone.
-    pub async fn changed(&mut self) -> Result<Option<Arc<M>>, ()> {
-        self.rx.changed().await.map_err(|_| ())?;
-        Ok(self.current())
-    }
 }

@@ -175,17 +175,7 @@ struct RpcScore {
     headers: usize,
 }
 
-fn request_host<B>(req: &Request<B>) -> Option<&str> {
-    if let Some(a) = req.uri().authority() {
-        return Some(a.host());
-    }
-    let host = req.headers().get(http::header::HOST)?.to_str().ok()?;
-    // `host:port` or `[v6]:port`.
-    Some(match host.rsplit_once(':') {
-        Some((h, port)) if !h.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => h,
-        _ => host,
-    })
-}
+use crate::authority::request_host;
 
 fn strip_suffix_ignore_case<'a>(host: &'a str, suffix: &str) -> Option<&'a str> {
     let at = host.len().checked_sub(suffix.len())?;

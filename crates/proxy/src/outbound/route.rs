@@ -61,19 +61,7 @@ fn best<S: Ord, T>(items: impl Iterator<Item = (S, T)>) -> Option<(S, T)> {
     items.reduce(|a, b| if a.0 >= b.0 { a } else { b })
 }
 
-/// The host a request names (`:authority`, else `Host`), without its port.
-pub fn request_host<B>(req: &Request<B>) -> Option<&str> {
-    if let Some(a) = req.uri().authority() {
-        return Some(a.host());
-    }
-    let host = req.headers().get(http::header::HOST)?.to_str().ok()?;
-    let authority: &str = host;
-    Some(match authority.rsplit_once(':') {
-        // An IPv6 literal keeps its brackets, as in a URI.
-        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !h.is_empty() => h,
-        _ => authority,
-    })
-}
+pub use crate::authority::request_host;
 
 /// A route hostname: exact, or a wildcard (`*.example.com`) held as its
 /// labels reversed (`["com", "example"]`).
