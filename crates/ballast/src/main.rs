@@ -3,11 +3,15 @@
 #![forbid(unsafe_code)]
 
 mod backend;
+mod check;
 mod controller;
 mod demo;
 mod destination;
 mod diagnostics;
 mod identity;
+mod inject;
+mod injector;
+mod install;
 
 use ballast_sidecar::{init, logging, proxy};
 use clap::{Parser, Subcommand};
@@ -55,6 +59,17 @@ enum Command {
     /// Play the demo: kill the controller under steady traffic, change the
     /// cluster meanwhile, and watch the proxy carry on and converge.
     Demo(demo::Args),
+    /// Print every manifest a cluster needs (`ballast install | kubectl apply -f -`).
+    Install(Box<install::Args>),
+    /// Add the proxy sidecar and init container to workload manifests
+    /// (files, directories or stdin); `--uninject` removes them.
+    Inject(Box<inject::Args>),
+    /// Run the mutating admission webhook that injects pods annotated
+    /// `linkerd.io/inject: enabled` (or in namespaces so annotated).
+    Injector(Box<injector::Args>),
+    /// Check a cluster (or a manifests directory) for a healthy Ballast and
+    /// for the faults that take meshes down.
+    Check(Box<check::Args>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -72,6 +87,10 @@ fn main() -> std::process::ExitCode {
         Command::Diagnostics(cmd) => on_runtime(diagnostics::run(cmd)),
         Command::Backend(args) => on_runtime(backend::run(args)),
         Command::Demo(args) => on_runtime(demo::run(args)),
+        Command::Install(args) => on_runtime(install::run(*args)),
+        Command::Inject(args) => on_runtime(inject::run(*args)),
+        Command::Injector(args) => on_runtime(injector::run(*args)),
+        Command::Check(args) => on_runtime(check::run(*args)),
     };
     exit(result)
 }

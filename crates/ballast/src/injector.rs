@@ -1,0 +1,10 @@
+//! `ballast injector`: flags and wiring (being written).
+
+use clap::Args as ClapArgs;
+
+#[derive(ClapArgs)]
+pub struct Args {}
+
+pub async fn run(_args: Args) -> anyhow::Result<()> {
+    anyhow::bail!("`ballast injector` is not built yet")
+}

@@ -1,0 +1,2 @@
+//! Cluster checks (being written).
+#![forbid(unsafe_code)]

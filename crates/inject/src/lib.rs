@@ -1,0 +1,2 @@
+//! Sidecar injection (being written).
+#![forbid(unsafe_code)]

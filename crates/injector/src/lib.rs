@@ -1,0 +1,2 @@
+//! The injection webhook (being written).
+#![forbid(unsafe_code)]

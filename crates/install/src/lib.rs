@@ -1,0 +1,2 @@
+//! Install manifests (being written).
+#![forbid(unsafe_code)]
