@@ -44,7 +44,7 @@ pub use memory::{
 pub use process::{register_build_info, register_process_metrics};
 pub use readiness::Readiness;
 pub use server::{
-    serve, AdminServer, AdminState, ShutdownRequest, DEFAULT_HEADER_READ_TIMEOUT,
+    route, serve, AdminServer, AdminState, Route, ShutdownRequest, DEFAULT_HEADER_READ_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTION_AGE, DEFAULT_SHUTDOWN_GRACE,
     METRICS_CONTENT_TYPE,
 };

@@ -112,7 +112,10 @@ impl ShutdownRequest {
 /// Without it, `/shutdown` is `404`.
 ///
 /// Other methods on the GET paths get `405` (with `Allow: GET`), other paths
-/// `404`. Request bodies are never read.
+/// `404`. Request bodies are never read. These four paths are all the server
+/// has, so a peer off the host (kubelet probing the pod's IP: the proxy's
+/// admin listens on every interface, as Linkerd's does) reaches only `/live`,
+/// `/ready` and `/metrics`; see [`route`].
 ///
 /// Besides the caller's registry, `/metrics` reports the server's own
 /// `admin_connections_open` (gauge) and `admin_connections_rejected_total`
@@ -350,6 +353,96 @@ fn is_connection_error(error: &io::Error) -> bool {
     )
 }
 
+/// What a request gets, decided from its method, path and peer alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// `GET /live`.
+    Live,
+    /// `GET /ready`.
+    Ready,
+    /// `GET /metrics`.
+    Metrics,
+    /// `POST /shutdown` from a loopback peer, where enabled.
+    Shutdown,
+    /// `POST /shutdown` from any other peer: `403`.
+    LoopbackOnly,
+    /// A known path with another method: `405`, with this `Allow`.
+    MethodNotAllowed(&'static str),
+    /// Any other path (and `/shutdown` where not enabled): `404`.
+    NotFound,
+}
+
+/// The admin server's access rule. The server may listen on every
+/// interface (kubelet probes a pod's IP), so what a peer off the host or
+/// pod may reach is only `GET /live`, `/ready` and `/metrics`; `/shutdown`
+/// (the only other path, served where enabled) answers loopback peers
+/// alone (IPv4-mapped IPv6 loopback counts as loopback). Every other path
+/// is `404` whoever asks.
+pub fn route(method: &Method, path: &str, peer: std::net::IpAddr, shutdown_enabled: bool) -> Route {
+    match path {
+        "/live" | "/ready" | "/metrics" if method != Method::GET => Route::MethodNotAllowed("GET"),
+        "/live" => Route::Live,
+        "/ready" => Route::Ready,
+        "/metrics" => Route::Metrics,
+        "/shutdown" if !shutdown_enabled => Route::NotFound,
+        "/shutdown" if method != Method::POST => Route::MethodNotAllowed("POST"),
+        "/shutdown" if !peer.to_canonical().is_loopback() => Route::LoopbackOnly,
+        "/shutdown" => Route::Shutdown,
+        _ => Route::NotFound,
+    }
+}
+
+#[cfg(test)]
+mod route_tests {
+    use super::{route, Route};
+    use http::Method;
+    use std::net::IpAddr;
+
+    #[test]
+    fn off_host_peers_reach_only_the_probe_and_metrics_paths() {
+        let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+        let loopback6: IpAddr = "::1".parse().unwrap();
+        let mapped: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
+        let pod: IpAddr = "10.42.0.7".parse().unwrap();
+        let pod6: IpAddr = "fd00::7".parse().unwrap();
+        let get = Method::GET;
+        let post = Method::POST;
+        let cases: &[(&Method, &str, IpAddr, bool, Route)] = &[
+            (&get, "/live", pod, true, Route::Live),
+            (&get, "/ready", pod, true, Route::Ready),
+            (&get, "/metrics", pod6, true, Route::Metrics),
+            (&get, "/metrics", loopback, true, Route::Metrics),
+            (&post, "/live", pod, true, Route::MethodNotAllowed("GET")),
+            (&post, "/shutdown", loopback, true, Route::Shutdown),
+            (&post, "/shutdown", loopback6, true, Route::Shutdown),
+            (&post, "/shutdown", mapped, true, Route::Shutdown),
+            (&post, "/shutdown", pod, true, Route::LoopbackOnly),
+            (&post, "/shutdown", pod6, true, Route::LoopbackOnly),
+            (
+                &get,
+                "/shutdown",
+                pod,
+                true,
+                Route::MethodNotAllowed("POST"),
+            ),
+            (&post, "/shutdown", loopback, false, Route::NotFound),
+            (&post, "/shutdown", pod, false, Route::NotFound),
+            (&get, "/", pod, true, Route::NotFound),
+            (&get, "/live/", pod, true, Route::NotFound),
+            (&get, "/debug/pprof", pod, true, Route::NotFound),
+            (&get, "/debug/pprof", loopback, true, Route::NotFound),
+            (&get, "/metrics/x", pod, true, Route::NotFound),
+        ];
+        for &(method, path, peer, enabled, want) in cases {
+            assert_eq!(
+                route(method, path, peer, enabled),
+                want,
+                "{method} {path} from {peer} (shutdown enabled: {enabled})"
+            );
+        }
+    }
+}
+
 /// Holds a connection slot, and keeps `admin_connections_open` counting it,
 /// until the connection task ends (or is aborted).
 struct OpenConnection {
@@ -406,51 +499,40 @@ impl AdminService {
     }
 
     fn respond<B>(&self, request: &Request<B>, peer: SocketAddr) -> Response<Full<Bytes>> {
-        let path = request.uri().path();
-        if path == "/shutdown" {
-            return self.shutdown(request.method(), peer);
+        let shutdown = self.state.shutdown.as_ref();
+        match route(
+            request.method(),
+            request.uri().path(),
+            peer.ip(),
+            shutdown.is_some(),
+        ) {
+            Route::Live => text(StatusCode::OK, "live\n"),
+            Route::Ready if self.state.readiness.is_ready() => text(StatusCode::OK, "ready\n"),
+            Route::Ready => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
+            Route::Metrics => self.metrics(),
+            Route::Shutdown => {
+                tracing::info!(%peer, "POST /shutdown received; shutting down");
+                if let Some(request) = shutdown {
+                    request.make();
+                }
+                text(StatusCode::OK, "shutting down\n")
+            }
+            Route::LoopbackOnly => {
+                tracing::info!(%peer, "POST /shutdown refused: not from a loopback address");
+                text(
+                    StatusCode::FORBIDDEN,
+                    "shutdown is only accepted from localhost\n",
+                )
+            }
+            Route::MethodNotAllowed(allow) => {
+                let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+                response
+                    .headers_mut()
+                    .insert(ALLOW, HeaderValue::from_static(allow));
+                response
+            }
+            Route::NotFound => text(StatusCode::NOT_FOUND, "not found\n"),
         }
-        if !matches!(path, "/live" | "/ready" | "/metrics") {
-            return text(StatusCode::NOT_FOUND, "not found\n");
-        }
-        if request.method() != Method::GET {
-            let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
-            response
-                .headers_mut()
-                .insert(ALLOW, HeaderValue::from_static("GET"));
-            return response;
-        }
-        match path {
-            "/live" => text(StatusCode::OK, "live\n"),
-            "/ready" if self.state.readiness.is_ready() => text(StatusCode::OK, "ready\n"),
-            "/ready" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
-            _ => self.metrics(),
-        }
-    }
-
-    /// `/shutdown`: only where enabled, only POST, only from this host (the
-    /// pod's own containers), so nothing off the pod can stop the proxy.
-    fn shutdown(&self, method: &Method, peer: SocketAddr) -> Response<Full<Bytes>> {
-        let Some(request) = &self.state.shutdown else {
-            return text(StatusCode::NOT_FOUND, "not found\n");
-        };
-        if method != Method::POST {
-            let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
-            response
-                .headers_mut()
-                .insert(ALLOW, HeaderValue::from_static("POST"));
-            return response;
-        }
-        if !peer.ip().to_canonical().is_loopback() {
-            tracing::info!(%peer, "POST /shutdown refused: not from a loopback address");
-            return text(
-                StatusCode::FORBIDDEN,
-                "shutdown is only accepted from localhost\n",
-            );
-        }
-        tracing::info!(%peer, "POST /shutdown received; shutting down");
-        request.make();
-        text(StatusCode::OK, "shutting down\n")
     }
 
     fn metrics(&self) -> Response<Full<Bytes>> {

@@ -618,3 +618,72 @@ async fn post_shutdown_from_loopback_makes_the_request_and_the_controller_has_no
     assert_eq!(request(server.addr, "POST", "/shutdown").await.status, 404);
     server.stop().await.expect("clean stop");
 }
+
+/// One of this host's addresses that is not loopback (the source address of
+/// its default route), if it has one.
+fn host_address() -> Option<std::net::IpAddr> {
+    // A UDP "connect" sends nothing: it only picks the route and source.
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("192.0.2.1:9").ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+#[tokio::test]
+async fn a_peer_off_the_host_reaches_only_live_ready_and_metrics() {
+    let Some(ip) = host_address() else {
+        // The decision itself is table-tested next to `route`; this needs
+        // an address to come from.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "no non-loopback address on this CI machine"
+        );
+        eprintln!("SKIPPED: no non-loopback address on this machine");
+        return;
+    };
+    let shutdown = ballast_admin::ShutdownRequest::new();
+    let with = state(Registry::default(), Readiness::always()).with_shutdown(shutdown.clone());
+    // Every interface, as the proxy's admin listens by default.
+    let listener = TcpListener::bind("0.0.0.0:0").await.expect("bind");
+    let port = listener.local_addr().unwrap().port();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(AdminServer::new(with).serve(listener, async {
+        let _ = stopped.await;
+    }));
+    // Connecting to the host's own address: the peer is that address.
+    let off_host = SocketAddr::new(ip, port);
+    for path in ["/live", "/ready", "/metrics"] {
+        let reply = get(off_host, path).await;
+        assert_eq!(reply.status, 200, "GET {path} from {ip}: {}", reply.body);
+    }
+    let reply = request(off_host, "POST", "/shutdown").await;
+    assert_eq!(
+        reply.status, 403,
+        "POST /shutdown from {ip}: {}",
+        reply.body
+    );
+    for path in ["/", "/debug", "/live/", "/metricsx"] {
+        assert_eq!(
+            get(off_host, path).await.status,
+            404,
+            "GET {path} from {ip}"
+        );
+    }
+    // The same server from loopback: /shutdown works.
+    let reply = request(
+        SocketAddr::from(([127, 0, 0, 1], port)),
+        "POST",
+        "/shutdown",
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    timeout(DEADLINE, shutdown.requested())
+        .await
+        .expect("POST /shutdown from loopback fires the request");
+    let _ = stop.send(());
+    timeout(DEADLINE, task)
+        .await
+        .expect("serve returns")
+        .expect("no panic")
+        .expect("clean stop");
+}

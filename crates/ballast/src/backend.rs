@@ -19,7 +19,8 @@ pub struct Args {
     addr: SocketAddr,
 
     /// Name given in every answer's body and `x-backend` header.
-    #[arg(long, env = "BALLAST_BACKEND_NAME", default_value = "backend")]
+    #[arg(long, env = "BALLAST_BACKEND_NAME", default_value = "backend",
+          value_parser = ballast_flags::non_empty)]
     name: String,
 }
 

@@ -16,7 +16,10 @@ use ballast_destination::{
     },
     store::Store,
 };
-use ballast_flags::{bytes, count, BACKOFF, GIB, GRACE, KIB, MANY, TIMEOUT};
+use ballast_flags::{
+    bytes, count, dns_label, dns_name, dns_name_or_empty, host_port, BACKOFF, GIB, GRACE, KIB,
+    MANY, TIMEOUT,
+};
 use ballast_meshtls::{
     certify,
     tls::{self, CertStore},
@@ -93,7 +96,8 @@ pub struct Args {
     #[arg(
         long,
         env = "BALLAST_DESTINATION_CLUSTER_DOMAIN",
-        default_value = "cluster.local"
+        default_value = "cluster.local",
+        value_parser = dns_name
     )]
     cluster_domain: String,
 
@@ -102,7 +106,8 @@ pub struct Args {
     #[arg(
         long,
         env = "BALLAST_DESTINATION_CONTROLLER_NAMESPACE",
-        default_value = "linkerd"
+        default_value = "linkerd",
+        value_parser = dns_label
     )]
     controller_namespace: String,
 
@@ -110,7 +115,8 @@ pub struct Args {
     #[arg(
         long,
         env = "BALLAST_DESTINATION_IDENTITY_TRUST_DOMAIN",
-        default_value = "cluster.local"
+        default_value = "cluster.local",
+        value_parser = dns_name_or_empty
     )]
     identity_trust_domain: String,
 
@@ -118,9 +124,12 @@ pub struct Args {
     #[arg(long, env = "BALLAST_DESTINATION_DISABLE_H2_UPGRADE")]
     disable_h2_upgrade: bool,
 
-    /// Ports treated as opaque where no config.linkerd.io/opaque-ports annotation says otherwise.
-    #[arg(long, env = "BALLAST_DESTINATION_DEFAULT_OPAQUE_PORTS", default_value = DEFAULT_OPAQUE_PORTS)]
-    default_opaque_ports: String,
+    /// Ports treated as opaque where no config.linkerd.io/opaque-ports
+    /// annotation says otherwise: comma-separated ports and ranges LO-HI
+    /// (empty for none).
+    #[arg(long, env = "BALLAST_DESTINATION_DEFAULT_OPAQUE_PORTS", default_value = DEFAULT_OPAQUE_PORTS,
+          value_parser = parse_opaque_ports)]
+    default_opaque_ports: PortSet,
 
     /// Changes each subscription keeps for its streams that fall behind (a
     /// stream further behind gets the whole answer again); streams have no
@@ -208,14 +217,15 @@ pub struct Args {
     #[arg(
         long,
         env = "BALLAST_DESTINATION_IDENTITY_ADDR",
-        default_value = "ballast-identity-headless.ballast.svc.cluster.local:8080"
+        default_value = "ballast-identity-headless.ballast.svc.cluster.local:8080",
+        value_parser = host_port
     )]
     identity_addr: String,
 
     /// The identity service's identity; it is dialled in TLS verifying this
     /// name (default: the `linkerd-identity` service account's), except at a
     /// loopback address when no name is given; an empty value dials it in plaintext.
-    #[arg(long, env = "BALLAST_DESTINATION_IDENTITY_SERVER_NAME")]
+    #[arg(long, env = "BALLAST_DESTINATION_IDENTITY_SERVER_NAME", value_parser = dns_name_or_empty)]
     identity_server_name: Option<String>,
 
     /// The service-account token sent with each certificate request.
@@ -230,13 +240,14 @@ pub struct Args {
     #[arg(
         long,
         env = "BALLAST_DESTINATION_SERVICE_ACCOUNT",
-        default_value = "linkerd-destination"
+        default_value = "linkerd-destination",
+        value_parser = dns_name
     )]
     service_account: String,
 
     /// The namespace this controller runs in (its service account's; default:
     /// --controller-namespace).
-    #[arg(long, env = "BALLAST_DESTINATION_NAMESPACE")]
+    #[arg(long, env = "BALLAST_DESTINATION_NAMESPACE", value_parser = dns_label)]
     namespace: Option<String>,
 }
 
@@ -281,6 +292,12 @@ fn own_identity(
     )))
 }
 
+/// Numbers and ranges only: a port name means nothing without a pod to name it.
+fn parse_opaque_ports(s: &str) -> Result<PortSet, String> {
+    ballast_flags::port_list(s).map_err(|e| e.to_string())?;
+    PortSet::parse(s)
+}
+
 fn parse_default_policy(s: &str) -> Result<DefaultPolicy, String> {
     s.parse()
 }
@@ -304,8 +321,10 @@ fn parse_networks(s: &str) -> Result<Networks, String> {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let default_opaque_ports = PortSet::parse(&args.default_opaque_ports)
-        .map_err(|e| anyhow::anyhow!("--default-opaque-ports: {e}"))?;
+    // A missing --manifests directory is said before anything starts.
+    if let Some(dir) = &args.manifests {
+        manifests::check_dir(dir)?;
+    }
     let (grpc, admin) = controller::listeners("destination", args.addr, args.admin_addr).await?;
     let policy_listener = tokio::net::TcpListener::bind(args.policy_addr)
         .await
@@ -323,7 +342,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     let store = Store::new(
         Index::new(IndexConfig {
-            default_opaque_ports,
+            default_opaque_ports: args.default_opaque_ports.clone(),
             default_inbound_policy: args.default_inbound_policy,
             cluster_networks: args.cluster_networks.0.clone(),
             control_plane_namespace: args.controller_namespace.clone(),

@@ -7,15 +7,21 @@ use std::time::Duration;
 pub enum Command {
     /// The endpoints `Get` answers for AUTHORITY (NAME.NS.svc.CLUSTER_DOMAIN:PORT or IP:PORT).
     Endpoints(Query),
-    /// The profile `GetProfile` answers for AUTHORITY.
+    /// The profile `GetProfile` answers for AUTHORITY, and what kind it is: from a
+    /// ServiceProfile, the defaults for a service without one, the defaults for
+    /// an unknown service (told apart by asking `Get` too), or an endpoint's.
     Profile(Query),
 }
 
 #[derive(ClapArgs)]
 pub struct Query {
     /// What to ask about: NAME.NS.svc.CLUSTER_DOMAIN:PORT, NAME.NS[:PORT] or IP:PORT.
+    /// An authority, as Linkerd's `diagnostics` takes: a URL (`http://web.shop:80`)
+    /// is refused, with the authority it holds suggested.
+    #[arg(value_parser = diag::authority)]
     authority: String,
-    /// Address of the destination controller's gRPC server.
+    /// Address of the destination controller's gRPC server (`ballast destination --addr`);
+    /// a server there that does not speak gRPC (an admin port, say) is reported as such.
     #[arg(long, env = "BALLAST_DESTINATION", default_value = "127.0.0.1:8086")]
     destination: String,
     /// Output format.

@@ -5,7 +5,7 @@
 use crate::controller;
 use anyhow::Context;
 use ballast_admin::{AdminServer, AdminState, Readiness};
-use ballast_flags::{count, GRACE, MANY, TIMEOUT};
+use ballast_flags::{count, dns_label, dns_name, GRACE, MANY, TIMEOUT};
 use ballast_identity::{
     generate::{generate, issue_issuer, GenerateConfig},
     issuer::{IssuerFiles, SignConfig},
@@ -76,7 +76,8 @@ pub struct Args {
     #[arg(
         long,
         env = "BALLAST_IDENTITY_CONTROLLER_NAMESPACE",
-        default_value = "linkerd"
+        default_value = "linkerd",
+        value_parser = dns_label
     )]
     controller_namespace: String,
 
@@ -84,7 +85,8 @@ pub struct Args {
     #[arg(
         long,
         env = "BALLAST_IDENTITY_TRUST_DOMAIN",
-        default_value = "cluster.local"
+        default_value = "cluster.local",
+        value_parser = dns_name
     )]
     trust_domain: String,
 
@@ -92,13 +94,14 @@ pub struct Args {
     #[arg(
         long,
         env = "BALLAST_IDENTITY_SERVICE_ACCOUNT",
-        default_value = "linkerd-identity"
+        default_value = "linkerd-identity",
+        value_parser = dns_name
     )]
     service_account: String,
 
     /// The namespace this controller runs in (its service account's; default:
     /// --controller-namespace).
-    #[arg(long, env = "BALLAST_IDENTITY_NAMESPACE")]
+    #[arg(long, env = "BALLAST_IDENTITY_NAMESPACE", value_parser = dns_label)]
     namespace: Option<String>,
 
     /// How long issued certificates live (Linkerd's default).
@@ -180,10 +183,10 @@ struct GenerateArgs {
     #[arg(long)]
     rotate_issuer: bool,
     /// The control plane's namespace: the issuer is `identity.NS.TRUST_DOMAIN`, the anchor `root.NS.TRUST_DOMAIN`.
-    #[arg(long, default_value = "linkerd")]
+    #[arg(long, default_value = "linkerd", value_parser = dns_label)]
     controller_namespace: String,
     /// The trust domain, the last part of the certificates' names.
-    #[arg(long, default_value = "cluster.local")]
+    #[arg(long, default_value = "cluster.local", value_parser = dns_name)]
     trust_domain: String,
     /// Lifetime of the issuer certificate.
     #[arg(long, default_value = "8760h", value_parser = ballast_flags::duration(Duration::from_secs(60), Duration::from_secs(100 * 366 * 86_400)))]

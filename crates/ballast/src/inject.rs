@@ -1,10 +1,372 @@
-//! `ballast inject`: flags and wiring (being written).
+//! `ballast inject`: reads manifests, writes them back with the proxy
+//! sidecar added (or removed, `--uninject`); also the proxy configuration
+//! flags `ballast injector` shares.
 
+use ballast_inject::{config as defaults, values, Action, Config, Format, Mode};
 use clap::Args as ClapArgs;
+use std::{
+    io::{Read, Write},
+    path::{Path, PathBuf},
+};
 
 #[derive(ClapArgs)]
-pub struct Args {}
+#[command(
+    after_help = "Reads multi-document YAML or JSON (JSON in, JSON out), Lists included, \
+and adds the `ballast-proxy` container (first among containers) and the `ballast-init` init \
+container to the pod templates of Deployments, StatefulSets, DaemonSets, ReplicaSets, \
+ReplicationControllers, Jobs, CronJobs and Pods, unless their `linkerd.io/inject` annotation is \
+`disabled` or they use the host's network. Linkerd's annotations configure each pod: \
+config.linkerd.io/skip-inbound-ports, skip-outbound-ports, opaque-ports, proxy-cpu-request, \
+proxy-cpu-limit, proxy-memory-request, proxy-memory-limit, proxy-log-level, proxy-image, \
+proxy-version, proxy-uid. Injecting twice changes nothing; --uninject removes exactly what \
+injection added. Documents with nothing to change are written back byte for byte, comments \
+included; a changed document keeps its key order and the comments around it, not those inside.\n\
+The result goes to stdout (files separated by `---`), one line per workload to stderr. Any \
+error (unreadable input, malformed document, bad annotation value) prints nothing to stdout \
+and exits 1."
+)]
+pub struct Args {
+    /// Manifest files, directories (their .yaml, .yml and .json files, in
+    /// name order, not recursing) or `-` for stdin.
+    #[arg(required = true, value_name = "FILE|DIR|-")]
+    pub inputs: Vec<PathBuf>,
 
-pub async fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`ballast inject` is not built yet")
+    /// Remove the sidecar instead of adding it.
+    #[arg(long)]
+    pub uninject: bool,
+
+    /// Write yaml or json (default: each input in its own syntax). A
+    /// conversion rewrites every document, dropping comments.
+    #[arg(short, long, value_enum)]
+    pub output: Option<OutputFormat>,
+
+    #[command(flatten)]
+    pub proxy: ProxyConfigFlags,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputFormat {
+    Yaml,
+    Json,
+}
+
+impl From<OutputFormat> for Format {
+    fn from(format: OutputFormat) -> Self {
+        match format {
+            OutputFormat::Yaml => Format::Yaml,
+            OutputFormat::Json => Format::Json,
+        }
+    }
+}
+
+/// How injected pods are configured; shared by `ballast inject` and
+/// `ballast injector`. Pod annotations (`config.linkerd.io/...`) override
+/// the flags that name one.
+#[derive(ClapArgs, Clone, Debug)]
+pub struct ProxyConfigFlags {
+    /// The proxy container's image; `config.linkerd.io/proxy-image` overrides.
+    #[arg(long, env = "BALLAST_INJECT_PROXY_IMAGE", default_value = defaults::DEFAULT_PROXY_IMAGE)]
+    pub proxy_image: String,
+
+    /// The init container's image (iptables setup).
+    #[arg(long, env = "BALLAST_INJECT_INIT_IMAGE", default_value = defaults::DEFAULT_INIT_IMAGE)]
+    pub init_image: String,
+
+    /// imagePullPolicy of both containers: Always, IfNotPresent or Never.
+    #[arg(long, env = "BALLAST_INJECT_IMAGE_PULL_POLICY", default_value = defaults::DEFAULT_IMAGE_PULL_POLICY,
+          value_parser = ["Always", "IfNotPresent", "Never"])]
+    pub image_pull_policy: String,
+
+    /// The destination controller, as proxies dial it (HOST:PORT).
+    #[arg(long, env = "BALLAST_INJECT_DESTINATION_ADDR", default_value = defaults::DEFAULT_DESTINATION_ADDR,
+          value_parser = host_port)]
+    pub destination_addr: String,
+
+    /// The identity controller, as proxies dial it (HOST:PORT).
+    #[arg(long, env = "BALLAST_INJECT_IDENTITY_ADDR", default_value = defaults::DEFAULT_IDENTITY_ADDR,
+          value_parser = host_port)]
+    pub identity_addr: String,
+
+    /// Inject proxies without mesh identity (no certificates, plaintext):
+    /// no trust anchors or token are mounted.
+    #[arg(long, env = "BALLAST_INJECT_IDENTITY_DISABLED")]
+    pub identity_disabled: bool,
+
+    /// The ConfigMap, in each injected pod's namespace, holding the trust
+    /// anchors mounted into the proxy (identity on).
+    #[arg(long, env = "BALLAST_INJECT_TRUST_ANCHORS_CONFIG_MAP",
+          default_value = defaults::DEFAULT_TRUST_ANCHORS_CONFIG_MAP, value_parser = not_empty)]
+    pub trust_anchors_config_map: String,
+
+    /// The trust anchors (PEM bundle) to give each proxy inline, in its
+    /// environment (as Linkerd does), instead of mounting the ConfigMap above:
+    /// then meshed namespaces need no copy of it. `ballast injector` reads
+    /// the control plane's copy, mounted by `ballast install`.
+    #[arg(
+        long,
+        env = "BALLAST_INJECT_IDENTITY_TRUST_ANCHORS_FILE",
+        value_name = "PEM"
+    )]
+    pub identity_trust_anchors_file: Option<std::path::PathBuf>,
+
+    /// The key of the PEM bundle in that ConfigMap.
+    #[arg(long, env = "BALLAST_INJECT_TRUST_ANCHORS_KEY",
+          default_value = defaults::DEFAULT_TRUST_ANCHORS_KEY, value_parser = not_empty)]
+    pub trust_anchors_key: String,
+
+    /// The control plane's namespace (the `linkerd.io/control-plane-ns` label).
+    #[arg(long, env = "BALLAST_INJECT_CONTROL_PLANE_NAMESPACE",
+          default_value = defaults::DEFAULT_CONTROL_PLANE_NAMESPACE, value_parser = not_empty)]
+    pub control_plane_namespace: String,
+
+    /// The proxy's uid (not 0), exempted from redirection; `config.linkerd.io/proxy-uid` overrides.
+    #[arg(long, env = "BALLAST_INJECT_PROXY_UID", default_value_t = defaults::DEFAULT_PROXY_UID,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub proxy_uid: u32,
+
+    /// The proxy's log filter (LEVEL or TARGET=LEVEL, comma-separated);
+    /// `config.linkerd.io/proxy-log-level` overrides.
+    #[arg(long, env = "BALLAST_INJECT_PROXY_LOG_LEVEL", default_value = defaults::DEFAULT_LOG_LEVEL,
+          value_parser = log_level)]
+    pub proxy_log_level: String,
+
+    /// The proxy's CPU request (a Kubernetes quantity; empty for none);
+    /// `config.linkerd.io/proxy-cpu-request` overrides.
+    #[arg(long, env = "BALLAST_INJECT_PROXY_CPU_REQUEST", default_value = defaults::DEFAULT_CPU_REQUEST,
+          value_parser = quantity)]
+    pub proxy_cpu_request: String,
+
+    /// The proxy's CPU limit (empty for none; also sizes the proxy's
+    /// --workers); `config.linkerd.io/proxy-cpu-limit` overrides.
+    #[arg(long, env = "BALLAST_INJECT_PROXY_CPU_LIMIT", default_value = "", value_parser = quantity)]
+    pub proxy_cpu_limit: String,
+
+    /// The proxy's memory request (empty for none);
+    /// `config.linkerd.io/proxy-memory-request` overrides.
+    #[arg(long, env = "BALLAST_INJECT_PROXY_MEMORY_REQUEST", default_value = defaults::DEFAULT_MEMORY_REQUEST,
+          value_parser = quantity)]
+    pub proxy_memory_request: String,
+
+    /// The proxy's memory limit (empty for none);
+    /// `config.linkerd.io/proxy-memory-limit` overrides.
+    #[arg(long, env = "BALLAST_INJECT_PROXY_MEMORY_LIMIT", default_value = defaults::DEFAULT_MEMORY_LIMIT,
+          value_parser = quantity)]
+    pub proxy_memory_limit: String,
+
+    /// The `linkerd.io/proxy-version` annotation's value (default: this
+    /// binary's version); `config.linkerd.io/proxy-version` overrides and
+    /// then also sets the proxy image's tag.
+    #[arg(long, env = "BALLAST_INJECT_PROXY_VERSION", default_value = defaults::PROXY_VERSION,
+          value_parser = not_empty)]
+    pub proxy_version: String,
+}
+
+impl ProxyConfigFlags {
+    /// The injection configuration these flags describe (reads
+    /// --identity-trust-anchors-file).
+    pub fn config(&self) -> anyhow::Result<Config> {
+        let optional = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        let trust_anchors_pem = match &self.identity_trust_anchors_file {
+            Some(path) if !self.identity_disabled => Some(read_anchors(path)?),
+            _ => None,
+        };
+        Ok(Config {
+            proxy_image: self.proxy_image.clone(),
+            init_image: self.init_image.clone(),
+            image_pull_policy: self.image_pull_policy.clone(),
+            destination_addr: self.destination_addr.clone(),
+            identity_disabled: self.identity_disabled,
+            identity_addr: self.identity_addr.clone(),
+            trust_anchors_config_map: self.trust_anchors_config_map.clone(),
+            trust_anchors_key: self.trust_anchors_key.clone(),
+            trust_anchors_pem,
+            control_plane_namespace: self.control_plane_namespace.clone(),
+            proxy_uid: self.proxy_uid,
+            log_level: self.proxy_log_level.clone(),
+            cpu_request: optional(&self.proxy_cpu_request),
+            cpu_limit: optional(&self.proxy_cpu_limit),
+            memory_request: optional(&self.proxy_memory_request),
+            memory_limit: optional(&self.proxy_memory_limit),
+            proxy_version: self.proxy_version.clone(),
+            ..Config::default()
+        })
+    }
+}
+
+/// The PEM bundle at `path`, checked to hold certificates.
+fn read_anchors(path: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        anyhow::anyhow!(
+            "--identity-trust-anchors-file {}: cannot read: {e}",
+            path.display()
+        )
+    })?;
+    ballast_meshtls::pem::certificates(text.as_bytes())
+        .map_err(|e| anyhow::anyhow!("--identity-trust-anchors-file {}: {e}", path.display()))?;
+    Ok(text)
+}
+
+fn quantity(s: &str) -> Result<String, values::InvalidValue> {
+    if !s.is_empty() {
+        values::parse_quantity(s)?;
+    }
+    Ok(s.to_string())
+}
+
+fn log_level(s: &str) -> Result<String, values::InvalidValue> {
+    values::check_log_level(s)?;
+    Ok(s.to_string())
+}
+
+fn not_empty(s: &str) -> Result<String, &'static str> {
+    if s.trim().is_empty() {
+        return Err("must not be empty");
+    }
+    Ok(s.to_string())
+}
+
+fn host_port(s: &str) -> Result<String, String> {
+    match s.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => {
+            Ok(s.to_string())
+        }
+        _ => Err(format!("{s:?} is not HOST:PORT")),
+    }
+}
+
+/// Largest input read (a file or stdin): manifests are far smaller, and
+/// a mistaken `ballast inject /dev/zero` should end.
+const MAX_INPUT_BYTES: u64 = 64 * 1024 * 1024;
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    // Reading and rewriting is synchronous and quick; no task needs the runtime.
+    let config = args.proxy.config()?;
+    let action = if args.uninject {
+        Action::Uninject
+    } else {
+        Action::Inject
+    };
+    let mut sources = Vec::new();
+    for input in &args.inputs {
+        sources.extend(expand(input)?);
+    }
+    // Everything is rewritten before anything is printed: a failing input
+    // leaves stdout empty rather than half a manifest set.
+    let mut out = String::new();
+    let mut previous: Option<Format> = None;
+    let mut lines = Vec::new();
+    for source in &sources {
+        let text = read(source)?;
+        let name = source.name();
+        let mut rewritten =
+            ballast_inject::inject_documents(&text, &name, Mode::Manual, &config, action)?;
+        if let Some(format) = args.output.map(Format::from) {
+            if format != rewritten.format {
+                rewritten.text = ballast_inject::convert(&rewritten.text, &name, format)?;
+                rewritten.format = format;
+            }
+        }
+        if rewritten.text.trim().is_empty() {
+            continue;
+        }
+        if let Some(previous) = previous {
+            if !out.ends_with('\n') {
+                out.push('\n');
+            }
+            let both_json = previous == Format::Json && rewritten.format == Format::Json;
+            if !both_json && !ends_with_marker(&out) && !starts_with_marker(&rewritten.text) {
+                out.push_str("---\n");
+            }
+        }
+        out.push_str(&rewritten.text);
+        previous = Some(rewritten.format);
+        for object in &rewritten.report.objects {
+            lines.push(format!("{object}"));
+        }
+    }
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush())
+        .map_err(|e| anyhow::anyhow!("cannot write to stdout: {e}"))?;
+    let mut stderr = std::io::stderr().lock();
+    for line in lines {
+        // The report is for a human; stdout carries the result.
+        let _ = writeln!(stderr, "{line}");
+    }
+    Ok(())
+}
+
+fn ends_with_marker(text: &str) -> bool {
+    text.lines()
+        .next_back()
+        .is_some_and(|l| l.trim_end() == "---")
+}
+
+fn starts_with_marker(text: &str) -> bool {
+    text.lines()
+        .find(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .is_some_and(|l| l == "---" || l.starts_with("--- "))
+}
+
+/// One input: a file or stdin.
+enum Source {
+    Stdin,
+    File(PathBuf),
+}
+
+impl Source {
+    fn name(&self) -> String {
+        match self {
+            Source::Stdin => "<stdin>".into(),
+            Source::File(path) => path.display().to_string(),
+        }
+    }
+}
+
+fn expand(input: &Path) -> anyhow::Result<Vec<Source>> {
+    if input == Path::new("-") {
+        return Ok(vec![Source::Stdin]);
+    }
+    let metadata =
+        std::fs::metadata(input).map_err(|e| anyhow::anyhow!("{}: {e}", input.display()))?;
+    if !metadata.is_dir() {
+        return Ok(vec![Source::File(input.to_path_buf())]);
+    }
+    let entries =
+        std::fs::read_dir(input).map_err(|e| anyhow::anyhow!("{}: {e}", input.display()))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let path = entry
+            .map_err(|e| anyhow::anyhow!("{}: {e}", input.display()))?
+            .path();
+        let manifest = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"));
+        if manifest && !path.is_dir() {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files.into_iter().map(Source::File).collect())
+}
+
+fn read(source: &Source) -> anyhow::Result<String> {
+    let name = source.name();
+    let mut bytes = Vec::new();
+    let read = match source {
+        Source::Stdin => std::io::stdin()
+            .lock()
+            .take(MAX_INPUT_BYTES + 1)
+            .read_to_end(&mut bytes),
+        Source::File(path) => std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_INPUT_BYTES + 1).read_to_end(&mut bytes)),
+    };
+    read.map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+    if bytes.len() as u64 > MAX_INPUT_BYTES {
+        anyhow::bail!("{name}: larger than {} MiB", MAX_INPUT_BYTES >> 20);
+    }
+    String::from_utf8(bytes)
+        .map_err(|e| anyhow::anyhow!("{name}: not UTF-8 text ({})", e.utf8_error()))
 }

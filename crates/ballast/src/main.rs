@@ -28,9 +28,8 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
     propagate_version = true
 )]
 struct Cli {
-    /// Log filter: a default level and per-target levels (e.g. `info`, `warn,ballast=debug`).
-    #[arg(long, global = true, env = "BALLAST_LOG", default_value = "info")]
-    log: String,
+    #[command(flatten)]
+    log: logging::LogArgs,
 
     #[command(subcommand)]
     command: Command,

@@ -1,6 +1,8 @@
 //! The manifests in deploy/ parse, and grant each controller exactly what it
 //! uses: the destination controller get, list and watch on the kinds it
-//! watches; the identity controller create on tokenreviews; nothing more.
+//! watches; the identity controller create on tokenreviews; the injector get
+//! on namespaces; nothing more. Every controller has a disruption budget.
+//! (deploy/ is `ballast install --deploy-dir`: crates/ballast/tests/install.rs.)
 //! (The sidecar example is checked against `ballast-proxy` in
 //! crates/sidecar/tests/deploy.rs.)
 
@@ -83,7 +85,7 @@ fn rbac_grants_exactly_what_each_controller_uses() {
     let docs = deploy_documents();
     assert_eq!(
         of_kind(&docs, "ClusterRole").len(),
-        2,
+        3,
         "one ClusterRole per controller"
     );
 
@@ -113,8 +115,20 @@ fn rbac_grants_exactly_what_each_controller_uses() {
         )])
     );
 
+    // The injector only reads namespaces, one at a time (their annotations).
+    let (granted, verbs) = grants(named(&docs, "ClusterRole", "ballast-injector"));
+    assert_eq!(verbs, vec![BTreeSet::from(["get".to_string()])]);
+    assert_eq!(
+        granted,
+        BTreeSet::from([("".to_string(), "namespaces".to_string())])
+    );
+
     // Each binding ties its role to its Deployment's service account.
-    for name in ["ballast-destination", "ballast-identity"] {
+    for name in [
+        "ballast-destination",
+        "ballast-identity",
+        "ballast-injector",
+    ] {
         let binding = named(&docs, "ClusterRoleBinding", name);
         assert_eq!(binding["roleRef"]["name"], name);
         let deployment = named(&docs, "Deployment", name);
@@ -130,7 +144,7 @@ fn rbac_grants_exactly_what_each_controller_uses() {
 fn the_deployments_are_probed_bounded_and_unprivileged() {
     let docs = deploy_documents();
     let deployments = of_kind(&docs, "Deployment");
-    assert_eq!(deployments.len(), 2);
+    assert_eq!(deployments.len(), 3);
     for deployment in deployments {
         let app = &deployment["metadata"]["labels"]["app.kubernetes.io/name"];
         let pod = &deployment["spec"]["template"]["spec"];
@@ -162,10 +176,10 @@ fn the_deployments_are_probed_bounded_and_unprivileged() {
             .flat_map(|s| s["spec"]["ports"].as_array().unwrap())
             .map(|p| p["targetPort"].as_str().unwrap())
             .collect();
-        let expected = if app == "ballast-destination" {
-            BTreeSet::from(["admin", "grpc", "policy"])
-        } else {
-            BTreeSet::from(["admin", "grpc"])
+        let expected = match app.as_str() {
+            Some("ballast-destination") => BTreeSet::from(["admin", "grpc", "policy"]),
+            Some("ballast-injector") => BTreeSet::from(["admin", "webhook"]),
+            _ => BTreeSet::from(["admin", "grpc"]),
         };
         assert_eq!(targets, expected, "{app}");
         assert!(targets.is_subset(&ports));
@@ -189,6 +203,31 @@ fn the_deployments_are_probed_bounded_and_unprivileged() {
                 args[0]
             );
         }
+    }
+}
+
+#[test]
+fn every_deployment_has_a_disruption_budget_that_never_blocks_a_drain() {
+    let docs = deploy_documents();
+    let budgets = of_kind(&docs, "PodDisruptionBudget");
+    for deployment in of_kind(&docs, "Deployment") {
+        let name = &deployment["metadata"]["name"];
+        let selector = &deployment["spec"]["selector"]["matchLabels"];
+        let budget = budgets
+            .iter()
+            .find(|b| &b["spec"]["selector"]["matchLabels"] == selector)
+            .unwrap_or_else(|| panic!("no PodDisruptionBudget selects Deployment {name}"));
+        assert_eq!(
+            budget["metadata"]["namespace"],
+            deployment["metadata"]["namespace"]
+        );
+        // One at a time: with two replicas one keeps serving during a drain,
+        // and a budget of maxUnavailable 1 never blocks one.
+        assert_eq!(budget["spec"]["maxUnavailable"], 1, "{name}");
+        assert!(
+            deployment["spec"]["replicas"].as_u64().unwrap() >= 2,
+            "{name}"
+        );
     }
 }
 

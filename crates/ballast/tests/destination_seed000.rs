@@ -106,7 +106,15 @@ async fn every_seed_000_case_resolves_without_error() {
         );
     }
     assert_eq!(c.metric("destination_ip_conflicts").await, Some(1.0));
-    assert_eq!(c.metric("destination_ip_conflicts_total").await, Some(1.0));
+    assert_eq!(
+        c.metric("destination_ip_conflicts_seen_total").await,
+        Some(1.0)
+    );
+    // The conflict gauge and counter are two families of a valid page.
+    if let Some(page) = support::openmetrics::check_page(c.admin, "destination controller").await {
+        page.assert_has("destination_ip_conflicts", "gauge");
+        page.assert_has("destination_ip_conflicts_seen", "counter");
+    }
     assert_eq!(c.logs_containing("Several live pods").len(), 1);
     let line = &c.logs_containing("Several live pods")[0];
     assert!(line.len() < 500, "the conflict log line is short: {line}");

@@ -100,3 +100,110 @@ fn extreme_sizes_and_durations_of_every_command_are_refused_naming_the_flag() {
         assert_refused(args, flag, value, range);
     }
 }
+
+/// `args` is refused at start: exit code 2, one `error: invalid value` line
+/// naming `flag` (besides clap's usage and hint), nothing panicked.
+fn assert_one_error(args: &[&str], flag: &str) {
+    let out = ballast(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error")).collect();
+    assert_eq!(errors.len(), 1, "{args:?}: one error line: {stderr}");
+    assert!(
+        errors[0].starts_with("error: invalid value") && errors[0].contains(flag),
+        "{args:?}: {flag:?} not in {stderr}"
+    );
+}
+
+#[test]
+fn values_that_used_to_start_silently_are_refused_with_one_line() {
+    for (args, flag) in [
+        // Issue 12's list.
+        (
+            &["destination", "--default-opaque-ports", "70000,abc"][..],
+            "--default-opaque-ports",
+        ),
+        (
+            &["proxy", "--control-backoff-jitter", "2"][..],
+            "--control-backoff-jitter",
+        ),
+        (
+            &["proxy", "--outbound-tcp", "127.0.0.1:25432=http://x"][..],
+            "--outbound-tcp",
+        ),
+        (
+            &["destination", "--cluster-domain", ""][..],
+            "--cluster-domain",
+        ),
+        (&["proxy", "--cluster-domain", ""][..], "--cluster-domain"),
+        (&["demo", "--connections", "0"][..], "--connections"),
+        // The same kinds of value, found across the commands.
+        (
+            &["destination", "--default-opaque-ports", "http-alt"][..],
+            "--default-opaque-ports",
+        ),
+        (
+            &["destination", "--default-opaque-ports", "5432-25"][..],
+            "--default-opaque-ports",
+        ),
+        (
+            &["destination", "--controller-namespace", ""][..],
+            "--controller-namespace",
+        ),
+        (
+            &["destination", "--namespace", "Ballast"][..],
+            "--namespace",
+        ),
+        (
+            &["destination", "--identity-trust-domain", "cluster..local"][..],
+            "--identity-trust-domain",
+        ),
+        (
+            &["destination", "--identity-addr", "http://identity:8080"][..],
+            "--identity-addr",
+        ),
+        (
+            &["destination", "--service-account", ""][..],
+            "--service-account",
+        ),
+        (
+            &["destination", "--identity-server-name", "identity linkerd"][..],
+            "--identity-server-name",
+        ),
+        (&["identity", "--trust-domain", ""][..], "--trust-domain"),
+        (
+            &["identity", "--controller-namespace", "a.b"][..],
+            "--controller-namespace",
+        ),
+        (
+            &["identity", "--service-account", "SA"][..],
+            "--service-account",
+        ),
+        (&["identity", "--client-rate", "NaN"][..], "--client-rate"),
+        (
+            &["identity", "generate", "--out", "x", "--trust-domain", ""][..],
+            "--trust-domain",
+        ),
+        (
+            &["proxy", "--destination-addr", "dst"][..],
+            "--destination-addr",
+        ),
+        (&["proxy", "--pod-namespace", ""][..], "--pod-namespace"),
+        (
+            &["proxy", "--inbound-opaque-ports", "0"][..],
+            "--inbound-opaque-ports",
+        ),
+        (&["proxy", "--workers", "0"][..], "--workers"),
+        (&["backend", "--name", ""][..], "--name"),
+        (&["demo", "--rps", "0"][..], "--rps"),
+        (
+            &["init", "--ports-to-redirect", "70000"][..],
+            "--ports-to-redirect",
+        ),
+        (&["destination", "--log-format", "xml"][..], "--log-format"),
+        (&["destination", "--log", "ballast=loud"][..], "--log"),
+    ] {
+        assert_one_error(args, flag);
+    }
+}

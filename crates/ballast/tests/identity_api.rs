@@ -116,6 +116,10 @@ async fn certifies_what_linkerd_certifies_and_refuses_the_rest() {
         metrics.contains("identity_cert_expiration_timestamp_seconds{cert=\"anchor\""),
         "{metrics}"
     );
+    if let Some(page) = support::openmetrics::check_page(ca.admin, "identity controller").await {
+        page.assert_has("identity_certify", "counter");
+        page.assert_has("identity_cert_expiration_timestamp_seconds", "gauge");
+    }
 }
 
 #[tokio::test]
@@ -141,6 +145,10 @@ async fn serves_tls_as_its_own_identity() {
         metrics.contains("grpc_server_connections_open 1"),
         "{metrics}"
     );
+    if let Some(page) = support::openmetrics::check_page(ca.admin, "identity controller").await {
+        page.assert_has("grpc_server_connections", "counter");
+        page.assert_has("grpc_server_connections_open", "gauge");
+    }
 
     // Dialled as another identity, or under other anchors: refused.
     let mut wrong = tls_client(ca.grpc, pki.roots(), identity("web", "shop")).await;

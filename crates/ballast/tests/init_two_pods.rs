@@ -327,3 +327,56 @@ async fn without_iptables_it_refuses_and_says_what_to_install() {
         "unclear refusal: {stderr}"
     );
 }
+
+#[tokio::test]
+async fn in_a_namespace_that_looks_like_a_host_it_refuses_and_changes_nothing() {
+    use ballast_init::{HostCheck, NetnsFacts};
+    // The decision is table-tested in ballast-init; here the refusal as a
+    // process, where this test's own namespace looks like a host's (a
+    // machine or VM with hardware devices). Elsewhere (a container whose
+    // namespace looks like a pod's) running it would change the tables.
+    let evidence = match HostCheck::judge(&NetnsFacts::gather()) {
+        HostCheck::LooksLikeHost { evidence } => evidence,
+        HostCheck::Proceed => {
+            eprintln!(
+                "SKIPPED: this namespace does not look like a host's (or cannot be changed); \
+                 `ballast init` here would not be refused"
+            );
+            return;
+        }
+    };
+    let nat = || {
+        std::process::Command::new("iptables-save")
+            .args(["-t", "nat"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| text(&o.stdout))
+    };
+    let before = nat();
+    let out = ballast(None, &[], &["init"]).await;
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("looks like a host's") && stderr.contains("--force"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&evidence[0]),
+        "names {:?}: {stderr}",
+        evidence[0]
+    );
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    if let Some(before) = before {
+        let after = nat().expect("iptables-save works again");
+        assert_eq!(
+            ballast_lines(&after),
+            ballast_lines(&before),
+            "the nat table changed"
+        );
+    }
+
+    // --dry-run changes nothing, so it is never refused.
+    let out = ballast(None, &[("PATH", "/nonexistent")], &["init", "--dry-run"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}

@@ -481,6 +481,10 @@ async fn requests_are_authorized_by_client_identity_and_follow_policy_changes() 
         "{}",
         m.text
     );
+    if let Some(page) = support::openmetrics::check_page(w.server.admin, "proxy").await {
+        page.assert_has("inbound_http_authz_allow", "counter");
+        page.assert_has("inbound_http_authz_deny", "counter");
+    }
     assert_eq!(
         m.sum(
             "inbound_http_authz_allow_total",

@@ -86,6 +86,9 @@ async fn names_outside_the_mesh_and_missing_services_are_answered_at_once() {
             "{reason} counted"
         );
     }
+    if let Some(page) = support::openmetrics::check_page(mesh.proxy.admin, "proxy").await {
+        page.assert_has("proxy_errors", "counter");
+    }
     // The mesh's own services keep their short names.
     let web = mesh.web();
     let short = format!("{}:{WEB_PORT}", web.split(".svc").next().unwrap_or(&web));

@@ -277,6 +277,16 @@ async fn meshed_traffic_is_mutual_tls_and_names_both_ends() {
         ms.text
     );
     assert!(mc.sum("identity_cert_expiration_timestamp_seconds", &[]) > 0.0);
+    // After meshed traffic both ends' pages have samples in their traffic
+    // families, and a standard OpenMetrics parser reads them.
+    for (proxy, what) in [(&w.client, "client proxy"), (&w.server, "server proxy")] {
+        if let Some(page) = support::openmetrics::check_page(proxy.admin, what).await {
+            page.assert_has("tcp_open", "counter");
+            page.assert_has("request", "counter");
+            page.assert_has("response_latency_ms", "histogram");
+            page.assert_has("identity_cert_expiration_timestamp_seconds", "gauge");
+        }
+    }
 
     // A plaintext caller cannot claim an identity.
     let mut plain = Http1::connect(w.server.inbound).await.unwrap();

@@ -447,6 +447,11 @@ async fn route_metrics_carry_linkerds_names_and_labels() {
         assert!(n >= 1.0, "{backend}: {n}");
     }
     assert!(metrics.sum("outbound_policy_watches", &[]) >= 1.0);
+    if let Some(page) = support::openmetrics::check_page(world.proxy.admin, "proxy").await {
+        page.assert_has("outbound_http_route_request_duration_seconds", "histogram");
+        page.assert_has("outbound_http_route_request_statuses", "counter");
+        page.assert_has("outbound_http_route_backend_requests", "counter");
+    }
 }
 
 #[tokio::test]

@@ -205,7 +205,9 @@ fn live_row(name: &str, total: u64, recent: &Counts, secs: f64) -> String {
     )
 }
 
-/// One line for logs and pipes.
+/// One line for logs and pipes. Rates, success and latencies are over the
+/// recent window, which the line names (`last 5 s:`); the failure count is
+/// since the start.
 pub fn render_plain(p: &Progress<'_>) -> String {
     let mut line = format!(
         "[{} {} {:.0}/{:.0}s]",
@@ -218,7 +220,8 @@ pub fn render_plain(p: &Progress<'_>) -> String {
     let secs = p.recent_secs.max(f64::EPSILON);
     let _ = write!(
         line,
-        " {:.0} rps, {} ok",
+        " last {}: {:.0} rps, {} ok",
+        window(p.recent_secs),
         recent.requests as f64 / secs,
         percent(recent.success_rate())
     );
@@ -238,6 +241,16 @@ pub fn render_plain(p: &Progress<'_>) -> String {
         let _ = write!(line, " | last error: {error}");
     }
     line
+}
+
+/// A window's length as said in a plain line: whole seconds, or tenths while
+/// the step's first seconds are shorter than the window.
+fn window(secs: f64) -> String {
+    if (secs - secs.round()).abs() < 0.05 {
+        format!("{:.0} s", secs.round())
+    } else {
+        format!("{secs:.1} s")
+    }
 }
 
 /// The closing summary: one row per step, then every check.
@@ -479,6 +492,22 @@ mod tests {
             assert!(line.contains(name), "{line}");
         }
         assert!(line.contains("failures so far 1"), "{line}");
+    }
+
+    #[test]
+    fn plain_line_names_the_window_of_its_rates() {
+        let (names, snap) = (names(), snapshot());
+        let mut p = progress(&names, &snap);
+        let line = render_plain(&p);
+        assert!(
+            line.starts_with("[b controller down 4/10s] last 5 s: "),
+            "{line}"
+        );
+        // Early in a step the window is shorter than its full length.
+        p.recent_secs = 1.3;
+        let line = render_plain(&p);
+        assert!(line.contains("] last 1.3 s: "), "{line}");
+        assert!(!line.contains("last 5 s"), "{line}");
     }
 
     #[test]

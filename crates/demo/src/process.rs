@@ -43,6 +43,7 @@ impl Process {
             .env("BALLAST_LOG", "info")
             // Plain log lines: the addresses are read from them.
             .env("NO_COLOR", "1")
+            .env("BALLAST_LOG_FORMAT", "plain")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

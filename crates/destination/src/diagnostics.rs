@@ -18,19 +18,91 @@ pub enum DiagnosticsError {
     Connect { addr: String, reason: String },
     #[error("the controller answered {code:?}: {message}")]
     Status { code: tonic::Code, message: String },
+    #[error("{addr} did not answer as a gRPC server ({detail}); is --destination the controller's gRPC address (`ballast destination --addr`, default 127.0.0.1:8086) rather than, say, its admin port?")]
+    NotGrpc { addr: String, detail: String },
     #[error("no answer from the controller within {0:?}")]
     Timeout(Duration),
     #[error("the controller closed the stream without an answer")]
     Closed,
 }
 
-impl From<tonic::Status> for DiagnosticsError {
-    fn from(s: tonic::Status) -> Self {
+impl DiagnosticsError {
+    /// A failed call to the server at `addr`: a gRPC status, or, when the
+    /// connection itself failed after it was opened (tonic reports that as
+    /// `Unknown: transport error`) or the answer was HTTP but not gRPC, that
+    /// `addr` is not a gRPC server.
+    fn from_status(addr: &str, status: tonic::Status) -> Self {
+        let transport =
+            chain(&status).any(|e| e.downcast_ref::<tonic::transport::Error>().is_some());
+        if transport {
+            return DiagnosticsError::NotGrpc {
+                addr: addr.to_string(),
+                detail: innermost(&status),
+            };
+        }
+        if status.message().starts_with("grpc-status header missing") {
+            return DiagnosticsError::NotGrpc {
+                addr: addr.to_string(),
+                detail: status.message().chars().take(300).collect(),
+            };
+        }
         DiagnosticsError::Status {
-            code: s.code(),
-            message: s.message().chars().take(300).collect(),
+            code: status.code(),
+            message: status.message().chars().take(300).collect(),
         }
     }
+}
+
+/// `error`'s sources, outermost first (not `error` itself).
+fn chain<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(error.source(), |e| e.source())
+}
+
+/// The deepest cause's text, on one line: the outer errors of tonic and
+/// hyper only wrap it ("transport error", "tcp connect error").
+fn innermost(error: &(dyn std::error::Error + 'static)) -> String {
+    let text = chain(error)
+        .last()
+        .map(|e| e.to_string())
+        .unwrap_or_else(|| error.to_string());
+    let mut line: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    line.truncate(line.char_indices().nth(300).map_or(line.len(), |(i, _)| i));
+    line
+}
+
+/// What `diagnostics` was given where an authority belongs: a URL (a
+/// scheme, or a path after the authority). Linkerd's `diagnostics` takes
+/// authorities too; the suggestion is the authority inside.
+#[derive(Debug, thiserror::Error)]
+#[error("expected an authority NAME.NS[:PORT], NAME.NS.svc.CLUSTER_DOMAIN:PORT or IP:PORT, not a URL: try `{suggestion}`")]
+pub struct NotAnAuthority {
+    pub suggestion: String,
+}
+
+/// `given` if it is an authority (the controller judges the rest); a URL is
+/// refused with the authority it holds as the suggestion.
+pub fn authority(given: &str) -> Result<String, NotAnAuthority> {
+    let rest = match given.split_once("://") {
+        Some((_, rest)) => rest,
+        None if given.contains(['/', '?', '#']) => given,
+        None => return Ok(given.to_string()),
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let inner = &rest[..end];
+    // Userinfo (`user@host`) has no place in an authority asked about.
+    let inner = inner.rsplit_once('@').map_or(inner, |(_, host)| host);
+    Err(NotAnAuthority {
+        suggestion: inner
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(300)
+            .collect(),
+    })
 }
 
 /// What `Get` answered first: the endpoint set, or that there is none.
@@ -69,9 +141,7 @@ async fn connect(
             Err(e) => {
                 return Err(DiagnosticsError::Connect {
                     addr: addr.to_string(),
-                    reason: std::error::Error::source(&e)
-                        .map(|s| s.to_string())
-                        .unwrap_or_else(|| e.to_string()),
+                    reason: innermost(&e),
                 })
             }
         }
@@ -88,14 +158,17 @@ fn request(authority: &str) -> GetDestination {
     }
 }
 
-/// `fut`, or a timeout error once `limit` has passed.
+/// `fut`, or a timeout error once `limit` has passed; `addr` is the server
+/// asked, named when it does not speak gRPC.
 async fn within<T>(
+    addr: &str,
     limit: Duration,
     fut: impl std::future::Future<Output = Result<T, tonic::Status>>,
 ) -> Result<T, DiagnosticsError> {
-    Ok(tokio::time::timeout(limit, fut)
+    tokio::time::timeout(limit, fut)
         .await
-        .map_err(|_| DiagnosticsError::Timeout(limit))??)
+        .map_err(|_| DiagnosticsError::Timeout(limit))?
+        .map_err(|s| DiagnosticsError::from_status(addr, s))
 }
 
 /// How long to wait for the rest of an initial answer the server split over
@@ -110,14 +183,14 @@ pub async fn endpoints(
     timeout: Duration,
 ) -> Result<EndpointsAnswer, DiagnosticsError> {
     let mut client = connect(destination, timeout).await?;
-    let mut stream = within(timeout, client.get(request(authority)))
+    let mut stream = within(destination, timeout, client.get(request(authority)))
         .await?
         .into_inner();
     let mut out = Vec::new();
     let mut wait = timeout;
     loop {
         let msg = match tokio::time::timeout(wait, stream.message()).await {
-            Ok(msg) => msg?,
+            Ok(msg) => msg.map_err(|s| DiagnosticsError::from_status(destination, s))?,
             Err(_) if !out.is_empty() => return Ok(EndpointsAnswer::Endpoints(out)),
             Err(_) => return Err(DiagnosticsError::Timeout(timeout)),
         };
@@ -148,19 +221,96 @@ pub async fn endpoints(
     }
 }
 
-/// The first answer of `GetProfile(authority)`.
+/// What kind of profile the controller answered: only the answer for an IP
+/// carries its endpoint, and the default profile for a service without a
+/// ServiceProfile is the same message whether the service exists or not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProfileKind {
+    /// A service with a ServiceProfile (routes, overrides or its own retry budget).
+    ServiceProfile,
+    /// A known service without a ServiceProfile: the defaults.
+    Defaults,
+    /// No such service (yet): the defaults, which the controller answers
+    /// for a name that may still appear.
+    UnknownService,
+    /// An IP address: a pod's or an unknown address's endpoint profile.
+    Endpoint,
+}
+
+impl ProfileKind {
+    fn name(self) -> &'static str {
+        match self {
+            ProfileKind::ServiceProfile => "service-profile",
+            ProfileKind::Defaults => "defaults",
+            ProfileKind::UnknownService => "unknown-service",
+            ProfileKind::Endpoint => "endpoint",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            ProfileKind::ServiceProfile => "from the service's ServiceProfile",
+            ProfileKind::Defaults => "defaults: no ServiceProfile or routes for this service",
+            ProfileKind::UnknownService => {
+                "defaults: no such service (the controller answers the default profile until it appears)"
+            }
+            ProfileKind::Endpoint => "an endpoint's profile (the authority is an address)",
+        }
+    }
+}
+
+/// The first answer of `GetProfile(authority)`, and what kind it is.
+#[derive(Debug)]
+pub struct ProfileAnswer {
+    pub profile: DestinationProfile,
+    pub kind: ProfileKind,
+}
+
+/// The first answer of `GetProfile(authority)`. For a service answered with
+/// the defaults, `Get` is asked too: it says whether the service exists.
 pub async fn profile(
     destination: &str,
     authority: &str,
     timeout: Duration,
-) -> Result<DestinationProfile, DiagnosticsError> {
+) -> Result<ProfileAnswer, DiagnosticsError> {
     let mut client = connect(destination, timeout).await?;
-    let mut stream = within(timeout, client.get_profile(request(authority)))
+    let mut stream = within(destination, timeout, client.get_profile(request(authority)))
         .await?
         .into_inner();
-    within(timeout, stream.message())
+    let profile = within(destination, timeout, stream.message())
         .await?
-        .ok_or(DiagnosticsError::Closed)
+        .ok_or(DiagnosticsError::Closed)?;
+    let kind = if profile.endpoint.is_some() {
+        ProfileKind::Endpoint
+    } else if !is_default(&profile) {
+        ProfileKind::ServiceProfile
+    } else {
+        match endpoints(destination, authority, timeout).await {
+            Ok(EndpointsAnswer::NoEndpoints { exists: false }) => ProfileKind::UnknownService,
+            _ => ProfileKind::Defaults,
+        }
+    };
+    Ok(ProfileAnswer { profile, kind })
+}
+
+/// No routes, no overrides, the default retry budget: what the controller
+/// answers for a service without a ServiceProfile.
+fn is_default(p: &DestinationProfile) -> bool {
+    p.routes.is_empty()
+        && p.dst_overrides.is_empty()
+        && p.retry_budget
+            .as_ref()
+            .is_none_or(|b| *b == crate::server::default_retry_budget())
+}
+
+/// An `f32` as JSON with its shortest decimal text (0.2, not the `f64`
+/// widening's 0.20000000298023224).
+fn json_f32(x: f32) -> Value {
+    format!("{x}")
+        .parse::<f64>()
+        .ok()
+        .and_then(serde_json::Number::from_f64)
+        .map_or(Value::Null, Value::Number)
 }
 
 fn socket(addr: Option<&TcpAddress>) -> (String, u32) {
@@ -265,13 +415,15 @@ pub fn endpoints_table(authority: &str, answer: &EndpointsAnswer) -> String {
     table(&rows)
 }
 
-pub fn profile_json(p: &DestinationProfile) -> Value {
+pub fn profile_json(answer: &ProfileAnswer) -> Value {
+    let p = &answer.profile;
     json!({
+        "profile": answer.kind.name(),
         "fully_qualified_name": p.fully_qualified_name,
         "opaque_protocol": p.opaque_protocol,
         "routes": p.routes.len(),
         "retry_budget": p.retry_budget.as_ref().map(|b| json!({
-            "retry_ratio": b.retry_ratio,
+            "retry_ratio": json_f32(b.retry_ratio),
             "min_retries_per_second": b.min_retries_per_second,
             "ttl_seconds": b.ttl.as_ref().map(|t| t.seconds),
         })),
@@ -280,7 +432,8 @@ pub fn profile_json(p: &DestinationProfile) -> Value {
     })
 }
 
-pub fn profile_table(p: &DestinationProfile) -> String {
+pub fn profile_table(answer: &ProfileAnswer) -> String {
+    let p = &answer.profile;
     let or_dash = |s: &str| {
         if s.is_empty() {
             "-".to_string()
@@ -290,6 +443,7 @@ pub fn profile_table(p: &DestinationProfile) -> String {
     };
     let mut rows = vec![
         ["FIELD".to_string(), "VALUE".to_string()],
+        ["profile".into(), answer.kind.describe().into()],
         [
             "fully qualified name".into(),
             or_dash(&p.fully_qualified_name),

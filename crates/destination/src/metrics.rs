@@ -110,10 +110,10 @@ pub struct Metrics {
     pub index_objects: Family<KindLabel, Gauge>,
     pub index_endpoints: Gauge,
     pub ip_conflicts: Gauge,
-    pub ip_conflicts_total: Counter,
+    pub ip_conflicts_seen_total: Counter,
     pub subscriptions: Family<MethodLabel, Gauge>,
     pub streams: Family<MethodLabel, Gauge>,
-    pub streams_total: Family<MethodLabel, Counter>,
+    pub streams_opened_total: Family<MethodLabel, Counter>,
     pub stream_overflows_total: Family<MethodLabel, Counter>,
     pub streams_refused_total: Family<MethodLabel, Counter>,
     pub updates_sent_total: Family<MethodLabel, Counter>,
@@ -148,10 +148,11 @@ impl Metrics {
             "IP:port keys currently claimed by more than one live pod",
             self.ip_conflicts.clone(),
         );
+        // Not `ip_conflicts` (the gauge's family): one name, one type.
         r.register(
-            "ip_conflicts",
+            "ip_conflicts_seen",
             "IP:port conflicts seen (each counted once, when it appears)",
-            self.ip_conflicts_total.clone(),
+            self.ip_conflicts_seen_total.clone(),
         );
         r.register(
             "subscriptions",
@@ -164,9 +165,9 @@ impl Metrics {
             self.streams.clone(),
         );
         r.register(
-            "streams",
+            "streams_opened",
             "gRPC streams accepted, by method",
-            self.streams_total.clone(),
+            self.streams_opened_total.clone(),
         );
         r.register(
             "stream_overflows",
@@ -246,5 +247,72 @@ impl Metrics {
         MethodLabel {
             method: method.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// OpenMetrics gives each family one name and one type: a gauge and a
+    /// counter registered under one name make a page scrapers refuse. Every
+    /// family is given a sample, since an empty one is not written.
+    #[test]
+    fn every_family_has_a_name_of_its_own() {
+        let m = Metrics::default();
+        let method = Metrics::method("Get");
+        let kind = Metrics::kind("Pod");
+        m.index_objects.get_or_create(&kind).set(1);
+        m.index_endpoints.set(1);
+        m.ip_conflicts.set(1);
+        m.ip_conflicts_seen_total.inc();
+        for gauges in [&m.subscriptions, &m.streams] {
+            gauges.get_or_create(&method).set(1);
+        }
+        for counters in [
+            &m.streams_opened_total,
+            &m.stream_overflows_total,
+            &m.streams_refused_total,
+            &m.updates_sent_total,
+            &m.stream_resyncs_total,
+        ] {
+            counters.get_or_create(&method).inc();
+        }
+        m.subscription_history_bytes.set(1);
+        m.reload_errors_total.inc();
+        m.manifest_files_invalid.set(1);
+        m.reloads_total.inc();
+        m.kube_requests_total
+            .get_or_create(&KubeRequestLabel {
+                verb: "list".into(),
+                kind: "pods".into(),
+            })
+            .inc();
+        m.kube_responses_total
+            .get_or_create(&KubeResponseLabel {
+                kind: "pods".into(),
+                code: "200".into(),
+            })
+            .inc();
+        m.kube_watch_restarts_total.get_or_create(&kind).inc();
+        m.kube_relists_total.get_or_create(&kind).inc();
+        m.kube_invalid_objects.get_or_create(&kind).set(1);
+        m.kube_last_event.start("pods");
+
+        let mut registry = Registry::default();
+        m.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        let mut names: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        // One family per field of Metrics, each written.
+        assert_eq!(names.len(), 21, "{text}");
+        names.sort_unstable();
+        let mut unique = names.clone();
+        unique.dedup();
+        assert_eq!(names, unique, "a family name used twice:\n{text}");
     }
 }

@@ -169,7 +169,7 @@ impl Store {
             });
         }
         for c in &changes.new_conflicts {
-            self.metrics.ip_conflicts_total.inc();
+            self.metrics.ip_conflicts_seen_total.inc();
             let claimants: Vec<String> = c.pods.iter().map(|k| k.to_string()).collect();
             tracing::warn!(
                 address = %c.key,

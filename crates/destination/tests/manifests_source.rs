@@ -693,3 +693,233 @@ fn the_shipped_examples_load_without_problems() {
     assert_eq!(loaded.invalid_files, 0);
     assert!(!loaded.objects.is_empty());
 }
+
+/// Every test's log lines, captured by one global subscriber (the source
+/// logs from the blocking pool, where a thread-local one would not see it);
+/// each test reads only the lines naming its own directory.
+mod logs {
+    use std::{
+        io::Write,
+        sync::{Mutex, OnceLock},
+    };
+    use tracing_subscriber::fmt::MakeWriter;
+
+    static LINES: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+
+    struct Capture;
+
+    impl Write for Capture {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            LINES.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> MakeWriter<'a> for Capture {
+        type Writer = Capture;
+        fn make_writer(&'a self) -> Capture {
+            Capture
+        }
+    }
+
+    pub fn capture() {
+        static INIT: OnceLock<()> = OnceLock::new();
+        INIT.get_or_init(|| {
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(Capture)
+                .with_ansi(false)
+                .with_max_level(tracing::Level::INFO)
+                .finish();
+            tracing::subscriber::set_global_default(subscriber).unwrap();
+        });
+    }
+
+    /// The captured lines that contain `needle` (a test's directory).
+    pub fn containing(needle: &str) -> Vec<String> {
+        String::from_utf8_lossy(&LINES.lock().unwrap())
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+fn lines_with(dir: &Path, words: &[&str]) -> Vec<String> {
+    logs::containing(&dir.display().to_string())
+        .into_iter()
+        .filter(|l| words.iter().all(|w| l.contains(w)))
+        .collect()
+}
+
+/// Past the window in which a just-changed file is read again by the
+/// periodic rescan (2 s, plus that rescan's period): what those later reads
+/// would log has been logged. Not a wait for a condition: a line logged
+/// later still fails the test if it is logged before the final check.
+const REREAD_SETTLED: Duration = Duration::from_millis(4_500);
+
+#[tokio::test]
+async fn a_rename_is_logged_once_and_a_change_once() {
+    logs::capture();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fs::write(d.join("a.yaml"), pod("shop", "web-1", "10.0.0.1")).unwrap();
+    let source = Source::start(d).await;
+    let store = source.store.clone();
+
+    fs::rename(d.join("a.yaml"), d.join("b.yaml")).unwrap();
+    eventually("the rename logged", CHANGE_DEADLINE, || {
+        !lines_with(d, &["renamed to", "b.yaml"]).is_empty()
+    })
+    .await;
+    fs::write(d.join("a.yaml"), pod("shop", "web-2", "10.0.0.2")).unwrap();
+    eventually("web-2 applied", CHANGE_DEADLINE, || {
+        pod_ip(&store, "shop", "web-2").is_some()
+    })
+    .await;
+    tokio::time::sleep(REREAD_SETTLED).await;
+    // A sentinel after the rereads: everything before it has been logged.
+    fs::write(d.join("z.yaml"), pod("shop", "web-3", "10.0.0.3")).unwrap();
+    eventually("the sentinel logged", CHANGE_DEADLINE, || {
+        !lines_with(d, &["z.yaml: added"]).is_empty()
+    })
+    .await;
+
+    let lines = lines_with(d, &[]);
+    let about_b: Vec<&String> = lines.iter().filter(|l| l.contains("b.yaml")).collect();
+    assert_eq!(about_b.len(), 1, "one line for the rename: {lines:#?}");
+    assert!(about_b[0].contains(" INFO "), "{lines:#?}");
+    let about_a: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("a.yaml") && !l.contains("b.yaml"))
+        .collect();
+    assert_eq!(about_a.len(), 1, "one line for the new a.yaml: {lines:#?}");
+    assert!(
+        about_a[0].contains("a.yaml: added (1 object)"),
+        "{lines:#?}"
+    );
+    assert_eq!(pod_ip(&store, "shop", "web-1").as_deref(), Some("10.0.0.1"));
+    source.stop().await;
+}
+
+#[tokio::test]
+async fn a_rename_over_another_file_is_one_line() {
+    logs::capture();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    fs::write(d.join("web.yaml"), pod("shop", "web-1", "10.0.0.1")).unwrap();
+    let source = Source::start(d).await;
+    let store = source.store.clone();
+    fs::write(d.join("new.yaml"), pod("shop", "web-1", "10.0.0.2")).unwrap();
+    eventually("new.yaml logged", CHANGE_DEADLINE, || {
+        !lines_with(d, &["new.yaml: added"]).is_empty()
+    })
+    .await;
+
+    fs::rename(d.join("new.yaml"), d.join("web.yaml")).unwrap();
+    eventually("the rename logged", CHANGE_DEADLINE, || {
+        !lines_with(d, &["new.yaml: renamed over", "web.yaml"]).is_empty()
+    })
+    .await;
+    eventually("web-1 from the renamed file", CHANGE_DEADLINE, || {
+        pod_ip(&store, "shop", "web-1").as_deref() == Some("10.0.0.2")
+    })
+    .await;
+    let lines = lines_with(d, &[]);
+    let after_add: Vec<&String> = lines
+        .iter()
+        .skip_while(|l| !l.contains("new.yaml: added"))
+        .skip(1)
+        .collect();
+    assert_eq!(after_add.len(), 1, "one line for the mv: {lines:#?}");
+    source.stop().await;
+}
+
+#[tokio::test]
+async fn a_fixed_file_is_logged_as_fixed() {
+    logs::capture();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("web.yaml");
+    fs::write(&file, pod("shop", "web-1", "10.0.0.1")).unwrap();
+    let source = Source::start(dir.path()).await;
+    let store = source.store.clone();
+
+    fs::write(&file, "kind: [unclosed\n").unwrap();
+    eventually("the problem logged", CHANGE_DEADLINE, || {
+        !lines_with(dir.path(), &[" WARN ", "web.yaml", "not valid YAML"]).is_empty()
+    })
+    .await;
+    fs::write(&file, pod("shop", "web-1", "10.0.0.2")).unwrap();
+    eventually("the fix logged", CHANGE_DEADLINE, || {
+        !lines_with(dir.path(), &[" INFO ", "web.yaml: fixed"]).is_empty()
+    })
+    .await;
+    // Logged as read; applied to the store just after.
+    eventually("the fixed pod applied", CHANGE_DEADLINE, || {
+        pod_ip(&store, "shop", "web-1").as_deref() == Some("10.0.0.2")
+    })
+    .await;
+    source.stop().await;
+}
+
+#[tokio::test]
+async fn two_services_with_one_cluster_ip_are_named_in_a_warning() {
+    logs::capture();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Both claim 10.96.0.10; a marker namespace names this test's lines.
+    let ns = format!(
+        "dup{}",
+        d.file_name()
+            .unwrap()
+            .to_string_lossy()
+            .to_lowercase()
+            .replace(['.', '_'], "")
+    );
+    fs::write(d.join("web.yaml"), service(&ns, "web", 80)).unwrap();
+    let source = Source::start(d).await;
+    let store = source.store.clone();
+    fs::write(d.join("api.yaml"), service(&ns, "api", 80)).unwrap();
+    let warned = || {
+        logs::containing("both claim clusterIP 10.96.0.10")
+            .into_iter()
+            .filter(|l| {
+                l.contains(" WARN ")
+                    && l.contains(&format!("{ns}/web"))
+                    && l.contains(&format!("{ns}/api"))
+            })
+            .count()
+    };
+    eventually("the warning", CHANGE_DEADLINE, || warned() == 1).await;
+    // The index answers for the IP with the first by namespace, then name
+    // (logged as read; applied to the store just after).
+    let owner = || {
+        store.with_index(|i| {
+            i.service_for_ip("10.96.0.10".parse().unwrap())
+                .map(|k| k.to_string())
+        })
+    };
+    eventually("api applied", CHANGE_DEADLINE, || {
+        store.with_index(|i| i.service(&ObjectKey::new(ns.as_str(), "api")).is_some())
+    })
+    .await;
+    assert_eq!(owner(), Some(format!("{ns}/api")));
+    let line = logs::containing(&format!("{ns}/api")).join("\n");
+    assert!(
+        line.contains(&format!("answering for that IP with {ns}/api")),
+        "{line}"
+    );
+
+    // One of them gone: no conflict left, and a new claim warns again.
+    fs::remove_file(d.join("api.yaml")).unwrap();
+    eventually("api removed", CHANGE_DEADLINE, || {
+        store.with_index(|i| i.service(&ObjectKey::new(ns.as_str(), "api")).is_none())
+    })
+    .await;
+    assert_eq!(warned(), 1);
+    fs::write(d.join("api.yaml"), service(&ns, "api", 80)).unwrap();
+    eventually("the second warning", CHANGE_DEADLINE, || warned() == 2).await;
+    source.stop().await;
+}

@@ -3,6 +3,10 @@
 //! that no configured value can overflow later (a timeout added to
 //! `Instant::now()`, a buffer size handed to hyper) and panic the process.
 //!
+//! Ports, port lists, DNS names and `HOST:PORT` authorities ([`port_list`],
+//! [`dns_name`], [`dns_label`], [`host_port`]...) are checked the same way, so
+//! a value that cannot mean what its flag says never starts a process.
+//!
 //! The parsers are clap value parsers: a value out of range is refused at
 //! start by clap (exit code 2) with a message naming the flag, the value and
 //! the allowed range.
@@ -21,6 +25,10 @@
 //! ```
 
 #![forbid(unsafe_code)]
+
+mod net;
+
+pub use net::{dns_label, dns_name, dns_name_or_empty, host_port, non_empty, port, port_list};
 
 use clap::{builder::TypedValueParser, error::ErrorKind};
 use std::{ffi::OsStr, fmt, marker::PhantomData, time::Duration};
@@ -57,7 +65,19 @@ pub enum ValueError {
     UnknownUnit(String),
     /// Well-formed but outside the flag's range (text of the range).
     OutOfRange(String),
+    /// Not a port (1 to 65535).
+    NotAPort(String),
+    /// An entry of a port list that is neither a port nor a range of ports.
+    NotAPortRange(String),
+    /// Not a DNS name, and why.
+    NotADnsName { value: String, reason: &'static str },
+    /// Not `HOST:PORT`, and why.
+    NotAnAuthority { value: String, reason: String },
+    /// Empty where a value is needed.
+    Empty,
 }
+
+impl std::error::Error for ValueError {}
 
 impl fmt::Display for ValueError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -70,6 +90,21 @@ impl fmt::Display for ValueError {
             ),
             ValueError::UnknownUnit(unit) => write!(f, "unknown unit {unit:?}"),
             ValueError::OutOfRange(range) => write!(f, "out of range: allowed {range}"),
+            ValueError::NotAPort(text) => write!(f, "{text:?} is not a port (1 to 65535)"),
+            ValueError::NotAPortRange(entry) => write!(
+                f,
+                "{entry:?} is not a port (1 to 65535) or a range of ports (LO-HI)"
+            ),
+            ValueError::NotADnsName { value, reason } => {
+                write!(
+                    f,
+                    "{value:?} is not a DNS name (lower case RFC 1123): {reason}"
+                )
+            }
+            ValueError::NotAnAuthority { value, reason } => {
+                write!(f, "{value:?} is not HOST:PORT: {reason}")
+            }
+            ValueError::Empty => f.write_str("must not be empty"),
         }
     }
 }

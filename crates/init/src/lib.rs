@@ -10,8 +10,10 @@
 
 #![forbid(unsafe_code)]
 
+pub mod host;
 pub mod rules;
 pub mod runner;
 
+pub use host::{HostCheck, NetnsFacts};
 pub use rules::{PortList, PortRange, Rules, RulesError, Subnet, SubnetList};
 pub use runner::{IptablesMode, RunError, Runner};

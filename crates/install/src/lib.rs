@@ -1,2 +1,455 @@
-//! Install manifests (being written).
+//! `ballast install`: every manifest a cluster needs, rendered from flags.
+//!
+//! - [`manifests`]: the objects (namespace, RBAC, Deployments, Services,
+//!   disruption budgets, the webhook configuration, the key material's
+//!   ConfigMap and Secrets), as JSON values.
+//! - [`pki`]: the trust anchor and issuer (fresh, or read and checked) and
+//!   the webhook's serving certificate.
+//! - [`yaml`]: JSON values as deterministic block YAML.
+//!
+//! Output is deterministic but for key material: the same flags and files
+//! give the same text. `deploy/` is [`deploy_files`]: everything but the key
+//! material (the trust roots ConfigMap, the issuer and webhook Secrets, and
+//! the webhook configuration, which carries its CA), which
+//! [`secrets_yaml`] renders alone.
+
 #![forbid(unsafe_code)]
+
+pub mod manifests;
+pub mod pki;
+pub mod yaml;
+
+use pki::{IdentityPki, WebhookTls};
+use serde_json::Value;
+use std::str::FromStr;
+
+/// The custom resource definitions Ballast reads, passed through as written
+/// (deploy/crds/ is their source).
+pub const CRDS: &[(&str, &str)] = &[
+    (
+        "crds/gateway-api.yaml",
+        include_str!("../../../deploy/crds/gateway-api.yaml"),
+    ),
+    (
+        "crds/linkerd.yaml",
+        include_str!("../../../deploy/crds/linkerd.yaml"),
+    ),
+];
+
+/// Replicas of each controller: two (a drain or a crash leaves one serving),
+/// three with `--ha`.
+pub const REPLICAS: u32 = 2;
+pub const HA_REPLICAS: u32 = 3;
+
+/// What the API server does when the webhook cannot answer (timeout, error,
+/// unreachable): `Ignore` admits the pod unchanged (Linkerd's default),
+/// `Fail` refuses it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FailurePolicy {
+    #[default]
+    Ignore,
+    Fail,
+}
+
+impl FailurePolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ignore => "Ignore",
+            Self::Fail => "Fail",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not a failure policy: Ignore or Fail")]
+pub struct InvalidFailurePolicy(String);
+
+impl FromStr for FailurePolicy {
+    type Err = InvalidFailurePolicy;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "Ignore" => Ok(Self::Ignore),
+            "Fail" => Ok(Self::Fail),
+            other => Err(InvalidFailurePolicy(other.to_string())),
+        }
+    }
+}
+
+/// Everything `ballast install` renders from.
+#[derive(Clone, Debug)]
+pub struct InstallConfig {
+    /// The control plane's namespace.
+    pub namespace: String,
+    /// The `ballast` image the controllers and the injector run.
+    pub controller_image: String,
+    /// Images injected proxies and init containers run.
+    pub proxy_image: String,
+    pub init_image: String,
+    pub image_pull_policy: String,
+    pub cluster_domain: String,
+    pub trust_domain: String,
+    /// The controllers' `BALLAST_LOG`.
+    pub log_level: String,
+    /// Three replicas each, never two on a node.
+    pub ha: bool,
+    pub webhook_failure_policy: FailurePolicy,
+    pub webhook_timeout_seconds: u32,
+}
+
+impl Default for InstallConfig {
+    fn default() -> Self {
+        Self {
+            namespace: "ballast".into(),
+            controller_image: "ballast:latest".into(),
+            proxy_image: "ballast-proxy:latest".into(),
+            init_image: "ballast-init:latest".into(),
+            image_pull_policy: "IfNotPresent".into(),
+            cluster_domain: "cluster.local".into(),
+            trust_domain: "cluster.local".into(),
+            log_level: "info".into(),
+            ha: false,
+            webhook_failure_policy: FailurePolicy::Ignore,
+            webhook_timeout_seconds: 10,
+        }
+    }
+}
+
+impl InstallConfig {
+    pub fn replicas(&self) -> u32 {
+        if self.ha {
+            HA_REPLICAS
+        } else {
+            REPLICAS
+        }
+    }
+}
+
+/// Where a document goes: a file of deploy/, or with the key material.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part {
+    Deploy(&'static str),
+    Secret,
+}
+
+/// One manifest, with the comment written above it.
+#[derive(Clone, Debug)]
+pub struct Document {
+    pub part: Part,
+    pub comment: String,
+    pub value: Value,
+}
+
+impl Document {
+    fn write(&self, out: &mut String) {
+        for line in self.comment.lines() {
+            out.push_str(if line.is_empty() { "#" } else { "# " });
+            out.push_str(line);
+            out.push('\n');
+        }
+        out.push_str(&yaml::to_yaml(&self.value));
+    }
+}
+
+/// The key material a full install carries.
+#[derive(Clone, Debug)]
+pub struct KeyMaterial {
+    pub identity: IdentityPki,
+    pub webhook: WebhookTls,
+}
+
+/// The documents without key material, in apply order (CRDs apart).
+pub fn documents(c: &InstallConfig) -> Vec<Document> {
+    let mut docs = manifests::namespace(c);
+    docs.extend(manifests::destination_rbac(c));
+    docs.extend(manifests::identity(c));
+    docs.extend(manifests::destination(c));
+    docs.extend(manifests::injector(c));
+    docs
+}
+
+/// Every manifest, for `kubectl apply -f -`: the namespace, the CRDs, RBAC,
+/// the key material, the controllers, and last the webhook configuration
+/// (so that the injector exists before the API server calls it).
+pub fn install_yaml(c: &InstallConfig, material: &KeyMaterial) -> String {
+    let mut out = String::from(
+        "# Ballast's control plane, from `ballast install`: apply with `kubectl apply -f -`.\n",
+    );
+    let docs = documents(c);
+    let (namespace, rest) = docs.split_at(1);
+    let secrets = manifests::secrets(c, material);
+    let (webhook, key_material): (Vec<_>, Vec<_>) = secrets
+        .iter()
+        .partition(|d| d.value["kind"] == "MutatingWebhookConfiguration");
+    namespace[0].write(&mut out);
+    for (_, text) in CRDS {
+        out.push_str("---\n");
+        out.push_str(text);
+        if !text.ends_with('\n') {
+            out.push('\n');
+        }
+    }
+    for d in key_material.into_iter().chain(rest).chain(webhook) {
+        out.push_str("---\n");
+        d.write(&mut out);
+    }
+    out
+}
+
+/// The key material alone (the trust roots ConfigMap, the issuer and
+/// webhook Secrets, the webhook configuration with its CA), to apply after
+/// deploy/.
+pub fn secrets_yaml(c: &InstallConfig, material: &KeyMaterial) -> String {
+    let mut out = String::from(
+        "# Ballast's key material, from `ballast install --secrets-only`: apply after deploy/.\n",
+    );
+    for (i, d) in manifests::secrets(c, material).iter().enumerate() {
+        if i > 0 {
+            out.push_str("---\n");
+        }
+        d.write(&mut out);
+    }
+    out
+}
+
+const DEPLOY_HEADER: &str = "\
+# Generated by `cargo run -- install --deploy-dir deploy/` (crates/install): do not
+# edit; crates/ballast/tests/install.rs keeps these files equal to its output.
+# deploy/ holds no key material: after `kubectl apply -f deploy/crds/ -f deploy/`,
+# create it with `ballast install --secrets-only | kubectl apply -f -` (see
+# identity.yaml and injector.yaml), or apply `ballast install` alone instead.
+";
+
+/// Extra header lines of some files.
+fn file_note(file: &str) -> &'static str {
+    match file {
+        "identity.yaml" => {
+            "#\n\
+             # The identity controller needs the issuer Secret `linkerd-identity-issuer`\n\
+             # (tls.crt, tls.key) and the ConfigMap `linkerd-identity-trust-roots`\n\
+             # (ca-bundle.crt). `ballast install --secrets-only` makes both (fresh, or from\n\
+             # --identity-trust-anchors-file, --identity-issuer-certificate-file and\n\
+             # --identity-issuer-key-file); from your own PKI:\n\
+             #   kubectl -n ballast create secret tls linkerd-identity-issuer --cert=issuer.crt --key=issuer.key\n\
+             #   kubectl -n ballast create configmap linkerd-identity-trust-roots --from-file=ca-bundle.crt=ca.crt\n"
+        }
+        "injector.yaml" => {
+            "#\n\
+             # The webhook configuration (MutatingWebhookConfiguration\n\
+             # `ballast-proxy-injector-webhook-config`) and the injector's serving\n\
+             # certificate (Secret `ballast-injector-k8s-tls`) carry key material: they\n\
+             # come from `ballast install --secrets-only`.\n"
+        }
+        _ => "",
+    }
+}
+
+/// deploy/'s files (path relative to deploy/, contents): everything but the
+/// key material, one file per component, and the CRDs as written.
+pub fn deploy_files(c: &InstallConfig) -> Vec<(String, String)> {
+    let mut files: Vec<(&'static str, Vec<Document>)> = Vec::new();
+    for d in documents(c) {
+        let Part::Deploy(file) = d.part else { continue };
+        match files.iter_mut().find(|(f, _)| *f == file) {
+            Some((_, docs)) => docs.push(d),
+            None => files.push((file, vec![d])),
+        }
+    }
+    let mut out: Vec<(String, String)> = files
+        .into_iter()
+        .map(|(file, docs)| {
+            let mut text = String::from(DEPLOY_HEADER);
+            text.push_str(file_note(file));
+            for (i, d) in docs.iter().enumerate() {
+                if i > 0 {
+                    text.push_str("---\n");
+                }
+                d.write(&mut text);
+            }
+            (file.to_string(), text)
+        })
+        .collect();
+    out.extend(CRDS.iter().map(|(f, t)| (f.to_string(), t.to_string())));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn material(c: &InstallConfig) -> KeyMaterial {
+        KeyMaterial {
+            identity: IdentityPki::generate(&c.trust_domain).unwrap(),
+            webhook: WebhookTls::generate(
+                manifests::INJECTOR,
+                &c.namespace,
+                &c.cluster_domain,
+                pki::WEBHOOK_CERT_LIFETIME,
+            )
+            .unwrap(),
+        }
+    }
+
+    fn parse(text: &str) -> Vec<Value> {
+        serde_saphyr::from_multiple::<Value>(text)
+            .unwrap_or_else(|e| panic!("does not parse: {e}\n{text}"))
+            .into_iter()
+            .filter(|d| !d.is_null())
+            .collect()
+    }
+
+    fn kinds(docs: &[Value]) -> Vec<String> {
+        docs.iter()
+            .map(|d| {
+                format!(
+                    "{}/{}",
+                    d["kind"].as_str().unwrap(),
+                    d["metadata"]["name"].as_str().unwrap()
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn install_holds_every_object_in_apply_order() {
+        let c = InstallConfig {
+            namespace: "mesh".into(),
+            ..InstallConfig::default()
+        };
+        let m = material(&c);
+        let docs = parse(&install_yaml(&c, &m));
+        let kinds = kinds(&docs);
+        let at = |k: &str| {
+            kinds
+                .iter()
+                .position(|x| x == k)
+                .unwrap_or_else(|| panic!("no {k} in {kinds:?}"))
+        };
+        assert_eq!(at("Namespace/mesh"), 0);
+        let webhook = at("MutatingWebhookConfiguration/ballast-proxy-injector-webhook-config");
+        assert_eq!(webhook, kinds.len() - 1, "the webhook last");
+        for crd in [
+            "httproutes.gateway.networking.k8s.io",
+            "servers.policy.linkerd.io",
+        ] {
+            assert!(
+                at(&format!("CustomResourceDefinition/{crd}"))
+                    < at("ClusterRole/ballast-destination")
+            );
+        }
+        for app in [
+            "ballast-destination",
+            "ballast-identity",
+            "ballast-injector",
+        ] {
+            assert!(at(&format!("Deployment/{app}")) < webhook);
+            assert!(at(&format!("PodDisruptionBudget/{app}")) > 0);
+        }
+        assert!(at("Secret/linkerd-identity-issuer") < at("Deployment/ballast-identity"));
+        assert!(at("ConfigMap/linkerd-identity-trust-roots") < at("Deployment/ballast-identity"));
+        assert!(at("Secret/ballast-injector-k8s-tls") < at("Deployment/ballast-injector"));
+
+        // Everything namespaced lives in the control plane's namespace.
+        for d in &docs {
+            let ns = &d["metadata"]["namespace"];
+            assert!(ns.is_null() || ns == "mesh", "{d}");
+        }
+        // The key material is what was given.
+        let cm = &docs[at("ConfigMap/linkerd-identity-trust-roots")];
+        assert_eq!(cm["data"]["ca-bundle.crt"], m.identity.trust_anchors_pem);
+        use base64::Engine;
+        let decode = |v: &Value| {
+            String::from_utf8(
+                base64::engine::general_purpose::STANDARD
+                    .decode(v.as_str().unwrap())
+                    .unwrap(),
+            )
+            .unwrap()
+        };
+        let issuer = &docs[at("Secret/linkerd-identity-issuer")];
+        assert_eq!(
+            decode(&issuer["data"]["tls.crt"]),
+            m.identity.issuer_cert_pem
+        );
+        assert_eq!(
+            decode(&issuer["data"]["tls.key"]),
+            m.identity.issuer_key_pem
+        );
+        let hook = &docs[webhook]["webhooks"][0];
+        assert_eq!(decode(&hook["clientConfig"]["caBundle"]), m.webhook.ca_pem);
+        assert_eq!(hook["clientConfig"]["service"]["namespace"], "mesh");
+        assert_eq!(hook["failurePolicy"], "Ignore");
+        assert_eq!(hook["sideEffects"], "None");
+        assert_eq!(hook["admissionReviewVersions"], serde_json::json!(["v1"]));
+        let excluded = &hook["namespaceSelector"]["matchExpressions"][1]["values"];
+        assert_eq!(excluded, &serde_json::json!(["kube-system", "mesh"]));
+    }
+
+    #[test]
+    fn ha_gives_three_spread_replicas_and_every_controller_a_budget() {
+        for ha in [false, true] {
+            let c = InstallConfig {
+                ha,
+                ..InstallConfig::default()
+            };
+            let docs: Vec<Value> = documents(&c).into_iter().map(|d| d.value).collect();
+            let deployments: Vec<&Value> =
+                docs.iter().filter(|d| d["kind"] == "Deployment").collect();
+            assert_eq!(deployments.len(), 3);
+            for d in deployments {
+                let name = d["metadata"]["name"].as_str().unwrap();
+                assert_eq!(d["spec"]["replicas"], if ha { 3 } else { 2 }, "{name}");
+                let anti = &d["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"];
+                let required = &anti["requiredDuringSchedulingIgnoredDuringExecution"];
+                assert_eq!(
+                    required.is_array(),
+                    ha,
+                    "{name}: hard anti-affinity only in HA"
+                );
+                let pdb = docs
+                    .iter()
+                    .find(|p| p["kind"] == "PodDisruptionBudget" && p["metadata"]["name"] == name)
+                    .unwrap_or_else(|| panic!("{name} has no disruption budget"));
+                assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+                assert_eq!(
+                    pdb["spec"]["selector"]["matchLabels"],
+                    d["spec"]["selector"]["matchLabels"]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn output_is_deterministic_but_for_key_material() {
+        let c = InstallConfig::default();
+        let m = material(&c);
+        assert_eq!(install_yaml(&c, &m), install_yaml(&c, &m));
+        assert_eq!(deploy_files(&c), deploy_files(&c));
+        // deploy/'s files hold no key material, and the rest of the install.
+        let deploy = deploy_files(&c)
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect::<Vec<_>>()
+            .join("---\n");
+        assert!(!deploy.contains("BEGIN"));
+        let deploy_docs = parse(&deploy);
+        let all = parse(&install_yaml(&c, &m));
+        let secret_docs = parse(&secrets_yaml(&c, &m));
+        assert_eq!(all.len(), deploy_docs.len() + secret_docs.len());
+        for d in deploy_docs.iter().chain(&secret_docs) {
+            assert!(all.contains(d), "missing from the install: {d}");
+        }
+    }
+
+    #[test]
+    fn failure_policy_parses_only_its_two_values() {
+        assert_eq!(
+            "Fail".parse::<FailurePolicy>().unwrap(),
+            FailurePolicy::Fail
+        );
+        assert_eq!(
+            "Ignore".parse::<FailurePolicy>().unwrap(),
+            FailurePolicy::Ignore
+        );
+        assert!("fail".parse::<FailurePolicy>().is_err());
+    }
+}

@@ -8,8 +8,10 @@ use std::{net::SocketAddr, time::Duration};
 pub const DEFAULT_OUTBOUND_ADDR: &str = "127.0.0.1:4140";
 /// Linkerd's inbound listener.
 pub const DEFAULT_INBOUND_ADDR: &str = "0.0.0.0:4143";
-/// Linkerd's admin listener.
-pub const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:4191";
+/// Linkerd's admin listener: every interface, so that kubelet's probes (to
+/// the pod's IP) reach `/live` and `/ready`; off the host only those and
+/// `/metrics` answer (`/shutdown` is loopback-only).
+pub const DEFAULT_ADMIN_ADDR: &str = "0.0.0.0:4191";
 /// Linkerd: 10 s to see enough bytes to tell HTTP from opaque TCP.
 pub const DEFAULT_DETECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Linkerd: 1 s to connect to an outbound endpoint.

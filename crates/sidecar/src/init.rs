@@ -18,6 +18,11 @@ Outbound: TCP the pod opens (OUTPUT) goes to the proxy's outgoing port, except t
 own (--proxy-uid, --proxy-gid), anything leaving through loopback, the \
 --outbound-ports-to-ignore and destinations in --outbound-subnets-to-ignore.\n\
 Needs root or CAP_NET_ADMIN (and CAP_NET_RAW for legacy iptables); --dry-run needs neither.\n\
+Run in a pod's network namespace (as its init container). In one that looks like a host's \
+(hardware or wireless devices, or the host ends of container networks such as docker0, cni0 or \
+veth*, in PID 1's namespace) it refuses, naming what it saw, and exits 1 without changing \
+anything: on a host the rules would send every TCP connection to a proxy that is not there. \
+--force overrides this (pods with SR-IOV devices, or in virtual machines such as Kata).\n\
 Every flag can also be set by the environment variable shown."
 )]
 pub struct Args {
@@ -100,6 +105,10 @@ pub struct Args {
     /// Wait for the xtables lock instead of failing when another process holds it.
     #[arg(long, env = "BALLAST_INIT_USE_WAIT_FLAG")]
     use_wait_flag: bool,
+
+    /// Apply the rules even where the network namespace looks like a host's, not a pod's.
+    #[arg(long, env = "BALLAST_INIT_FORCE")]
+    force: bool,
 }
 
 /// `--iptables-mode`'s values; `ballast-init` knows nothing of clap.
@@ -147,6 +156,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         mode: args.iptables_mode.into(),
         wait_for_lock: args.use_wait_flag,
     };
+    if !args.force {
+        let facts = ballast_init::NetnsFacts::gather();
+        if let ballast_init::HostCheck::LooksLikeHost { evidence } =
+            ballast_init::HostCheck::judge(&facts)
+        {
+            anyhow::bail!(
+                "refusing to redirect this network namespace's TCP: it looks like a host's, not a pod's ({}); \
+                 run `ballast init` as a pod's init container, or pass --force if this is one",
+                evidence.join("; ")
+            );
+        }
+    }
     Ok(runner.apply(&rules)?)
 }
 

@@ -4,7 +4,10 @@
 use anyhow::Context;
 use ballast_admin::{AdminServer, AdminState, Readiness, ShutdownRequest};
 use ballast_backoff::BackoffConfig;
-use ballast_flags::{bytes, count, fraction, BACKOFF, GIB, GRACE, KIB, MANY, MIB, TIMEOUT};
+use ballast_flags::{
+    bytes, count, dns_label, dns_name, dns_name_or_empty, fraction, host_port, BACKOFF, GIB, GRACE,
+    KIB, MANY, MIB, TIMEOUT,
+};
 use ballast_meshtls::{certify, tls};
 use ballast_proxy::config::{
     self as defaults, ControlConfig, HttpLimits, InboundConfig, OutboundConfig, OwnerKind,
@@ -32,7 +35,8 @@ pub struct Args {
     #[arg(
         long,
         env = "BALLAST_PROXY_DESTINATION_ADDR",
-        default_value = "ballast-dst-headless.ballast.svc.cluster.local:8086"
+        default_value = "ballast-dst-headless.ballast.svc.cluster.local:8086",
+        value_parser = host_port
     )]
     destination_addr: String,
 
@@ -44,7 +48,9 @@ pub struct Args {
     #[arg(long, env = "BALLAST_PROXY_INBOUND_ADDR", default_value = defaults::DEFAULT_INBOUND_ADDR)]
     inbound_addr: SocketAddr,
 
-    /// Admin listener: /live, /ready, /metrics.
+    /// Admin listener: /live, /ready, /metrics (and POST /shutdown). It listens on every
+    /// interface, as Linkerd's, so kubelet's probes reach it; a client not on loopback gets
+    /// only /live, /ready and /metrics (/shutdown answers 403, any other path 404).
     #[arg(long, env = "BALLAST_PROXY_ADMIN_ADDR", default_value = defaults::DEFAULT_ADMIN_ADDR)]
     admin_addr: SocketAddr,
 
@@ -58,23 +64,24 @@ pub struct Args {
     #[arg(
         long,
         env = "BALLAST_PROXY_CLUSTER_DOMAIN",
-        default_value = "cluster.local"
+        default_value = "cluster.local",
+        value_parser = dns_name
     )]
     cluster_domain: String,
 
     /// Namespace of this workload, sent to the controller as context and
     /// set as `dst_namespace` on inbound metrics.
-    #[arg(long, env = "BALLAST_PROXY_POD_NAMESPACE", default_value = "default")]
+    #[arg(long, env = "BALLAST_PROXY_POD_NAMESPACE", default_value = "default", value_parser = dns_label)]
     pod_namespace: String,
 
     /// This pod's name (downward API `metadata.name`): `dst_pod` on inbound
     /// metrics.
-    #[arg(long, env = "BALLAST_PROXY_POD_NAME", default_value = "")]
+    #[arg(long, env = "BALLAST_PROXY_POD_NAME", default_value = "", value_parser = dns_name_or_empty)]
     pod_name: String,
 
     /// This pod's service account (downward API `spec.serviceAccountName`):
     /// `dst_serviceaccount` on inbound metrics.
-    #[arg(long, env = "BALLAST_PROXY_POD_SERVICE_ACCOUNT", default_value = "")]
+    #[arg(long, env = "BALLAST_PROXY_POD_SERVICE_ACCOUNT", default_value = "", value_parser = dns_name_or_empty)]
     pod_service_account: String,
 
     /// What owns this pod, as KIND/NAME (deployment, statefulset, daemonset,
@@ -209,7 +216,8 @@ pub struct Args {
     #[arg(
         long,
         env = "BALLAST_PROXY_IDENTITY_ADDR",
-        default_value = "ballast-identity-headless.ballast.svc.cluster.local:8080"
+        default_value = "ballast-identity-headless.ballast.svc.cluster.local:8080",
+        value_parser = host_port
     )]
     identity_addr: String,
 
@@ -218,23 +226,34 @@ pub struct Args {
     /// The service is dialled in TLS verifying this name, except at a loopback
     /// address when no name is given (as Linkerd does); an empty value dials it
     /// in plaintext.
-    #[arg(long, env = "BALLAST_PROXY_IDENTITY_SERVER_NAME")]
+    #[arg(long, env = "BALLAST_PROXY_IDENTITY_SERVER_NAME", value_parser = dns_name_or_empty)]
     identity_server_name: Option<String>,
 
     /// The destination controller's identity (default: the `linkerd-destination`
     /// service account's). With identity enabled, the controller is dialled in
     /// TLS verifying this name, except at a loopback address when no name is given;
     /// an empty value dials it in plaintext.
-    #[arg(long, env = "BALLAST_PROXY_DESTINATION_SERVER_NAME")]
+    #[arg(long, env = "BALLAST_PROXY_DESTINATION_SERVER_NAME", value_parser = dns_name_or_empty)]
     destination_server_name: Option<String>,
 
     /// The trust anchors (PEM bundle) every mesh certificate must chain to.
     #[arg(long, env = "BALLAST_PROXY_IDENTITY_TRUST_ANCHORS")]
     identity_trust_anchors: Option<PathBuf>,
 
+    /// The trust anchors given inline, as PEM text (what `ballast injector`
+    /// sets, as Linkerd's LINKERD2_PROXY_IDENTITY_TRUST_ANCHORS); instead of
+    /// --identity-trust-anchors.
+    #[arg(
+        long,
+        env = "BALLAST_PROXY_IDENTITY_TRUST_ANCHORS_PEM",
+        conflicts_with = "identity_trust_anchors",
+        hide_env_values = true
+    )]
+    identity_trust_anchors_pem: Option<String>,
+
     /// This proxy's identity (default: --pod-service-account in --pod-namespace,
     /// SA.NS.serviceaccount.identity.CONTROLLER_NS.TRUST_DOMAIN).
-    #[arg(long, env = "BALLAST_PROXY_IDENTITY_LOCAL_NAME")]
+    #[arg(long, env = "BALLAST_PROXY_IDENTITY_LOCAL_NAME", value_parser = dns_name)]
     identity_local_name: Option<String>,
 
     /// The service-account token sent with each certificate request; re-read at each renewal.
@@ -249,7 +268,8 @@ pub struct Args {
     #[arg(
         long,
         env = "BALLAST_PROXY_IDENTITY_CONTROLLER_NAMESPACE",
-        default_value = "linkerd"
+        default_value = "linkerd",
+        value_parser = dns_label
     )]
     identity_controller_namespace: String,
 
@@ -257,7 +277,8 @@ pub struct Args {
     #[arg(
         long,
         env = "BALLAST_PROXY_IDENTITY_TRUST_DOMAIN",
-        default_value = "cluster.local"
+        default_value = "cluster.local",
+        value_parser = dns_name
     )]
     identity_trust_domain: String,
 
@@ -406,13 +427,9 @@ fn parse_tcp_route(s: &str) -> Result<(SocketAddr, String), String> {
         .trim()
         .parse()
         .map_err(|e| format!("listen address {listen:?}: {e}"))?;
-    let authority = authority.trim();
-    if authority.is_empty() || !authority.contains(':') {
-        return Err(format!(
-            "authority {authority:?} must be NAME.NS.svc.CLUSTER_DOMAIN:PORT"
-        ));
-    }
-    Ok((listen, authority.to_string()))
+    let authority = ballast_flags::host_port(authority.trim())
+        .map_err(|e| format!("{e} (as NAME.NS.svc.CLUSTER_DOMAIN:PORT)"))?;
+    Ok((listen, authority))
 }
 
 /// Runs the proxy on a runtime of its own size: one thread by default, as a
@@ -599,11 +616,15 @@ fn identity(
         tracing::info!("identity disabled: no mutual TLS");
         return Ok(None);
     }
-    let Some(anchors) = &args.identity_trust_anchors else {
-        anyhow::bail!("--identity-trust-anchors is required (or pass --identity-disabled to run without mesh identity)");
+    let roots = match (&args.identity_trust_anchors, &args.identity_trust_anchors_pem) {
+        (Some(file), _) => tls::root_store_file(file)
+            .map_err(|e| anyhow::anyhow!("--identity-trust-anchors: {e}"))?,
+        (None, Some(pem)) => ballast_meshtls::pem::certificates(pem.as_bytes())
+            .map_err(|e| tls::TlsError::Anchors(e.to_string()))
+            .and_then(|anchors| tls::root_store(&anchors))
+            .map_err(|e| anyhow::anyhow!("--identity-trust-anchors-pem: {e}"))?,
+        (None, None) => anyhow::bail!("--identity-trust-anchors (or --identity-trust-anchors-pem) is required (or pass --identity-disabled to run without mesh identity)"),
     };
-    let roots = tls::root_store_file(anchors)
-        .map_err(|e| anyhow::anyhow!("--identity-trust-anchors: {e}"))?;
     let (ns, td) = (
         &args.identity_controller_namespace,
         &args.identity_trust_domain,
@@ -677,8 +698,14 @@ fn control_tls(
 }
 
 /// `--cluster-networks`: comma-separated CIDRs.
+/// At least one network, as `ballast destination` asks: with none, the
+/// cluster-* policies would admit no one.
 fn parse_networks(s: &str) -> Result<Vec<ballast_proxy::network::IpNetwork>, String> {
-    ballast_proxy::network::parse_networks(s).map_err(|e| e.to_string())
+    let nets = ballast_proxy::network::parse_networks(s).map_err(|e| e.to_string())?;
+    if nets.is_empty() {
+        return Err("at least one network is needed".into());
+    }
+    Ok(nets)
 }
 
 /// `KIND/NAME`, as `--pod-owner` takes it.
@@ -686,10 +713,8 @@ fn parse_owner(s: &str) -> Result<(OwnerKind, String), String> {
     let (kind, name) = s
         .split_once('/')
         .ok_or_else(|| format!("{s:?} is not KIND/NAME (e.g. deployment/web)"))?;
-    if name.is_empty() || name.len() > 253 {
-        return Err(format!("{s:?}: the name must be 1 to 253 characters"));
-    }
-    Ok((kind.parse()?, name.to_string()))
+    let name = ballast_flags::dns_name(name).map_err(|e| format!("{s:?}: {e}"))?;
+    Ok((kind.parse()?, name))
 }
 
 #[cfg(test)]
@@ -706,8 +731,28 @@ mod tests {
             parse_owner("job/backup-1"),
             Ok((OwnerKind::Job, "backup-1".to_string()))
         );
-        for bad in ["web", "deployment/", "cronjob/x", "/web"] {
+        for bad in ["web", "deployment/", "cronjob/x", "/web", "deployment/Web"] {
             assert!(parse_owner(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn tcp_routes_are_a_listen_address_and_an_authority() {
+        assert_eq!(
+            parse_tcp_route("127.0.0.1:5432=db.shop.svc.cluster.local:5432"),
+            Ok((
+                "127.0.0.1:5432".parse().unwrap(),
+                "db.shop.svc.cluster.local:5432".to_string()
+            ))
+        );
+        for bad in [
+            "127.0.0.1:25432=http://x",
+            "127.0.0.1:25432=db.shop",
+            "127.0.0.1:25432=",
+            "127.0.0.1=db:5432",
+            "db:5432",
+        ] {
+            assert!(parse_tcp_route(bad).is_err(), "{bad}");
         }
     }
 }

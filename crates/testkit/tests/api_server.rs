@@ -439,7 +439,7 @@ async fn odd_requests_get_status_answers() {
     };
     for (path, code) in [
         ("/api/v1/nonsense", 404),
-        ("/apis/apps/v1/deployments", 404),
+        ("/apis/batch/v1/jobs", 404),
         ("/api/v1/pods?limit=x", 400),
         ("/api/v1/pods?continue=zz", 400),
         ("/api/v1/pods?labelSelector=a%20in%20b", 400),
@@ -567,4 +567,69 @@ async fn a_watch_that_falls_behind_is_closed_and_the_watcher_resumes() {
         1,
         "resumed from history, no relist"
     );
+}
+
+#[tokio::test]
+async fn cluster_scoped_types_are_served_without_a_namespace() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Namespace;
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+    let server = ApiServer::start().await;
+    let stored = server.apply(json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "shop", "namespace": "ignored"}
+    }));
+    assert!(stored["metadata"].get("namespace").is_none(), "{stored}");
+    server.apply(json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "reader"},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    }));
+    server.apply(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": {}}
+    }));
+    let client = client(&server).await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let names: Vec<String> = namespaces
+        .list(&ListParams::default())
+        .await
+        .expect("namespaces list")
+        .items
+        .iter()
+        .map(|n| n.name_any())
+        .collect();
+    assert_eq!(names, ["shop"]);
+    assert!(namespaces.get("shop").await.is_ok());
+    assert!(namespaces
+        .get_opt("nope")
+        .await
+        .expect("404 is none")
+        .is_none());
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    let role = roles.get("reader").await.expect("clusterrole get");
+    assert_eq!(role.rules.map(|r| r.len()), Some(1));
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "shop");
+    assert_eq!(
+        deployments
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .len(),
+        1
+    );
+    assert!(server.delete("rbac.authorization.k8s.io/v1", "ClusterRole", "", "reader"));
+    assert!(roles.get_opt("reader").await.expect("get").is_none());
+    // Every answer carries the server's clock, as the real API server's do.
+    let res = client
+        .send(
+            http::Request::get("/version")
+                .body(kube::client::Body::empty())
+                .expect("request"),
+        )
+        .await
+        .expect("version");
+    assert!(res.headers().contains_key(http::header::DATE));
 }

@@ -6,6 +6,7 @@
 pub mod backends;
 pub mod identity;
 pub mod manifests;
+pub mod openmetrics;
 pub mod proxy;
 pub mod updates;
 

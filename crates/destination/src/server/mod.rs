@@ -17,7 +17,9 @@ mod translate;
 mod updates;
 
 pub use grpc::DestinationGrpc;
-pub use translate::{weighted_addr, MeshConfig, DEFAULT_PROXY_INBOUND_PORT, DEFAULT_WEIGHT};
+pub use translate::{
+    default_retry_budget, weighted_addr, MeshConfig, DEFAULT_PROXY_INBOUND_PORT, DEFAULT_WEIGHT,
+};
 pub use updates::{EndpointsEncoder, ProfileEncoder, MAX_ADDRS_PER_UPDATE};
 
 use crate::{
@@ -196,7 +198,7 @@ impl DestinationService {
     ) -> StreamBody<V> {
         self.store
             .metrics()
-            .streams_total
+            .streams_opened_total
             .get_or_create(&Metrics::method(method))
             .inc();
         StreamBody::new(sub, self.shutdown.clone(), metrics.clone(), permit)

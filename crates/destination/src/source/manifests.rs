@@ -14,7 +14,14 @@
 //! most per read), naming the file, the document and the field, and then
 //! applies nothing: its last good objects stay served until it reads cleanly
 //! again. When two files define the same object, the first in path order is
-//! served and a warning names both.
+//! served and a warning names both. When two Services claim one clusterIP
+//! (which Kubernetes refuses, but files allow), a warning names both; the
+//! index answers for that IP with the first by namespace, then name.
+//!
+//! Logs, after the first load: one INFO line per file whose objects changed
+//! (added, changed, removed, or renamed: a rename is one line however many
+//! events and rescans it takes), one when a broken file reads cleanly again
+//! ("fixed"), WARN for each problem and for the watcher's own errors.
 //!
 //! Bounds: files larger than [`ManifestsConfig::max_file_bytes`] (default
 //! [`DEFAULT_MAX_FILE_BYTES`], 16 MiB) are refused; each file's YAML is read
@@ -27,11 +34,11 @@
 use super::documents::{self, label, ObjectId, Parsed};
 use crate::{
     metrics::Metrics,
-    resource::{truncate, Resource},
+    resource::{truncate, Kind, ObjectKey, Resource},
     store::{Op, Store},
 };
 use notify::{
-    event::{AccessKind, AccessMode, ModifyKind},
+    event::{AccessKind, AccessMode, ModifyKind, RenameMode},
     EventKind, RecommendedWatcher, RecursiveMode, Watcher,
 };
 use std::{
@@ -40,6 +47,7 @@ use std::{
     future::Future,
     hash::Hasher,
     io::{self, Read},
+    net::IpAddr,
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -81,6 +89,9 @@ const MAX_DIR_ENTRIES: usize = 4 * MAX_FILES;
 const MESSAGE_MAX: usize = 300;
 /// Problem lines logged per file read; the rest are counted.
 const PROBLEMS_PER_FILE: usize = 5;
+/// The watcher's errors are logged at most once per this long (the rest
+/// are counted in the next line); each one also asks for a full rescan.
+const WATCH_ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Where the manifests are and how they are read.
 #[derive(Clone, Debug)]
@@ -111,12 +122,13 @@ impl ManifestsConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestsError {
     #[error(
-        "cannot read the manifests directory {path}: {source}; create it, or pass an existing, readable directory"
+        "cannot read the manifests directory {path}: {cause}; create it, or pass an existing, readable directory"
     )]
     Unreadable {
         path: String,
-        #[source]
-        source: io::Error,
+        /// Not the error's `source()`: its text is already in the message,
+        /// and `{:#}` would print it twice.
+        cause: io::Error,
     },
     #[error(
         "the manifests path {path} is not a directory; pass the directory that holds the *.yaml, *.yml and *.json files"
@@ -369,9 +381,13 @@ impl DirWatch {
         let handler = {
             let lost = lost.clone();
             let dir = dir.to_path_buf();
+            let mut errors = WatchErrors::default();
             move |event: notify::Result<notify::Event>| {
                 let mut complete = false;
                 let mut paths = Vec::new();
+                if let Err(e) = &event {
+                    errors.warn(&dir, e);
+                }
                 if let Ok(event) = &event {
                     paths.clone_from(&event.paths);
                     if !event.paths.is_empty()
@@ -379,10 +395,18 @@ impl DirWatch {
                     {
                         return;
                     }
+                    // The first half of a rename is not complete: its other
+                    // half follows at once, and one rescan seeing both logs
+                    // one rename rather than a removal and an addition.
                     complete = matches!(
                         event.kind,
                         EventKind::Access(AccessKind::Close(AccessMode::Write))
-                            | EventKind::Modify(ModifyKind::Name(_))
+                            | EventKind::Modify(ModifyKind::Name(
+                                RenameMode::To
+                                    | RenameMode::Both
+                                    | RenameMode::Any
+                                    | RenameMode::Other
+                            ))
                             | EventKind::Remove(_)
                     );
                     match event.kind {
@@ -462,10 +486,12 @@ impl DirWatch {
     }
 }
 
-fn check_dir(dir: &Path) -> Result<(), ManifestsError> {
-    let unreadable = |source| ManifestsError::Unreadable {
+/// Whether `dir` can serve as the manifests directory (it exists, is a
+/// directory and can be listed): what [`run`] checks first.
+pub fn check_dir(dir: &Path) -> Result<(), ManifestsError> {
+    let unreadable = |cause| ManifestsError::Unreadable {
         path: shown(dir),
-        source,
+        cause,
     };
     let meta = fs::metadata(dir).map_err(unreadable)?;
     if !meta.is_dir() {
@@ -500,6 +526,10 @@ struct Manifests {
     root_unreadable: bool,
     truncated: bool,
     unreadable_dirs: BTreeSet<PathBuf>,
+    /// The clusterIPs of the Services served, and the Services claiming
+    /// each: to warn when two claim one.
+    service_ips: HashMap<ObjectKey, Vec<IpAddr>>,
+    services_by_ip: HashMap<IpAddr, BTreeSet<ObjectKey>>,
 }
 
 struct FileState {
@@ -565,6 +595,8 @@ impl Manifests {
             root_unreadable: false,
             truncated: false,
             unreadable_dirs: BTreeSet::new(),
+            service_ips: HashMap::new(),
+            services_by_ip: HashMap::new(),
         }
     }
 
@@ -824,17 +856,21 @@ impl Manifests {
             })
             .collect();
 
+        let mut events = FileEvents::default();
         for (path, change) in changes {
             match change {
                 Change::Removed => {
                     if let Some(old) = self.files.remove(&path) {
                         self.disown(&path, old.objects.keys());
+                        events.removed(&path, old.objects);
                     }
                 }
                 Change::Loaded(new) => {
-                    if let Some(old) = self.files.remove(&path) {
+                    let old = self.files.remove(&path);
+                    if let Some(old) = &old {
                         self.disown(&path, old.objects.keys());
                     }
+                    events.loaded(&path, old.as_ref(), &new);
                     for id in new.objects.keys() {
                         let definers = self.definers.entry(id.clone()).or_default();
                         definers.insert(&path);
@@ -884,6 +920,57 @@ impl Manifests {
                     scan.ops.push(Op::Apply(now.clone()))
                 }
                 _ => {}
+            }
+        }
+        // The first load is summed up in one line by the caller.
+        if self.scanned {
+            events.log();
+        }
+        self.track_cluster_ips(&scan.ops);
+    }
+
+    /// Follows the clusterIPs of the Services served and warns when a
+    /// Service claims one another Service already has. The index answers
+    /// for the IP with the first by namespace, then name.
+    fn track_cluster_ips(&mut self, ops: &[Op]) {
+        for op in ops {
+            let (key, ips) = match op {
+                Op::Apply(Resource::Service(svc)) => (&svc.key, svc.cluster_ips.clone()),
+                Op::Delete(Kind::Service, key) => (key, Vec::new()),
+                _ => continue,
+            };
+            if let Some(old) = self.service_ips.remove(key) {
+                for ip in old {
+                    if let Some(keys) = self.services_by_ip.get_mut(&ip) {
+                        keys.remove(key);
+                        if keys.is_empty() {
+                            self.services_by_ip.remove(&ip);
+                        }
+                    }
+                }
+            }
+            for &ip in &ips {
+                let keys = self.services_by_ip.entry(ip).or_default();
+                keys.insert(key.clone());
+                if keys.len() < 2 {
+                    continue;
+                }
+                let others: Vec<String> = keys
+                    .iter()
+                    .filter(|k| *k != key)
+                    .take(3)
+                    .map(|k| k.to_string())
+                    .collect();
+                let served = keys.first().map(|k| k.to_string()).unwrap_or_default();
+                tracing::warn!(
+                    "Services {} and {key} both claim clusterIP {ip}; answering for that IP with {served} \
+                     (first by namespace, then name). Kubernetes gives each clusterIP to one Service: \
+                     change or remove one of them",
+                    others.join(", ")
+                );
+            }
+            if !ips.is_empty() {
+                self.service_ips.insert(key.clone(), ips);
             }
         }
     }
@@ -959,6 +1046,191 @@ impl Definers {
 
     fn iter(&self) -> impl Iterator<Item = &Arc<Path>> {
         self.0.iter()
+    }
+}
+
+/// What one rescan did to each file, logged one line per file whose
+/// objects changed. A file removed and another loaded with the very same
+/// objects in one rescan is a rename (onto a new name, or over another
+/// file): one line.
+#[derive(Default)]
+struct FileEvents {
+    removed: Vec<(Arc<Path>, BTreeMap<ObjectId, Resource>)>,
+    loaded: Vec<LoadedFile>,
+}
+
+/// A file read cleanly, and what that changed.
+struct LoadedFile {
+    path: Arc<Path>,
+    objects: BTreeMap<ObjectId, Resource>,
+    what: LoadedKind,
+}
+
+enum LoadedKind {
+    /// A new file.
+    Added,
+    /// Changed in place: objects added or updated, objects removed.
+    Changed { updated: usize, removed: usize },
+    /// Was broken, reads cleanly now.
+    Fixed,
+}
+
+impl FileEvents {
+    fn removed(&mut self, path: &Arc<Path>, objects: BTreeMap<ObjectId, Resource>) {
+        if !objects.is_empty() {
+            self.removed.push((path.clone(), objects));
+        }
+    }
+
+    fn loaded(&mut self, path: &Arc<Path>, old: Option<&FileState>, new: &FileState) {
+        let what = match old {
+            None if new.objects.is_empty() => return,
+            None => LoadedKind::Added,
+            Some(old) if old.invalid => LoadedKind::Fixed,
+            Some(old) => {
+                let updated = new
+                    .objects
+                    .iter()
+                    .filter(|(id, r)| old.objects.get(*id) != Some(*r))
+                    .count();
+                let removed = old
+                    .objects
+                    .keys()
+                    .filter(|id| !new.objects.contains_key(*id))
+                    .count();
+                if updated + removed == 0 {
+                    return;
+                }
+                LoadedKind::Changed { updated, removed }
+            }
+        };
+        self.loaded.push(LoadedFile {
+            path: path.clone(),
+            objects: new.objects.clone(),
+            what,
+        });
+    }
+
+    fn log(mut self) {
+        for (from, objects) in std::mem::take(&mut self.removed) {
+            let Some(at) = self.loaded.iter().position(|l| l.objects == objects) else {
+                tracing::info!(
+                    "{}: removed ({} no longer defined by it)",
+                    shown(&from),
+                    count(objects.len())
+                );
+                continue;
+            };
+            let to = self.loaded.remove(at);
+            match to.what {
+                LoadedKind::Added => {
+                    tracing::info!(
+                        "{}: renamed to {} (same objects)",
+                        shown(&from),
+                        shown(&to.path)
+                    )
+                }
+                LoadedKind::Changed { updated, removed } => tracing::info!(
+                    "{}: renamed over {} ({} added or updated, {removed} removed)",
+                    shown(&from),
+                    shown(&to.path),
+                    count(updated)
+                ),
+                LoadedKind::Fixed => tracing::info!(
+                    "{}: renamed over {}, which was broken ({} served)",
+                    shown(&from),
+                    shown(&to.path),
+                    count(to.objects.len())
+                ),
+            }
+        }
+        for loaded in self.loaded {
+            let file = shown(&loaded.path);
+            match loaded.what {
+                LoadedKind::Added => {
+                    tracing::info!("{file}: added ({})", count(loaded.objects.len()))
+                }
+                LoadedKind::Changed { updated, removed } => tracing::info!(
+                    "{file}: changed ({} added or updated, {removed} removed)",
+                    count(updated)
+                ),
+                LoadedKind::Fixed => tracing::info!(
+                    "{file}: fixed; it reads cleanly again ({} served)",
+                    count(loaded.objects.len())
+                ),
+            }
+        }
+    }
+}
+
+/// `1 object`, `2 objects`.
+fn count(objects: usize) -> String {
+    match objects {
+        1 => "1 object".to_string(),
+        n => format!("{n} objects"),
+    }
+}
+
+/// The watcher's errors (a lost event queue, a watch limit reached, a watch
+/// that cannot be removed): each one asks for a full rescan, and is logged
+/// at WARN at most once per [`WATCH_ERROR_LOG_INTERVAL`].
+#[derive(Default)]
+struct WatchErrors {
+    last: Option<std::time::Instant>,
+    unlogged: u64,
+}
+
+impl WatchErrors {
+    fn warn(&mut self, dir: &Path, error: &notify::Error) {
+        let Some(earlier) = self.admit(std::time::Instant::now()) else {
+            return;
+        };
+        let mut reason = error.to_string();
+        truncate(&mut reason, 200);
+        let reason: String = reason
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect();
+        tracing::warn!(
+            dir = %shown(dir),
+            "The manifests directory's watcher failed ({reason}; {earlier} more since the last such line); \
+             rescanning the whole directory"
+        );
+    }
+
+    /// Whether an error at `now` is logged: `Some(errors not logged since
+    /// the last line)`, or `None` (counted) within the interval.
+    fn admit(&mut self, now: std::time::Instant) -> Option<u64> {
+        if self
+            .last
+            .is_some_and(|last| now.saturating_duration_since(last) < WATCH_ERROR_LOG_INTERVAL)
+        {
+            self.unlogged += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.unlogged))
+    }
+}
+
+#[cfg(test)]
+mod watch_error_tests {
+    use super::{WatchErrors, WATCH_ERROR_LOG_INTERVAL};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn watcher_errors_are_logged_once_per_interval_with_a_count_of_the_rest() {
+        let t0 = Instant::now();
+        let mut errors = WatchErrors::default();
+        assert_eq!(errors.admit(t0), Some(0));
+        assert_eq!(errors.admit(t0 + Duration::from_secs(1)), None);
+        assert_eq!(errors.admit(t0 + Duration::from_secs(9)), None);
+        assert_eq!(errors.admit(t0 + WATCH_ERROR_LOG_INTERVAL), Some(2));
+        assert_eq!(
+            errors.admit(t0 + WATCH_ERROR_LOG_INTERVAL + Duration::from_secs(1)),
+            None
+        );
+        assert_eq!(errors.admit(t0 + 3 * WATCH_ERROR_LOG_INTERVAL), Some(1));
     }
 }
 

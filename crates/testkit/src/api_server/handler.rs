@@ -160,7 +160,10 @@ pub(crate) async fn handle(
         Route::Collection { namespace, .. } => (namespace.clone(), None),
         Route::Object {
             namespace, name, ..
-        } => (Some(namespace.clone()), Some(name.clone())),
+        } => (
+            (!namespace.is_empty()).then(|| namespace.clone()),
+            Some(name.clone()),
+        ),
         _ => (None, None),
     };
     lock(&shared.requests).push(RequestRecord {
@@ -470,7 +473,7 @@ fn resource_list(group: &str, version: &str) -> Value {
             json!({
                 "name": r.plural,
                 "singularName": r.singular,
-                "namespaced": true,
+                "namespaced": r.namespaced,
                 "kind": r.kind,
                 "verbs": ["get", "list", "watch"],
                 "shortNames": r.short_names,

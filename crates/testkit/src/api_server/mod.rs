@@ -117,8 +117,14 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// A Kubernetes API server emulation on `127.0.0.1`, for the real kube client.
 ///
-/// It serves `pods` and `services` (core `v1`) and `endpointslices`
-/// (`discovery.k8s.io/v1`), namespaced and across namespaces:
+/// It serves `pods` and `services` (core `v1`), `endpointslices`
+/// (`discovery.k8s.io/v1`), the policy resources the destination controller watches,
+/// and what `ballast check` reads: `namespaces`, `nodes`, `configmaps`, `secrets`,
+/// `serviceaccounts` (core `v1`), `deployments` (`apps/v1`), `clusterroles` and
+/// `clusterrolebindings` (`rbac.authorization.k8s.io/v1`) and
+/// `customresourcedefinitions` (`apiextensions.k8s.io/v1`). Namespaced types are served
+/// in one namespace and across namespaces; cluster-scoped ones (Namespace, Node, the
+/// cluster RBAC types, CRDs) at `/{plural}[/{name}]`, and are stored without a namespace:
 ///
 /// - **LIST** with `limit`/`continue` (pages are consistent reads at the first page's
 ///   resourceVersion; a token older than the retained history is 410 Expired),
@@ -275,6 +281,7 @@ impl ApiServer {
     }
 
     /// Deletes an object; false when there was none (or the type is not served).
+    /// Cluster-scoped objects are named with namespace `""`.
     pub fn delete(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> bool {
         let Some(resource) = resources::by_kind(api_version, kind) else {
             return false;
@@ -291,7 +298,7 @@ impl ApiServer {
         deleted
     }
 
-    /// The stored object, as GET would return it.
+    /// The stored object, as GET would return it (namespace `""` for cluster-scoped types).
     pub fn get(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
         let resource = resources::by_plural(plural)?;
         let store = lock(&self.shared.store);

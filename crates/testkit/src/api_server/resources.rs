@@ -13,6 +13,8 @@ pub(crate) struct ResourceType {
     /// Field selector keys the real API server accepts for this type
     /// (besides `metadata.name` and `metadata.namespace`).
     pub field_labels: &'static [&'static str],
+    /// Namespaced (`/namespaces/{ns}/{plural}`) or cluster-scoped (`/{plural}`).
+    pub namespaced: bool,
 }
 
 impl ResourceType {
@@ -30,7 +32,7 @@ impl ResourceType {
     }
 }
 
-/// Every served type; all are namespaced (Namespaces themselves are not served). A resource is referred to by its index here.
+/// Every served type. A resource is referred to by its index here.
 pub(crate) const RESOURCES: &[ResourceType] = &[
     ResourceType {
         group: "",
@@ -39,6 +41,7 @@ pub(crate) const RESOURCES: &[ResourceType] = &[
         singular: "pod",
         kind: "Pod",
         short_names: &["po"],
+        namespaced: true,
         field_labels: &[
             "spec.nodeName",
             "spec.restartPolicy",
@@ -58,6 +61,7 @@ pub(crate) const RESOURCES: &[ResourceType] = &[
         kind: "Service",
         short_names: &["svc"],
         field_labels: &["spec.clusterIP", "spec.type"],
+        namespaced: true,
     },
     ResourceType {
         group: "discovery.k8s.io",
@@ -67,6 +71,7 @@ pub(crate) const RESOURCES: &[ResourceType] = &[
         kind: "EndpointSlice",
         short_names: &[],
         field_labels: &["addressType"],
+        namespaced: true,
     },
     // Policy resources (custom resources on a real cluster). Linkerd's own
     // `policy.linkerd.io` HTTPRoute is not served: plurals stay unique.
@@ -78,6 +83,7 @@ pub(crate) const RESOURCES: &[ResourceType] = &[
         kind: "HTTPRoute",
         short_names: &[],
         field_labels: &[],
+        namespaced: true,
     },
     ResourceType {
         group: "gateway.networking.k8s.io",
@@ -87,6 +93,7 @@ pub(crate) const RESOURCES: &[ResourceType] = &[
         kind: "GRPCRoute",
         short_names: &[],
         field_labels: &[],
+        namespaced: true,
     },
     ResourceType {
         group: "policy.linkerd.io",
@@ -96,6 +103,7 @@ pub(crate) const RESOURCES: &[ResourceType] = &[
         kind: "Server",
         short_names: &[],
         field_labels: &[],
+        namespaced: true,
     },
     ResourceType {
         group: "policy.linkerd.io",
@@ -105,6 +113,7 @@ pub(crate) const RESOURCES: &[ResourceType] = &[
         kind: "AuthorizationPolicy",
         short_names: &[],
         field_labels: &[],
+        namespaced: true,
     },
     ResourceType {
         group: "policy.linkerd.io",
@@ -114,6 +123,7 @@ pub(crate) const RESOURCES: &[ResourceType] = &[
         kind: "MeshTLSAuthentication",
         short_names: &[],
         field_labels: &[],
+        namespaced: true,
     },
     ResourceType {
         group: "policy.linkerd.io",
@@ -123,6 +133,7 @@ pub(crate) const RESOURCES: &[ResourceType] = &[
         kind: "NetworkAuthentication",
         short_names: &[],
         field_labels: &[],
+        namespaced: true,
     },
     ResourceType {
         group: "linkerd.io",
@@ -132,6 +143,98 @@ pub(crate) const RESOURCES: &[ResourceType] = &[
         kind: "ServiceProfile",
         short_names: &[],
         field_labels: &[],
+        namespaced: true,
+    },
+    // What `ballast check` reads besides the above.
+    ResourceType {
+        group: "",
+        version: "v1",
+        plural: "namespaces",
+        singular: "namespace",
+        kind: "Namespace",
+        short_names: &["ns"],
+        field_labels: &["status.phase"],
+        namespaced: false,
+    },
+    ResourceType {
+        group: "",
+        version: "v1",
+        plural: "nodes",
+        singular: "node",
+        kind: "Node",
+        short_names: &["no"],
+        field_labels: &["spec.unschedulable"],
+        namespaced: false,
+    },
+    ResourceType {
+        group: "",
+        version: "v1",
+        plural: "configmaps",
+        singular: "configmap",
+        kind: "ConfigMap",
+        short_names: &["cm"],
+        field_labels: &[],
+        namespaced: true,
+    },
+    ResourceType {
+        group: "",
+        version: "v1",
+        plural: "secrets",
+        singular: "secret",
+        kind: "Secret",
+        short_names: &[],
+        field_labels: &["type"],
+        namespaced: true,
+    },
+    ResourceType {
+        group: "",
+        version: "v1",
+        plural: "serviceaccounts",
+        singular: "serviceaccount",
+        kind: "ServiceAccount",
+        short_names: &["sa"],
+        field_labels: &[],
+        namespaced: true,
+    },
+    ResourceType {
+        group: "apps",
+        version: "v1",
+        plural: "deployments",
+        singular: "deployment",
+        kind: "Deployment",
+        short_names: &["deploy"],
+        field_labels: &[],
+        namespaced: true,
+    },
+    ResourceType {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        plural: "clusterroles",
+        singular: "clusterrole",
+        kind: "ClusterRole",
+        short_names: &[],
+        field_labels: &[],
+        namespaced: false,
+    },
+    ResourceType {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        plural: "clusterrolebindings",
+        singular: "clusterrolebinding",
+        kind: "ClusterRoleBinding",
+        short_names: &[],
+        field_labels: &[],
+        namespaced: false,
+    },
+    ResourceType {
+        group: "apiextensions.k8s.io",
+        version: "v1",
+        plural: "customresourcedefinitions",
+        singular: "customresourcedefinition",
+        kind: "CustomResourceDefinition",
+        short_names: &["crd", "crds"],
+        field_labels: &[],
+        namespaced: false,
     },
 ];
 
@@ -222,7 +325,15 @@ pub(crate) fn route(path: &str) -> Route {
 }
 
 fn resource_route(group: &'static str, version: &str, rest: &[&str]) -> Route {
-    let in_group = |plural: &str| {
+    let in_group = |plural: &str, namespaced: bool| {
+        RESOURCES.iter().position(|r| {
+            r.group == group
+                && r.version == version
+                && r.plural == plural
+                && r.namespaced == namespaced
+        })
+    };
+    let any_scope = |plural: &str| {
         RESOURCES
             .iter()
             .position(|r| r.group == group && r.version == version && r.plural == plural)
@@ -236,21 +347,31 @@ fn resource_route(group: &'static str, version: &str, rest: &[&str]) -> Route {
     };
     match rest {
         [] => Route::Resources { group, version },
-        [plural] => match in_group(plural) {
+        // Every type across namespaces, or a cluster-scoped type's collection.
+        [plural] => match any_scope(plural) {
             Some(resource) => Route::Collection {
                 resource,
                 namespace: None,
             },
             None => Route::NotFound,
         },
-        ["namespaces", ns, plural] => match in_group(plural) {
+        // One cluster-scoped object (a Namespace is `/api/v1/namespaces/NAME`).
+        [plural, name] => match in_group(plural, false) {
+            Some(resource) => Route::Object {
+                resource,
+                namespace: String::new(),
+                name: name.to_string(),
+            },
+            None => Route::NotFound,
+        },
+        ["namespaces", ns, plural] => match in_group(plural, true) {
             Some(resource) => Route::Collection {
                 resource,
                 namespace: Some(ns.to_string()),
             },
             None => Route::NotFound,
         },
-        ["namespaces", ns, plural, name] => match in_group(plural) {
+        ["namespaces", ns, plural, name] => match in_group(plural, true) {
             Some(resource) => Route::Object {
                 resource,
                 namespace: ns.to_string(),
@@ -315,7 +436,42 @@ mod tests {
             ("/api/v2/pods", Route::NotFound),
             ("/api/v1/endpointslices", Route::NotFound),
             ("/apis/discovery.k8s.io/v1/pods", Route::NotFound),
-            ("/apis/apps/v1/deployments", Route::NotFound),
+            ("/apis/batch/v1/jobs", Route::NotFound),
+            (
+                "/api/v1/namespaces",
+                Route::Collection {
+                    resource: by_plural("namespaces").unwrap_or(99),
+                    namespace: None,
+                },
+            ),
+            (
+                "/api/v1/namespaces/shop",
+                Route::Object {
+                    resource: by_plural("namespaces").unwrap_or(99),
+                    namespace: String::new(),
+                    name: "shop".into(),
+                },
+            ),
+            (
+                "/apis/rbac.authorization.k8s.io/v1/clusterroles/r1",
+                Route::Object {
+                    resource: by_plural("clusterroles").unwrap_or(99),
+                    namespace: String::new(),
+                    name: "r1".into(),
+                },
+            ),
+            (
+                "/apis/apps/v1/namespaces/ns1/deployments",
+                Route::Collection {
+                    resource: by_plural("deployments").unwrap_or(99),
+                    namespace: Some("ns1".into()),
+                },
+            ),
+            (
+                "/apis/rbac.authorization.k8s.io/v1/namespaces/ns1/clusterroles",
+                Route::NotFound,
+            ),
+            ("/api/v1/pods/p1/extra", Route::NotFound),
             ("/api/v1/namespaces/ns1/pods/p1/status", Route::NotFound),
             ("/", Route::NotFound),
             ("", Route::NotFound),

@@ -117,7 +117,7 @@ impl Store {
         let (api_version, kind) = (text("apiVersion"), text("kind"));
         let Some(resource) = resources::by_kind(&api_version, &kind) else {
             return Err(format!(
-                "apply: apiVersion {api_version:?} kind {kind:?} is not served (pods, services, endpointslices are)"
+                "apply: apiVersion {api_version:?} kind {kind:?} is not served (see ballast_testkit::ApiServer for the served types)"
             ));
         };
         let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) else {
@@ -127,11 +127,18 @@ impl Store {
             Some(n) if !n.is_empty() => n.to_string(),
             _ => return Err(format!("apply: {kind} has no metadata.name")),
         };
-        let namespace = match meta.get("namespace").and_then(Value::as_str) {
-            Some(ns) if !ns.is_empty() => ns.to_string(),
-            _ => "default".to_string(),
+        // Cluster-scoped objects have no namespace (the API server drops one given).
+        let namespace = if !RESOURCES[resource].namespaced {
+            meta.remove("namespace");
+            String::new()
+        } else {
+            let namespace = match meta.get("namespace").and_then(Value::as_str) {
+                Some(ns) if !ns.is_empty() => ns.to_string(),
+                _ => "default".to_string(),
+            };
+            meta.insert("namespace".into(), Value::String(namespace.clone()));
+            namespace
         };
-        meta.insert("namespace".into(), Value::String(namespace.clone()));
         let key = (namespace, name);
         let prev = self.objects[resource].get(&key).cloned();
         if let Some(prev) = &prev {

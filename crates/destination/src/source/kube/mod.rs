@@ -108,26 +108,44 @@ impl Default for KubeConfig {
 }
 
 /// Why the Kubernetes source cannot start.
+///
+/// The causes are kept as one-line text, not as `source()`s: kube's errors
+/// already repeat their own sources' text (and the YAML parser's spans
+/// several lines), so a chained `{:#}` would print each cause two or three
+/// times.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
     #[error(
-        "cannot read the kubeconfig {path}: {source}; pass a readable kubeconfig file, or omit it to use KUBECONFIG or the in-cluster service account"
+        "cannot use the kubeconfig {path}: {reason}; pass a readable kubeconfig file, or omit it to use KUBECONFIG or the in-cluster service account"
     )]
-    Kubeconfig {
-        path: String,
-        #[source]
-        source: kube::config::KubeconfigError,
-    },
+    Kubeconfig { path: String, reason: String },
     #[error(
-        "no Kubernetes configuration found ({0}); run in a pod with a service account, set KUBECONFIG, or pass a kubeconfig file"
+        "no Kubernetes configuration found (not in a pod with a service account, and {reason}); run in a pod with a service account, set KUBECONFIG, or pass a kubeconfig file"
     )]
-    Infer(#[source] kube::config::InferConfigError),
+    Infer { reason: String },
     #[error("cannot build the Kubernetes client: {0}")]
-    Client(#[source] kube::Error),
+    Client(String),
     #[error(
         "the {0} watcher stopped unexpectedly; this is a bug: restart the controller and report it"
     )]
     Stopped(&'static str),
+}
+
+/// A kubeconfig error as one line, its cause said once: an unreadable file
+/// gives the IO error alone (the caller names the file), other errors their
+/// first line (the YAML parser appends a drawing of the bad line).
+fn kubeconfig_reason(error: &kube::config::KubeconfigError) -> String {
+    match error {
+        kube::config::KubeconfigError::ReadConfig(io, _) => io.to_string(),
+        other => first_line(&other.to_string()),
+    }
+}
+
+fn first_line(text: &str) -> String {
+    let line = text.lines().next().unwrap_or_default().trim_end();
+    line.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
 }
 
 /// A kube client for the source: the kubeconfig file if one is given, else
@@ -136,16 +154,28 @@ pub enum KubeError {
 pub async fn client(config: &KubeConfig, metrics: &Metrics) -> Result<kube::Client, KubeError> {
     let kube_config = match &config.kubeconfig {
         Some(path) => {
-            let error = |source| KubeError::Kubeconfig {
+            let error = |e: kube::config::KubeconfigError| KubeError::Kubeconfig {
                 path: path.display().to_string(),
-                source,
+                reason: kubeconfig_reason(&e),
             };
             let file = kube::config::Kubeconfig::read_from(path).map_err(error)?;
             kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
                 .await
                 .map_err(error)?
         }
-        None => kube::Config::infer().await.map_err(KubeError::Infer)?,
+        None => kube::Config::infer().await.map_err(|e| {
+            // The kubeconfig's error is the one a user can act on.
+            let reason = match std::error::Error::source(&e)
+                .and_then(|s| s.downcast_ref::<kube::config::KubeconfigError>())
+            {
+                Some(kube::config::KubeconfigError::ReadConfig(io, path)) => {
+                    format!("cannot read the kubeconfig {}: {io}", path.display())
+                }
+                Some(other) => format!("the kubeconfig is unusable: {}", kubeconfig_reason(other)),
+                None => first_line(&e.to_string()),
+            };
+            KubeError::Infer { reason }
+        })?,
     };
     client_from_config(kube_config, config, metrics)
 }
@@ -168,7 +198,8 @@ pub fn client_from_config(
         config.max_retry_after,
         config.request_timeout,
     );
-    let builder = kube::client::ClientBuilder::try_from(kube_config).map_err(KubeError::Client)?;
+    let builder = kube::client::ClientBuilder::try_from(kube_config)
+        .map_err(|e| KubeError::Client(first_line(&e.to_string())))?;
     Ok(builder.with_layer(&layer).build())
 }
 

@@ -1,0 +1,378 @@
+//! `ballast inject`, run as a user would: files, directories and stdin in,
+//! manifests out; the sidecar it adds runs with flags the real proxy and
+//! init parsers accept.
+
+use clap::Parser;
+use serde_json::Value;
+use std::{
+    io::Write,
+    path::Path,
+    process::{Command, Output, Stdio},
+};
+
+const NAMESPACE: &str = "\
+# The shop's namespace: passed through byte for byte.
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: shop   # inline comment
+";
+
+const WEB: &str = r#"# Web tier
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  namespace: shop
+spec:
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
+---
+# The web deployment
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+  namespace: shop
+spec:
+  replicas: 2
+  selector:
+    matchLabels:
+      app: web
+  template:
+    metadata:
+      labels:
+        app: web
+      annotations:
+        config.linkerd.io/skip-outbound-ports: "5432"
+        config.linkerd.io/opaque-ports: "3306,4000-4002"
+        config.linkerd.io/proxy-cpu-limit: "1"
+    spec:
+      containers:
+        - name: web
+          image: nginx:1.27
+          ports:
+            - containerPort: 8080
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: web-settings
+  namespace: shop
+data:
+  # keep me
+  mode: "on"
+"#;
+
+const NIGHTLY: &str = r#"apiVersion: batch/v1
+kind: CronJob
+metadata:
+  name: nightly
+  namespace: shop
+spec:
+  schedule: "0 3 * * *"
+  jobTemplate:
+    spec:
+      template:
+        spec:
+          restartPolicy: OnFailure
+          containers:
+            - name: report
+              image: report:2
+"#;
+
+const DB: &str = r#"{
+  "apiVersion": "apps/v1",
+  "kind": "StatefulSet",
+  "metadata": {"name": "db", "namespace": "shop"},
+  "spec": {
+    "serviceName": "db",
+    "selector": {"matchLabels": {"app": "db"}},
+    "template": {
+      "metadata": {"labels": {"app": "db"}},
+      "spec": {"containers": [{"name": "db", "image": "postgres:16"}]}
+    }
+  }
+}
+"#;
+
+fn ballast(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
+        .arg("inject")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ballast runs");
+    let mut pipe = child.stdin.take().expect("stdin");
+    pipe.write_all(stdin.unwrap_or_default().as_bytes())
+        .expect("stdin written");
+    drop(pipe);
+    child.wait_with_output().expect("ballast ends")
+}
+
+fn stdout(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "ballast inject failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).expect("UTF-8 output")
+}
+
+fn manifests_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (name, text) in [
+        ("00-namespace.yaml", NAMESPACE),
+        ("10-web.yaml", WEB),
+        ("20-db.json", DB),
+        ("30-nightly.yml", NIGHTLY),
+        ("README.md", "# not a manifest: ignored\n"),
+    ] {
+        std::fs::write(dir.path().join(name), text).expect("manifest written");
+    }
+    dir
+}
+
+fn docs(text: &str) -> Vec<Value> {
+    serde_saphyr::from_multiple(text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+fn container<'a>(pod: &'a Value, list: &str, name: &str) -> &'a Value {
+    pod["spec"][list]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("no {name} in {list}"))
+}
+
+fn args(c: &Value) -> Vec<String> {
+    c["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("string arg").to_string())
+        .collect()
+}
+
+#[test]
+fn a_directory_is_injected_and_what_is_not_a_workload_passes_through_unchanged() {
+    let dir = manifests_dir();
+    let out = ballast(&[dir.path().to_str().unwrap()], None);
+    let text = stdout(&out);
+    // Documents without workloads keep every byte, comments included.
+    assert!(text.starts_with(NAMESPACE), "{text}");
+    let service = WEB.split("---\n").next().unwrap();
+    assert!(
+        text.contains(&format!("---\n{service}---\n# The web deployment\n")),
+        "{text}"
+    );
+    assert!(text.contains("  # keep me\n  mode: \"on\"\n"), "{text}");
+
+    let docs = docs(&text);
+    let names: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "Namespace",
+            "Service",
+            "Deployment",
+            "ConfigMap",
+            "StatefulSet",
+            "CronJob"
+        ]
+    );
+    for (kind, name, pod) in [
+        ("Deployment", "web", "/spec/template"),
+        ("StatefulSet", "db", "/spec/template"),
+        ("CronJob", "nightly", "/spec/jobTemplate/spec/template"),
+    ] {
+        let pod = find(&docs, kind, name).pointer(pod).unwrap();
+        assert_eq!(
+            pod["spec"]["containers"][0]["name"], "ballast-proxy",
+            "{kind}"
+        );
+        assert_eq!(
+            pod["spec"]["initContainers"][0]["name"], "ballast-init",
+            "{kind}"
+        );
+        assert_eq!(
+            pod["metadata"]["labels"]["linkerd.io/control-plane-ns"],
+            "ballast"
+        );
+    }
+    // The JSON file's StatefulSet keeps JSON's syntax.
+    assert!(
+        text.contains("---\n{\n  \"apiVersion\": \"apps/v1\",\n  \"kind\": \"StatefulSet\""),
+        "{text}"
+    );
+
+    let report = String::from_utf8_lossy(&out.stderr);
+    for line in [
+        "deployment \"web\" in namespace \"shop\" injected",
+        "statefulset \"db\" in namespace \"shop\" injected",
+        "cronjob \"nightly\" in namespace \"shop\" injected",
+    ] {
+        assert!(report.contains(line), "{report}");
+    }
+}
+
+#[test]
+fn annotations_reach_the_sidecar_and_its_flags_parse_with_the_real_parsers() {
+    let dir = manifests_dir();
+    let text = stdout(&ballast(
+        &[dir.path().join("10-web.yaml").to_str().unwrap()],
+        None,
+    ));
+    let docs = docs(&text);
+    let pod = &find(&docs, "Deployment", "web")["spec"]["template"];
+    let proxy = container(pod, "containers", "ballast-proxy");
+    let init = container(pod, "initContainers", "ballast-init");
+    assert!(args(proxy).contains(&"--inbound-opaque-ports=3306,4000,4001,4002".to_string()));
+    assert!(args(proxy).contains(&"--workers=1".to_string()));
+    assert!(args(init).contains(&"--outbound-ports-to-ignore=4567,4568,5432".to_string()));
+    assert_eq!(proxy["resources"]["limits"]["cpu"], "1");
+
+    #[derive(Parser)]
+    struct ProxyCli {
+        #[command(flatten)]
+        args: ballast_sidecar::proxy::Args,
+    }
+    #[derive(Parser)]
+    struct InitCli {
+        #[command(flatten)]
+        args: ballast_sidecar::init::Args,
+    }
+    assert_eq!(proxy["command"][0], "ballast-proxy");
+    let mut proxy_args = args(proxy);
+    // The plain environment values are the proxy's flags too.
+    for env in proxy["env"].as_array().unwrap() {
+        let name = env["name"].as_str().unwrap();
+        if let (Some(flag), Some(value)) =
+            (name.strip_prefix("BALLAST_PROXY_"), env["value"].as_str())
+        {
+            proxy_args.push(format!(
+                "--{}={value}",
+                flag.to_lowercase().replace('_', "-")
+            ));
+        }
+    }
+    assert!(
+        proxy_args.contains(&"--pod-owner=deployment/web".to_string()),
+        "{proxy_args:?}"
+    );
+    ProxyCli::try_parse_from(
+        std::iter::once("ballast-proxy".to_string()).chain(proxy_args.clone()),
+    )
+    .unwrap_or_else(|e| panic!("the proxy refuses {proxy_args:?}: {e}"));
+    let init_args = args(init);
+    assert_eq!(init_args[0], "init");
+    InitCli::try_parse_from(
+        std::iter::once("init").chain(init_args[1..].iter().map(String::as_str)),
+    )
+    .unwrap_or_else(|e| panic!("init refuses {init_args:?}: {e}"));
+    // The parsers are strict: a flag they lack is refused.
+    assert!(ProxyCli::try_parse_from(["ballast-proxy", "--no-such-flag"]).is_err());
+}
+
+#[test]
+fn injection_is_idempotent_and_uninject_restores_the_input() {
+    let dir = manifests_dir();
+    let once = stdout(&ballast(&[dir.path().to_str().unwrap()], None));
+    let twice = ballast(&["-"], Some(&once));
+    assert_eq!(stdout(&twice), once, "injecting twice changes nothing");
+    let report = String::from_utf8_lossy(&twice.stderr);
+    assert!(
+        report.contains("deployment \"web\" in namespace \"shop\" already injected"),
+        "{report}"
+    );
+
+    let back = stdout(&ballast(&["--uninject", "-"], Some(&once)));
+    let original = [NAMESPACE, WEB, DB, NIGHTLY].join("---\n");
+    assert_eq!(docs(&back), docs(&original));
+    // What injection did not change, uninjection does not touch.
+    assert!(back.starts_with(NAMESPACE), "{back}");
+    assert!(back.contains("  # keep me\n  mode: \"on\"\n"), "{back}");
+    assert!(
+        !back.contains("ballast-proxy") && !back.contains("linkerd.io/proxy-version"),
+        "{back}"
+    );
+}
+
+#[test]
+fn stdin_works_and_json_stays_json() {
+    let text = stdout(&ballast(&["-"], Some(DB)));
+    let value: Value = serde_json::from_str(&text).expect("JSON out");
+    assert_eq!(
+        value["spec"]["template"]["spec"]["containers"][0]["name"],
+        "ballast-proxy"
+    );
+    let text = stdout(&ballast(&["-"], Some(NAMESPACE)));
+    assert_eq!(text, NAMESPACE);
+    // -o converts: every document, as JSON values one after the other.
+    let dir = manifests_dir();
+    let text = stdout(&ballast(
+        &["-o", "json", dir.path().to_str().unwrap()],
+        None,
+    ));
+    let values: Vec<Value> = serde_json::Deserializer::from_str(&text)
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(values.len(), 6, "{text}");
+    assert_eq!(
+        find(&values, "Deployment", "web")["spec"]["template"]["spec"]["containers"][0]["name"],
+        "ballast-proxy"
+    );
+    let text = stdout(&ballast(&["-o", "yaml", "-"], Some(DB)));
+    assert!(
+        text.starts_with("apiVersion: apps/v1\nkind: StatefulSet\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn bad_input_exits_1_with_one_clear_line_and_prints_nothing() {
+    let dir = manifests_dir();
+    let bad = WEB.replace(
+        "config.linkerd.io/proxy-cpu-limit: \"1\"",
+        "config.linkerd.io/proxy-cpu-limit: \"lots\"",
+    );
+    let bad_path = dir.path().join("40-bad.yaml");
+    std::fs::write(&bad_path, bad).unwrap();
+    let out = ballast(&[dir.path().to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty(), "nothing partial is printed");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{}: document 2: deployment \"web\": annotation config.linkerd.io/proxy-cpu-limit: \"lots\" is invalid",
+            bad_path.display()
+        )),
+        "{stderr}"
+    );
+
+    let malformed = ballast(&["-"], Some("kind: Service\n---\nkind: Pod\nspec: [\n"));
+    assert_eq!(malformed.status.code(), Some(1));
+    assert!(malformed.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&malformed.stderr);
+    assert!(stderr.contains("<stdin>: document 2: line 4"), "{stderr}");
+    assert_eq!(
+        stderr.matches("unclosed bracket").count(),
+        1,
+        "said once: {stderr}"
+    );
+
+    let missing = ballast(&[Path::new("/nonexistent/x.yaml").to_str().unwrap()], None);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/x.yaml"));
+    // A bad flag value is a usage error.
+    let flag = ballast(&["--proxy-memory-limit", "10MB", "-"], None);
+    assert_eq!(flag.status.code(), Some(2));
+}

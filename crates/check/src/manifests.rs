@@ -1,0 +1,246 @@
+//! The snapshot from a manifests directory: every `.yaml`, `.yml` and
+//! `.json` file under it (hidden files and directories skipped), each a
+//! stream of YAML documents or JSON; `List`s (and typed lists such as
+//! `PodList`) are expanded.
+//!
+//! Bounds: at most [`ManifestOptions::max_files`] files of at most
+//! [`ManifestOptions::max_file_bytes`] each, [`MAX_DEPTH`] directories deep,
+//! and [`ManifestOptions::max_objects`] objects in all; more is an error
+//! naming the flag or file.
+
+use crate::report::Source;
+use crate::snapshot::Snapshot;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// Default cap on the files read.
+pub const DEFAULT_MAX_FILES: usize = 10_000;
+/// Default cap on one file's size (the destination's manifests source reads
+/// files of up to 16 MiB too).
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 16 << 20;
+/// Subdirectories deeper than this are not read.
+pub const MAX_DEPTH: usize = 16;
+
+#[derive(Clone, Debug)]
+pub struct ManifestOptions {
+    pub dir: PathBuf,
+    /// Default [`DEFAULT_MAX_FILES`].
+    pub max_files: usize,
+    /// Default [`DEFAULT_MAX_FILE_BYTES`].
+    pub max_file_bytes: u64,
+    /// Default [`crate::cluster::DEFAULT_MAX_OBJECTS`].
+    pub max_objects: usize,
+}
+
+impl ManifestOptions {
+    pub fn new(dir: PathBuf) -> ManifestOptions {
+        ManifestOptions {
+            dir,
+            max_files: DEFAULT_MAX_FILES,
+            max_file_bytes: DEFAULT_MAX_FILE_BYTES,
+            max_objects: crate::cluster::DEFAULT_MAX_OBJECTS,
+        }
+    }
+}
+
+/// Why the directory could not be read. One line each, the cause once.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestsError {
+    #[error("cannot read the manifests directory {path}: {reason}")]
+    Dir { path: String, reason: String },
+    #[error("cannot read {path}: {reason}")]
+    File { path: String, reason: String },
+    #[error("{path} is not valid YAML or JSON: {reason}")]
+    Syntax { path: String, reason: String },
+    #[error("{path} is larger than {max} bytes")]
+    TooLarge { path: String, max: u64 },
+    #[error("the manifests directory holds more than {max} files")]
+    TooManyFiles { max: usize },
+    #[error("the manifests hold more than {max} objects (stopped at {path}); raise --max-objects")]
+    TooManyObjects { max: usize, path: String },
+}
+
+fn is_manifest(path: &Path) -> bool {
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml" | "json")
+    )
+}
+
+fn hidden(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with('.'))
+}
+
+/// The manifest files under `dir`, sorted.
+fn files(opts: &ManifestOptions) -> Result<Vec<PathBuf>, ManifestsError> {
+    let mut found = Vec::new();
+    let mut pending = vec![(opts.dir.clone(), 0usize)];
+    while let Some((dir, depth)) = pending.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|e| {
+            let path = dir.display().to_string();
+            if dir == opts.dir {
+                ManifestsError::Dir {
+                    path,
+                    reason: e.to_string(),
+                }
+            } else {
+                ManifestsError::File {
+                    path,
+                    reason: e.to_string(),
+                }
+            }
+        })?;
+        for entry in entries {
+            let entry = entry.map_err(|e| ManifestsError::File {
+                path: dir.display().to_string(),
+                reason: e.to_string(),
+            })?;
+            let path = entry.path();
+            if hidden(&path) {
+                continue;
+            }
+            // Follows symlinks, as kubectl apply -f does.
+            if path.is_dir() {
+                if depth < MAX_DEPTH {
+                    pending.push((path, depth + 1));
+                }
+            } else if is_manifest(&path) {
+                found.push(path);
+                if found.len() > opts.max_files {
+                    return Err(ManifestsError::TooManyFiles {
+                        max: opts.max_files,
+                    });
+                }
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// A document: one object, or the items of a list.
+fn expand(doc: Value, out: &mut Vec<Value>) {
+    let Value::Object(mut map) = doc else {
+        return;
+    };
+    let kind = map
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    if let (Some(item_kind), Some(Value::Array(_))) = (kind.strip_suffix("List"), map.get("items"))
+    {
+        let api_version = map.get("apiVersion").cloned();
+        let Some(Value::Array(items)) = map.remove("items") else {
+            return;
+        };
+        for mut item in items {
+            if let Some(m) = item.as_object_mut() {
+                // Items of a typed list may omit their type, as the API's do.
+                if !item_kind.is_empty() {
+                    m.entry("kind")
+                        .or_insert_with(|| Value::String(item_kind.to_string()));
+                    if let Some(v) = &api_version {
+                        m.entry("apiVersion").or_insert_with(|| v.clone());
+                    }
+                }
+                out.push(item);
+            }
+        }
+        return;
+    }
+    out.push(Value::Object(map));
+}
+
+/// Reads every manifest under the directory.
+pub fn gather(opts: &ManifestOptions) -> Result<Snapshot, ManifestsError> {
+    let mut objects = Vec::new();
+    for path in files(opts)? {
+        let shown = path.display().to_string();
+        let size = std::fs::metadata(&path)
+            .map_err(|e| ManifestsError::File {
+                path: shown.clone(),
+                reason: e.to_string(),
+            })?
+            .len();
+        if size > opts.max_file_bytes {
+            return Err(ManifestsError::TooLarge {
+                path: shown,
+                max: opts.max_file_bytes,
+            });
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| ManifestsError::File {
+            path: shown.clone(),
+            reason: e.to_string(),
+        })?;
+        let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+        let docs: Vec<Value> =
+            serde_saphyr::from_multiple(text).map_err(|e| ManifestsError::Syntax {
+                path: shown.clone(),
+                reason: e.to_string(),
+            })?;
+        for doc in docs {
+            expand(doc, &mut objects);
+        }
+        if objects.len() > opts.max_objects {
+            return Err(ManifestsError::TooManyObjects {
+                max: opts.max_objects,
+                path: shown,
+            });
+        }
+    }
+    Ok(Snapshot::new(Source::Manifests, objects))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn documents_lists_and_json_are_read_and_junk_is_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            dir.path().join("a.yaml"),
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: ballast\n---\n---\napiVersion: v1\nkind: PodList\nitems:\n- metadata: {name: p, namespace: shop}\n",
+        )
+        .expect("write");
+        std::fs::create_dir(dir.path().join("sub")).expect("mkdir");
+        std::fs::write(
+            dir.path().join("sub/b.json"),
+            r#"{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "shop"}}"#,
+        )
+        .expect("write");
+        std::fs::write(dir.path().join("notes.txt"), "not a manifest: [").expect("write");
+        std::fs::write(dir.path().join(".hidden.yaml"), "[").expect("write");
+        let snap = gather(&ManifestOptions::new(dir.path().to_path_buf())).expect("gathers");
+        assert_eq!(snap.source, Source::Manifests);
+        assert!(snap.find("Namespace", "", "ballast").is_some());
+        assert!(
+            snap.find("Pod", "shop", "p").is_some(),
+            "{:?}",
+            snap.objects
+        );
+        assert!(snap.find("Service", "shop", "s").is_some());
+
+        let mut few = ManifestOptions::new(dir.path().to_path_buf());
+        few.max_objects = 2;
+        assert!(matches!(
+            gather(&few),
+            Err(ManifestsError::TooManyObjects { .. })
+        ));
+
+        std::fs::write(dir.path().join("bad.yaml"), "a: [\n").expect("write");
+        let e = gather(&ManifestOptions::new(dir.path().to_path_buf())).expect_err("bad file");
+        assert!(e.to_string().contains("bad.yaml is not valid YAML"), "{e}");
+
+        let e = gather(&ManifestOptions::new(dir.path().join("nope"))).expect_err("missing");
+        let text = e.to_string();
+        assert!(
+            text.starts_with("cannot read the manifests directory"),
+            "{text}"
+        );
+        assert_eq!(text.matches("No such file").count(), 1, "{text}");
+    }
+}

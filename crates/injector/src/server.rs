@@ -1,0 +1,346 @@
+//! The HTTPS server: TLS handshakes bounded in time, connections in number,
+//! request heads in size and time, bodies in size, and reviews decided at
+//! once in number (the rest wait, briefly, before any body is read).
+
+use crate::decide::{Answer, Decider};
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+use rustls::ServerConfig;
+use std::{future::Future, pin::pin, sync::Arc, time::Duration};
+use tokio::{
+    net::TcpListener,
+    sync::{watch, Semaphore},
+    task::JoinSet,
+};
+
+/// The path the webhook configuration names.
+pub const WEBHOOK_PATH: &str = "/inject";
+
+/// Defaults, written in `--help` too.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+pub const DEFAULT_MAX_CONCURRENT_REVIEWS: usize = 8;
+pub const DEFAULT_REVIEW_QUEUE_TIMEOUT: Duration = Duration::from_secs(2);
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request head (line and headers) larger than this is refused by hyper.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Largest AdmissionReview read. The API server refuses requests over
+    /// 3 MiB and etcd stores objects up to 1.5 MiB, so a pod's review (the
+    /// object once, on CREATE) fits.
+    pub max_body_bytes: usize,
+    pub max_connections: usize,
+    pub max_concurrent_reviews: usize,
+    /// How long a review waits for one of those slots before a 503.
+    pub review_queue_timeout: Duration,
+    pub handshake_timeout: Duration,
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+    /// After shutdown starts, how long open requests may finish.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_concurrent_reviews: DEFAULT_MAX_CONCURRENT_REVIEWS,
+            review_queue_timeout: DEFAULT_REVIEW_QUEUE_TIMEOUT,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    /// `too_large`, `busy`, `slow_body`, `not_found`, `method`.
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TlsErrorLabels {
+    /// `handshake`, `timeout`.
+    pub error: &'static str,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ServerMetrics {
+    pub connections: Counter,
+    pub connections_open: Gauge,
+    pub tls_errors: Family<TlsErrorLabels, Counter>,
+    pub refused: Family<RefusedLabels, Counter>,
+    pub reviews_in_flight: Gauge,
+}
+
+impl ServerMetrics {
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "injector_connections",
+            "Connections accepted",
+            self.connections.clone(),
+        );
+        r.register(
+            "injector_connections_open",
+            "Connections open (bounded by --max-connections, 256 by default)",
+            self.connections_open.clone(),
+        );
+        r.register(
+            "injector_tls_errors",
+            "Connections closed in the TLS handshake: failed, or not done within --handshake-timeout",
+            self.tls_errors.clone(),
+        );
+        r.register(
+            "injector_requests_refused",
+            "Requests refused before a review: too_large (413), busy (503), slow_body (408), not_found (404), method (405)",
+            self.refused.clone(),
+        );
+        r.register(
+            "injector_reviews_in_flight",
+            "Reviews being decided (bounded by --max-concurrent-reviews, 8 by default)",
+            self.reviews_in_flight.clone(),
+        );
+    }
+}
+
+struct Shared {
+    decider: Arc<Decider>,
+    limits: Limits,
+    reviews: Semaphore,
+    metrics: ServerMetrics,
+}
+
+type Body = Full<Bytes>;
+
+fn plain(status: StatusCode, text: String) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(text + "\n")));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
+    let refuse = |reason: &'static str, status: StatusCode, text: String| {
+        shared
+            .metrics
+            .refused
+            .get_or_create(&RefusedLabels { reason })
+            .inc();
+        plain(status, text)
+    };
+    if req.uri().path() != WEBHOOK_PATH {
+        return refuse(
+            "not_found",
+            StatusCode::NOT_FOUND,
+            format!("AdmissionReviews are served on POST {WEBHOOK_PATH}"),
+        );
+    }
+    if req.method() != Method::POST {
+        return refuse(
+            "method",
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("POST an AdmissionReview to {WEBHOOK_PATH}"),
+        );
+    }
+    let max = shared.limits.max_body_bytes;
+    let too_large = || format!("the review is larger than {max} bytes (--max-body-bytes)");
+    let declared = req
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return refuse("too_large", StatusCode::PAYLOAD_TOO_LARGE, too_large());
+    }
+    // A slot before the body is read: waiting reviews hold no body.
+    let Ok(Ok(_permit)) =
+        tokio::time::timeout(shared.limits.review_queue_timeout, shared.reviews.acquire()).await
+    else {
+        return refuse(
+            "busy",
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many reviews at once (--max-concurrent-reviews)".into(),
+        );
+    };
+    shared.metrics.reviews_in_flight.inc();
+    let _in_flight = InFlight(shared.metrics.reviews_in_flight.clone());
+    let body = match tokio::time::timeout(
+        shared.limits.body_read_timeout,
+        Limited::new(req.into_body(), max).collect(),
+    )
+    .await
+    {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e))
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            return refuse("too_large", StatusCode::PAYLOAD_TOO_LARGE, too_large())
+        }
+        Ok(Err(e)) => {
+            return refuse(
+                "slow_body",
+                StatusCode::BAD_REQUEST,
+                format!("cannot read the body: {e}"),
+            )
+        }
+        Err(_) => {
+            return refuse(
+                "slow_body",
+                StatusCode::REQUEST_TIMEOUT,
+                "the body was not sent within --body-read-timeout".into(),
+            )
+        }
+    };
+    match shared.decider.answer(&body).await {
+        Answer::Review(review) => {
+            let mut r = Response::new(Full::new(Bytes::from(review.to_string())));
+            r.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            r
+        }
+        Answer::BadRequest(message) => plain(StatusCode::BAD_REQUEST, message),
+    }
+}
+
+struct InFlight(Gauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Serves AdmissionReviews on `listener` until `shutdown`, then lets open
+/// requests finish within the grace period.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<ServerConfig>,
+    decider: Arc<Decider>,
+    limits: Limits,
+    metrics: ServerMetrics,
+    shutdown: impl Future<Output = ()>,
+) {
+    let shared = Arc::new(Shared {
+        decider,
+        reviews: Semaphore::new(limits.max_concurrent_reviews.max(1)),
+        limits: limits.clone(),
+        metrics: metrics.clone(),
+    });
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    let mut shutdown = pin!(shutdown);
+    loop {
+        // At the connection bound, stop accepting: the backlog holds the rest.
+        let permit = tokio::select! {
+            () = &mut shutdown => break,
+            Some(_) = connections.join_next() => continue,
+            p = permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::debug!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        metrics.connections.inc();
+        metrics.connections_open.inc();
+        let open = InFlight(metrics.connections_open.clone());
+        let acceptor = acceptor.clone();
+        let shared = shared.clone();
+        let mut stop = stop_rx.clone();
+        connections.spawn(async move {
+            let _permit = permit;
+            let _open = open;
+            let tls = match tokio::time::timeout(
+                shared.limits.handshake_timeout,
+                acceptor.accept(stream),
+            )
+            .await
+            {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    shared
+                        .metrics
+                        .tls_errors
+                        .get_or_create(&TlsErrorLabels { error: "handshake" })
+                        .inc();
+                    return;
+                }
+                Err(_) => {
+                    shared
+                        .metrics
+                        .tls_errors
+                        .get_or_create(&TlsErrorLabels { error: "timeout" })
+                        .inc();
+                    return;
+                }
+            };
+            let service = hyper::service::service_fn({
+                let shared = shared.clone();
+                move |req| {
+                    let shared = shared.clone();
+                    async move { Ok::<_, std::convert::Infallible>(handle(shared, req).await) }
+                }
+            });
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(TokioTimer::new())
+                .header_read_timeout(shared.limits.header_read_timeout)
+                .max_buf_size(MAX_HEAD_BYTES)
+                .keep_alive(true);
+            let conn = http.serve_connection(TokioIo::new(tls), service);
+            let mut conn = pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::debug!(%peer, error = %e, "connection ended");
+                    }
+                }
+                _ = async { let _ = stop.wait_for(|s| *s).await; } => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(shared.limits.shutdown_grace, conn).await;
+                }
+            }
+        });
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    let drain = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(limits.shutdown_grace + Duration::from_secs(1), drain)
+        .await
+        .is_err()
+    {
+        connections.shutdown().await;
+    }
+}
