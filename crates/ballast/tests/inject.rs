@@ -376,3 +376,50 @@ fn bad_input_exits_1_with_one_clear_line_and_prints_nothing() {
     let flag = ballast(&["--proxy-memory-limit", "10MB", "-"], None);
     assert_eq!(flag.status.code(), Some(2));
 }
+
+#[test]
+fn trust_anchors_from_a_file_travel_inline_and_a_bad_file_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pki = dir.path().join("pki");
+    let generated = Command::new(env!("CARGO_BIN_EXE_ballast"))
+        .args(["identity", "generate", "--out"])
+        .arg(&pki)
+        .output()
+        .expect("ballast runs");
+    assert!(generated.status.success(), "{generated:?}");
+    let anchors = pki.join("ca.crt");
+    let pem = std::fs::read_to_string(&anchors).expect("anchors written");
+
+    let anchors_flag = format!("--identity-trust-anchors-file={}", anchors.display());
+    let out = ballast(&[&anchors_flag, "-"], Some(WEB));
+    let docs = docs(&stdout(&out));
+    let pod = &find(&docs, "Deployment", "web")["spec"]["template"];
+    let proxy = container(pod, "containers", "ballast-proxy");
+    let env = proxy["env"].as_array().expect("env");
+    assert!(
+        env.iter().any(|e| {
+            e["name"] == "BALLAST_PROXY_IDENTITY_TRUST_ANCHORS_PEM" && e["value"] == pem.as_str()
+        }),
+        "{proxy}"
+    );
+    assert!(!args(proxy)
+        .iter()
+        .any(|a| a.starts_with("--identity-trust-anchors")));
+    assert!(
+        !pod["spec"]["volumes"]
+            .as_array()
+            .expect("volumes")
+            .iter()
+            .any(|v| v.get("configMap").is_some()),
+        "no ConfigMap is mounted: {pod}"
+    );
+
+    let not_pem = dir.path().join("not.pem");
+    std::fs::write(&not_pem, "hello").unwrap();
+    let bad_flag = format!("--identity-trust-anchors-file={}", not_pem.display());
+    let out = ballast(&[&bad_flag, "-"], Some(WEB));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--identity-trust-anchors-file"), "{err}");
+}

@@ -129,9 +129,20 @@ fn identity_flags(
     token: &Path,
     extra: &[&str],
 ) -> Vec<String> {
+    // The client side takes its anchors inline, as injected pods do
+    // (`ballast injector` puts them in the environment); the server from a file.
+    let anchors = if sa == "web" {
+        let pem = std::fs::read_to_string(pki.anchors()).unwrap();
+        ["--identity-trust-anchors-pem".to_string(), pem]
+    } else {
+        [
+            "--identity-trust-anchors".to_string(),
+            pki.anchors().display().to_string(),
+        ]
+    };
     let mut flags: Vec<String> = vec![
-        "--identity-trust-anchors".into(),
-        pki.anchors().display().to_string(),
+        anchors[0].clone(),
+        anchors[1].clone(),
         "--identity-addr".into(),
         ca.to_string(),
         "--identity-token-file".into(),

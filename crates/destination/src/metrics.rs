@@ -122,6 +122,7 @@ pub struct Metrics {
     pub reload_errors_total: Counter,
     pub manifest_files_invalid: Gauge,
     pub reloads_total: Counter,
+    pub manifest_rescans_total: Counter,
     pub kube_requests_total: Family<KubeRequestLabel, Counter>,
     pub kube_responses_total: Family<KubeResponseLabel, Counter>,
     pub kube_watch_restarts_total: Family<KindLabel, Counter>,
@@ -210,6 +211,11 @@ impl Metrics {
             self.reloads_total.clone(),
         );
         r.register(
+            "manifest_rescans",
+            "Rescans of the manifests directory (targeted or full) the source ran",
+            self.manifest_rescans_total.clone(),
+        );
+        r.register(
             "kube_requests",
             "Kubernetes API requests sent, by verb (list, watch, get, other) and resource",
             self.kube_requests_total.clone(),
@@ -282,6 +288,7 @@ mod tests {
         m.reload_errors_total.inc();
         m.manifest_files_invalid.set(1);
         m.reloads_total.inc();
+        m.manifest_rescans_total.inc();
         m.kube_requests_total
             .get_or_create(&KubeRequestLabel {
                 verb: "list".into(),
@@ -309,7 +316,7 @@ mod tests {
             .filter_map(|l| l.split_whitespace().next())
             .collect();
         // One family per field of Metrics, each written.
-        assert_eq!(names.len(), 21, "{text}");
+        assert_eq!(names.len(), 22, "{text}");
         names.sort_unstable();
         let mut unique = names.clone();
         unique.dedup();

@@ -754,11 +754,19 @@ fn lines_with(dir: &Path, words: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// Past the window in which a just-changed file is read again by the
-/// periodic rescan (2 s, plus that rescan's period): what those later reads
-/// would log has been logged. Not a wait for a condition: a line logged
-/// later still fails the test if it is logged before the final check.
-const REREAD_SETTLED: Duration = Duration::from_millis(4_500);
+/// Rescans after a change by which a just-changed file has been read again
+/// (the settled re-read) and a periodic full rescan has run: what those later
+/// reads would log has been logged.
+const RESCANS_SETTLED: u64 = 3;
+
+/// Waits until the source has run `RESCANS_SETTLED` more rescans.
+async fn rescans_settle(store: &Store) {
+    let start = store.metrics().manifest_rescans_total.get();
+    eventually("later rescans", Duration::from_secs(30), || {
+        store.metrics().manifest_rescans_total.get() >= start + RESCANS_SETTLED
+    })
+    .await;
+}
 
 #[tokio::test]
 async fn a_rename_is_logged_once_and_a_change_once() {
@@ -779,7 +787,7 @@ async fn a_rename_is_logged_once_and_a_change_once() {
         pod_ip(&store, "shop", "web-2").is_some()
     })
     .await;
-    tokio::time::sleep(REREAD_SETTLED).await;
+    rescans_settle(&store).await;
     // A sentinel after the rereads: everything before it has been logged.
     fs::write(d.join("z.yaml"), pod("shop", "web-3", "10.0.0.3")).unwrap();
     eventually("the sentinel logged", CHANGE_DEADLINE, || {

@@ -247,7 +247,8 @@ pub struct Args {
         long,
         env = "BALLAST_PROXY_IDENTITY_TRUST_ANCHORS_PEM",
         conflicts_with = "identity_trust_anchors",
-        hide_env_values = true
+        hide_env_values = true,
+        allow_hyphen_values = true
     )]
     identity_trust_anchors_pem: Option<String>,
 

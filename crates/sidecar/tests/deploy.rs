@@ -15,7 +15,11 @@ fn repo_file(path: &str) -> String {
 fn sidecar_pod() -> Value {
     let text = repo_file("deploy/examples/sidecar.yaml");
     let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
-    docs[0]["spec"]["template"]["spec"].clone()
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("the example holds a Deployment");
+    deployment["spec"]["template"]["spec"].clone()
 }
 
 /// The container of `list` (e.g. `containers`) named `name`.

@@ -158,7 +158,10 @@ impl Proxy {
             .args(["--inbound-addr", "127.0.0.1:0"])
             .args(["--admin-addr", "127.0.0.1:0"])
             .args(extra);
-        if !extra.contains(&"--identity-trust-anchors") {
+        if !extra
+            .iter()
+            .any(|a| a.starts_with("--identity-trust-anchors"))
+        {
             cmd.arg("--identity-disabled");
         }
         let routes = extra.iter().filter(|a| **a == "--outbound-tcp").count();

@@ -252,6 +252,7 @@ pub async fn run(
         let started = Instant::now();
         let full = pending.paths.is_none();
         let (next, scan) = rescan(manifests, metrics.clone(), pending).await?;
+        metrics.manifest_rescans_total.inc();
         manifests = next;
         if full {
             tick.reset();
