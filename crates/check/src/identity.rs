@@ -105,26 +105,11 @@ fn unix(t: SystemTime) -> i64 {
     }
 }
 
-/// `2026-01-02T03:04:05Z`.
-pub fn rfc3339(secs: i64) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+/// A certificate time as an HTTP date (`Tue, 14 Nov 2023 22:13:20 GMT`);
+/// times before 1970 read as 1970.
+pub fn date(secs: i64) -> String {
+    let secs = u64::try_from(secs).unwrap_or(0);
+    httpdate::fmt_http_date(UNIX_EPOCH + std::time::Duration::from_secs(secs))
 }
 
 /// Validity findings for one certificate: not yet valid or expired fail,
@@ -136,14 +121,14 @@ fn validity(what: &str, c: &Cert, now: i64, config: &Config, obj: &ObjectRef) ->
             format!(
                 "{what} {} is not valid before {}",
                 c.subject,
-                rfc3339(c.not_before)
+                date(c.not_before)
             ),
             vec![obj.clone()],
         ));
     }
     if now > c.not_after {
         return Some(Finding::fail(
-            format!("{what} {} expired on {}", c.subject, rfc3339(c.not_after)),
+            format!("{what} {} expired on {}", c.subject, date(c.not_after)),
             vec![obj.clone()],
         ));
     }
@@ -152,7 +137,7 @@ fn validity(what: &str, c: &Cert, now: i64, config: &Config, obj: &ObjectRef) ->
             format!(
                 "{what} {} will expire on {} (in {} days; warning at {} days)",
                 c.subject,
-                rfc3339(c.not_after),
+                date(c.not_after),
                 (c.not_after - now) / 86_400,
                 warn_secs / 86_400
             ),
@@ -490,6 +475,6 @@ pub(crate) mod tests {
             }
         );
         assert_eq!(PkiObjects::of(None).issuer_secret, ISSUER_SECRET);
-        assert_eq!(rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
+        assert_eq!(date(1_700_000_000), "Tue, 14 Nov 2023 22:13:20 GMT");
     }
 }
