@@ -47,6 +47,8 @@ pub mod annotations {
     pub const PROXY_IMAGE: &str = "config.linkerd.io/proxy-image";
     pub const PROXY_VERSION: &str = "config.linkerd.io/proxy-version";
     pub const PROXY_UID: &str = "config.linkerd.io/proxy-uid";
+    /// `enabled` (default) or `disabled`: whether the app waits for the proxy.
+    pub const PROXY_AWAIT: &str = "config.linkerd.io/proxy-await";
     /// Written by injection: the proxy's version.
     pub const PROXY_VERSION_INJECTED: &str = "linkerd.io/proxy-version";
     /// Written by injection: `default` or `disabled`.
@@ -479,6 +481,8 @@ struct Settings {
     inbound_ports_to_ignore: String,
     outbound_ports_to_ignore: String,
     opaque_ports: Option<Vec<u16>>,
+    /// The proxy's postStart hook waits for /ready (`config.linkerd.io/proxy-await`).
+    await_ready: bool,
 }
 
 impl Settings {
@@ -579,7 +583,16 @@ impl Settings {
         if let Some(version) = &version_override {
             proxy_image = format!("{}:{version}", image_repository(&proxy_image));
         }
+        let await_ready = match lookup.parsed(PROXY_AWAIT, |s| match s {
+            "enabled" => Ok(true),
+            "disabled" => Ok(false),
+            _ => Err(InvalidValue::new("expected enabled or disabled")),
+        })? {
+            Some((_, on)) => on,
+            None => true,
+        };
         Ok(Settings {
+            await_ready,
             proxy_image,
             version: version_override.unwrap_or_else(|| config.proxy_version.clone()),
             uid,
@@ -730,6 +743,17 @@ impl Settings {
         if !mounts.is_empty() {
             proxy["volumeMounts"] = mounts.into();
         }
+        if self.await_ready {
+            // Kubelet starts the next container only once this hook returns:
+            // the app's first connections find a ready proxy (Linkerd's
+            // linkerd-await does the same).
+            proxy["lifecycle"] = json!({"postStart": {"exec": {"command": [
+                "ballast-proxy",
+                "await",
+                format!("--admin-addr=127.0.0.1:{}", config.admin_port),
+                "--timeout=2m",
+            ]}}});
+        }
         proxy
     }
 }
@@ -874,6 +898,26 @@ mod tests {
             p["metadata"]["annotations"]["linkerd.io/identity-mode"],
             "disabled"
         );
+    }
+
+    #[test]
+    fn the_app_waits_for_the_proxy_unless_the_annotation_says_not_to() {
+        let mut p = pod(json!({}));
+        inject_pod(&mut p, None, Mode::Manual, &Config::default()).unwrap();
+        let proxy = container(&p, "containers", PROXY_CONTAINER);
+        let hook = &proxy["lifecycle"]["postStart"]["exec"]["command"];
+        assert_eq!(hook[0], "ballast-proxy");
+        assert_eq!(hook[1], "await");
+        assert_eq!(hook[2], "--admin-addr=127.0.0.1:4191");
+
+        let mut p = pod(json!({annotations::PROXY_AWAIT: "disabled"}));
+        inject_pod(&mut p, None, Mode::Manual, &Config::default()).unwrap();
+        let proxy = container(&p, "containers", PROXY_CONTAINER);
+        assert!(proxy.get("lifecycle").is_none(), "{proxy}");
+
+        let mut p = pod(json!({annotations::PROXY_AWAIT: "sometimes"}));
+        let err = inject_pod(&mut p, None, Mode::Manual, &Config::default()).unwrap_err();
+        assert!(err.to_string().contains("proxy-await"), "{err}");
     }
 
     #[test]

@@ -9,4 +9,5 @@
 pub mod init;
 pub mod logging;
 pub mod proxy;
+pub mod ready;
 pub mod signal;

@@ -1,10 +1,11 @@
 //! `ballast-proxy`: the sidecar image's binary. With no subcommand it runs
 //! the proxy (the flags of `ballast proxy`); `ballast-proxy init` sets up
-//! the pod's iptables rules (the flags of `ballast init`).
+//! the pod's iptables rules (the flags of `ballast init`); `ballast-proxy
+//! await` waits for the proxy to be ready (its postStart hook).
 
 #![forbid(unsafe_code)]
 
-use ballast_sidecar::{init, logging, proxy};
+use ballast_sidecar::{init, logging, proxy, ready};
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
@@ -37,6 +38,9 @@ enum Command {
     /// Set up the iptables nat rules that send a pod's TCP through its proxy
     /// (run once per pod, as an init container, in the pod's network namespace).
     Init(Box<init::Args>),
+    /// Wait until this pod's proxy answers /ready (the proxy container's
+    /// postStart hook, so that the app starts after its proxy).
+    Await(ready::Args),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +52,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         // Init only runs iptables: no runtime.
         Some(Command::Init(args)) => init::run(*args),
+        Some(Command::Await(args)) => ready::run(args),
         None => proxy::run_blocking(*cli.proxy),
     };
     match result {

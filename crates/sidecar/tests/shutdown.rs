@@ -30,3 +30,30 @@ fn post_shutdown_stops_an_idle_proxy_with_exit_code_zero() {
     assert!(status.success(), "exit {status}; log:\n{log}");
     assert!(!log.contains("panicked"), "{log}");
 }
+
+#[test]
+fn await_returns_once_the_proxy_is_ready_and_fails_when_nothing_answers() {
+    let proxy = Proxy::idle(&[]);
+    let mut log = Vec::new();
+    let admin = proxy.admin_addr(&mut log, str::to_string);
+    let waited = std::process::Command::new(env!("CARGO_BIN_EXE_ballast-proxy"))
+        .args(["await", "--timeout=20s", "--admin-addr"])
+        .arg(admin.to_string())
+        .output()
+        .expect("ballast-proxy await runs");
+    assert!(waited.status.success(), "{waited:?}");
+
+    // A port nothing listens on any more.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let waited = std::process::Command::new(env!("CARGO_BIN_EXE_ballast-proxy"))
+        .args(["await", "--timeout=300ms", "--admin-addr"])
+        .arg(closed.to_string())
+        .output()
+        .expect("ballast-proxy await runs");
+    assert_eq!(waited.status.code(), Some(1), "{waited:?}");
+    let err = String::from_utf8_lossy(&waited.stderr);
+    assert!(err.contains("was not ready within"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
