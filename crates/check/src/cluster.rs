@@ -96,37 +96,20 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 async fn kube_config(opts: &ClusterOptions) -> Result<kube::Config, ClusterError> {
-    let mut config = match &opts.kubeconfig {
-        Some(path) => {
-            let error = |e: &(dyn std::error::Error + 'static)| ClusterError::Kubeconfig {
-                path: path.display().to_string(),
-                reason: without_path(&chain(e), path),
-            };
-            let file = kube::config::Kubeconfig::read_from(path).map_err(|e| error(&e))?;
-            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| error(&e))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| ClusterError::Infer(chain(&e)))?,
-    };
+    let mut config = ballast_kubeconfig::load(opts.kubeconfig.as_deref())
+        .await
+        .map_err(|e| match e {
+            ballast_kubeconfig::ConfigError::File { path, reason } => {
+                ClusterError::Kubeconfig { path, reason }
+            }
+            ballast_kubeconfig::ConfigError::Infer { reason } => ClusterError::Infer(reason),
+        })?;
     config.connect_timeout = Some(opts.timeout);
     config.read_timeout = Some(opts.timeout);
     config.write_timeout = Some(opts.timeout);
     // Every request is made once: the run's length stays bounded.
     config.default_retry = false;
     Ok(config)
-}
-
-/// kube's kubeconfig errors name the path, which the message names already.
-fn without_path(reason: &str, path: &std::path::Path) -> String {
-    let shown = path.display().to_string();
-    reason
-        .replace(&format!(" from {shown:?}"), "")
-        .replace(&format!(" from '{shown:?}'"), "")
-        .replace(&format!(" from '{shown}'"), "")
-        .replace(&format!(" {shown:?}"), "")
 }
 
 /// A kube client and where it points.

@@ -348,15 +348,9 @@ fn secret(doc: &Value) -> Option<(Vec<u8>, ServiceAccount)> {
 /// A Kubernetes client from `kubeconfig`, else the usual places (KUBECONFIG,
 /// ~/.kube/config, the in-cluster service account).
 pub async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client, String> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let file = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
-            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| e.to_string())?
-        }
-        None => kube::Config::infer().await.map_err(|e| e.to_string())?,
-    };
+    let config = ballast_kubeconfig::load(kubeconfig)
+        .await
+        .map_err(|e| e.to_string())?;
     kube::Client::try_from(config).map_err(|e| e.to_string())
 }
 

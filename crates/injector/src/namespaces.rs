@@ -64,21 +64,14 @@ pub enum ClientError {
 pub async fn kube_client(
     kubeconfig: Option<&std::path::Path>,
 ) -> Result<kube::Client, ClientError> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let bad = |reason: String| ClientError::Kubeconfig {
-                path: path.display().to_string(),
-                reason,
-            };
-            let file = kube::config::Kubeconfig::read_from(path).map_err(|e| bad(e.to_string()))?;
-            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| bad(e.to_string()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| ClientError::Infer(e.to_string()))?,
-    };
+    let config = ballast_kubeconfig::load(kubeconfig)
+        .await
+        .map_err(|e| match e {
+            ballast_kubeconfig::ConfigError::File { path, reason } => {
+                ClientError::Kubeconfig { path, reason }
+            }
+            ballast_kubeconfig::ConfigError::Infer { reason } => ClientError::Infer(reason),
+        })?;
     kube::Client::try_from(config).map_err(|e| ClientError::Client(e.to_string()))
 }
 

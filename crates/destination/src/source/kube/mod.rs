@@ -134,49 +134,18 @@ pub enum KubeError {
 /// A kubeconfig error as one line, its cause said once: an unreadable file
 /// gives the IO error alone (the caller names the file), other errors their
 /// first line (the YAML parser appends a drawing of the bad line).
-fn kubeconfig_reason(error: &kube::config::KubeconfigError) -> String {
-    match error {
-        kube::config::KubeconfigError::ReadConfig(io, _) => io.to_string(),
-        other => first_line(&other.to_string()),
-    }
-}
-
-fn first_line(text: &str) -> String {
-    let line = text.lines().next().unwrap_or_default().trim_end();
-    line.chars()
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect()
-}
-
 /// A kube client for the source: the kubeconfig file if one is given, else
 /// the inferred configuration (see [`KubeConfig::kubeconfig`]); see
 /// [`client_from_config`] for what is added.
 pub async fn client(config: &KubeConfig, metrics: &Metrics) -> Result<kube::Client, KubeError> {
-    let kube_config = match &config.kubeconfig {
-        Some(path) => {
-            let error = |e: kube::config::KubeconfigError| KubeError::Kubeconfig {
-                path: path.display().to_string(),
-                reason: kubeconfig_reason(&e),
-            };
-            let file = kube::config::Kubeconfig::read_from(path).map_err(error)?;
-            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(error)?
-        }
-        None => kube::Config::infer().await.map_err(|e| {
-            // The kubeconfig's error is the one a user can act on.
-            let reason = match std::error::Error::source(&e)
-                .and_then(|s| s.downcast_ref::<kube::config::KubeconfigError>())
-            {
-                Some(kube::config::KubeconfigError::ReadConfig(io, path)) => {
-                    format!("cannot read the kubeconfig {}: {io}", path.display())
-                }
-                Some(other) => format!("the kubeconfig is unusable: {}", kubeconfig_reason(other)),
-                None => first_line(&e.to_string()),
-            };
-            KubeError::Infer { reason }
-        })?,
-    };
+    let kube_config = ballast_kubeconfig::load(config.kubeconfig.as_deref())
+        .await
+        .map_err(|e| match e {
+            ballast_kubeconfig::ConfigError::File { path, reason } => {
+                KubeError::Kubeconfig { path, reason }
+            }
+            ballast_kubeconfig::ConfigError::Infer { reason } => KubeError::Infer { reason },
+        })?;
     client_from_config(kube_config, config, metrics)
 }
 
@@ -199,7 +168,7 @@ pub fn client_from_config(
         config.request_timeout,
     );
     let builder = kube::client::ClientBuilder::try_from(kube_config)
-        .map_err(|e| KubeError::Client(first_line(&e.to_string())))?;
+        .map_err(|e| KubeError::Client(ballast_kubeconfig::first_line(&e.to_string())))?;
     Ok(builder.with_layer(&layer).build())
 }
 
