@@ -1,9 +1,22 @@
 //! What every controller command wires the same way: its two listeners, its
-//! metrics registry, and the stop signal its tasks wait on.
+//! metrics registry, the stop signal its tasks wait on, and for those that
+//! read the cluster (destination, viz) the source and their own identity.
 
 use anyhow::Context;
+use ballast_destination::{
+    source::{
+        kube::{self as kube_source, BackoffConfig, KubeConfig},
+        manifests::{self, ManifestsConfig},
+    },
+    store::Store,
+};
+use ballast_meshtls::{
+    certify,
+    tls::{self, CertStore},
+    IdentityName,
+};
 use prometheus_client::registry::Registry;
-use std::net::SocketAddr;
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 
 /// Binds the gRPC (`--addr`) and admin (`--admin-addr`) listeners and logs
@@ -38,4 +51,133 @@ pub fn registry(register: impl FnOnce(&mut Registry)) -> (Registry, JoinHandle<(
 /// The stop flag's receiving side, as a future each task can wait on.
 pub async fn stopped(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
+}
+
+/// Where a controller reads the cluster from: `--manifests DIR`, else the
+/// Kubernetes API. The flags are each command's own (their environment
+/// variables differ); their meaning is this one.
+pub struct SourceConfig {
+    pub manifests: Option<PathBuf>,
+    pub manifests_max_file_bytes: u64,
+    pub kubeconfig: Option<PathBuf>,
+    pub kube_page_size: u32,
+    pub kube_backoff_initial: Duration,
+    pub kube_backoff_max: Duration,
+    pub kube_max_retry_after: Duration,
+}
+
+impl SourceConfig {
+    /// A missing `--manifests` directory, said before anything starts.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if let Some(dir) = &self.manifests {
+            manifests::check_dir(dir)?;
+        }
+        Ok(())
+    }
+}
+
+/// Starts the source filling `store` until `stop` turns; the task ends with
+/// the source's error, if it fails. Also hands memory back to the kernel
+/// after each bulk load.
+pub async fn start_source(
+    config: SourceConfig,
+    store: &Arc<Store>,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<JoinHandle<anyhow::Result<()>>> {
+    let source = match config.manifests {
+        Some(dir) => {
+            tracing::info!(dir = %dir.display(), "source: manifests directory");
+            let config = ManifestsConfig {
+                max_file_bytes: config.manifests_max_file_bytes,
+                ..ManifestsConfig::new(dir)
+            };
+            let run = manifests::run(config, store.clone(), stopped(stop));
+            tokio::spawn(async move { run.await.map_err(anyhow::Error::new) })
+        }
+        None => {
+            let config = KubeConfig {
+                kubeconfig: config.kubeconfig,
+                page_size: config.kube_page_size,
+                backoff: BackoffConfig {
+                    initial: config.kube_backoff_initial,
+                    max: config.kube_backoff_max,
+                    ..BackoffConfig::default()
+                },
+                max_retry_after: config.kube_max_retry_after,
+                ..KubeConfig::default()
+            };
+            let client = kube_source::client(&config, store.metrics())
+                .await
+                .context("cannot set up the Kubernetes client (or pass --manifests DIR to run without a cluster)")?;
+            tracing::info!("source: Kubernetes API");
+            let run = kube_source::run(config, client, store.clone(), stopped(stop));
+            tokio::spawn(async move { run.await.map_err(anyhow::Error::new) })
+        }
+    };
+
+    // Loading a cluster (or relisting it) allocates far more than it keeps:
+    // hand the rest back to the kernel after each bulk load.
+    let mut bulk_loads = store.bulk_loads();
+    tokio::spawn(async move {
+        while bulk_loads.changed().await.is_ok() {
+            ballast_admin::release_unused_memory();
+        }
+    });
+    Ok(source)
+}
+
+/// A controller's own mesh identity: the `--identity-*` flags, each
+/// command's own, meaning this.
+pub struct IdentityConfig {
+    /// Without them, no identity.
+    pub trust_anchors: Option<PathBuf>,
+    pub addr: String,
+    pub server_name: Option<String>,
+    pub token_file: PathBuf,
+    pub service_account: String,
+    /// Its service account's namespace (default: the controller namespace).
+    pub namespace: Option<String>,
+    pub controller_namespace: String,
+    pub trust_domain: String,
+}
+
+/// A certificate from the identity service for the controller's own name,
+/// renewed in the background.
+pub struct OwnIdentity {
+    pub name: IdentityName,
+    pub roots: Arc<rustls::RootCertStore>,
+    pub certs: Arc<CertStore>,
+}
+
+/// Starts certifying the controller's identity when trust anchors are given.
+pub fn own_identity(config: &IdentityConfig) -> anyhow::Result<Option<OwnIdentity>> {
+    let Some(anchors) = &config.trust_anchors else {
+        return Ok(None);
+    };
+    let roots = tls::root_store_file(anchors)
+        .map_err(|e| anyhow::anyhow!("--identity-trust-anchors: {e}"))?;
+    let (ns, td) = (&config.controller_namespace, &config.trust_domain);
+    let own_ns = config.namespace.as_deref().unwrap_or(ns);
+    let name = IdentityName::for_service_account(&config.service_account, own_ns, ns, td)
+        .map_err(|e| anyhow::anyhow!("--service-account, --controller-namespace and --identity-trust-domain make no identity: {e}"))?;
+    let server_name = certify::service_name(config.server_name.as_deref(), &config.addr, || {
+        IdentityName::for_service_account("linkerd-identity", ns, ns, td)
+    })
+    .map_err(|e| anyhow::anyhow!("--identity-server-name: {e}"))?;
+    let renewal = certify::Renewal {
+        addr: config.addr.clone(),
+        server_name,
+        connect_timeout: Duration::from_secs(5),
+        certify: certify::CertifyConfig {
+            token_file: config.token_file.clone(),
+            roots: roots.clone(),
+            min_refresh: certify::DEFAULT_MIN_REFRESH,
+            max_refresh: certify::DEFAULT_MAX_REFRESH,
+            backoff: ballast_backoff::BackoffConfig::default(),
+            request_timeout: Duration::from_secs(10),
+        },
+    };
+    let certs = certify::spawn(name.clone(), renewal, |_| {})
+        .map_err(|e| anyhow::anyhow!("--identity-addr: {e}"))?;
+    Ok(Some(OwnIdentity { name, roots, certs }))
 }

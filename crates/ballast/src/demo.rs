@@ -17,6 +17,9 @@ const DEMO_STEP: ballast_flags::DurationRange = duration(Duration::from_millis(1
 controller is killed with SIGKILL and stays down; (c) web-c is removed from the manifests and the \
 controller restarts on its old address; (d) the proxy stops sending to web-c and the rest carry \
 the traffic. Every request must succeed throughout. Exits non-zero if any step did not hold.\n\
+`ballast viz` runs beside them for the whole demo (the proxy is the meshed pod `load` in namespace \
+`demo`): its dashboard's address is printed once it is ready and again in the summary; `ballast stat \
+deploy -n demo --viz-addr ADDR` and `ballast tap deploy/load -n demo --viz-addr ADDR` read it meanwhile.\n\
 Every flag can also be set by the environment variable shown."
 )]
 pub struct Args {

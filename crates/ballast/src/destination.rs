@@ -10,21 +10,14 @@ use ballast_destination::{
     policy::{self, PolicyConfig, PolicyMetrics, PolicyService, PolicyStore},
     resource::{DefaultPolicy, IpNet},
     server::{self, DestinationService, MeshConfig, ServerConfig},
-    source::{
-        kube::{self as kube_source, BackoffConfig, KubeConfig},
-        manifests::{self, ManifestsConfig},
-    },
+    source::kube as kube_source,
     store::Store,
 };
 use ballast_flags::{
     bytes, count, dns_label, dns_name, dns_name_or_empty, host_port, BACKOFF, GIB, GRACE, KIB,
     MANY, TIMEOUT,
 };
-use ballast_meshtls::{
-    certify,
-    tls::{self, CertStore},
-    IdentityName,
-};
+use ballast_meshtls::tls::{self, CertStore};
 use clap::Args as ClapArgs;
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use tokio::sync::watch;
@@ -256,39 +249,22 @@ pub struct Args {
 fn own_identity(
     args: &Args,
 ) -> anyhow::Result<Option<(Arc<rustls::ServerConfig>, Arc<CertStore>)>> {
-    let Some(anchors) = &args.identity_trust_anchors else {
+    let Some(own) = controller::own_identity(&controller::IdentityConfig {
+        trust_anchors: args.identity_trust_anchors.clone(),
+        addr: args.identity_addr.clone(),
+        server_name: args.identity_server_name.clone(),
+        token_file: args.identity_token_file.clone(),
+        service_account: args.service_account.clone(),
+        namespace: args.namespace.clone(),
+        controller_namespace: args.controller_namespace.clone(),
+        trust_domain: args.identity_trust_domain.clone(),
+    })?
+    else {
         return Ok(None);
     };
-    let roots = tls::root_store_file(anchors)
-        .map_err(|e| anyhow::anyhow!("--identity-trust-anchors: {e}"))?;
-    let (ns, td) = (&args.controller_namespace, &args.identity_trust_domain);
-    let own_ns = args.namespace.as_deref().unwrap_or(ns);
-    let name = IdentityName::for_service_account(&args.service_account, own_ns, ns, td)
-        .map_err(|e| anyhow::anyhow!("--service-account, --controller-namespace and --identity-trust-domain make no identity: {e}"))?;
-    let server_name = certify::service_name(
-        args.identity_server_name.as_deref(),
-        &args.identity_addr,
-        || IdentityName::for_service_account("linkerd-identity", ns, ns, td),
-    )
-    .map_err(|e| anyhow::anyhow!("--identity-server-name: {e}"))?;
-    let renewal = certify::Renewal {
-        addr: args.identity_addr.clone(),
-        server_name,
-        connect_timeout: Duration::from_secs(5),
-        certify: certify::CertifyConfig {
-            token_file: args.identity_token_file.clone(),
-            roots: roots.clone(),
-            min_refresh: certify::DEFAULT_MIN_REFRESH,
-            max_refresh: certify::DEFAULT_MAX_REFRESH,
-            backoff: ballast_backoff::BackoffConfig::default(),
-            request_timeout: Duration::from_secs(10),
-        },
-    };
-    let store = certify::spawn(name, renewal, |_| {})
-        .map_err(|e| anyhow::anyhow!("--identity-addr: {e}"))?;
     Ok(Some((
-        tls::server_config(roots, store.clone(), &[])?,
-        store,
+        tls::server_config(own.roots, own.certs.clone(), &[])?,
+        own.certs,
     )))
 }
 
@@ -321,10 +297,17 @@ fn parse_networks(s: &str) -> Result<Networks, String> {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    let source_config = controller::SourceConfig {
+        manifests: args.manifests.clone(),
+        manifests_max_file_bytes: args.manifests_max_file_bytes,
+        kubeconfig: args.kubeconfig.clone(),
+        kube_page_size: args.kube_page_size,
+        kube_backoff_initial: args.kube_backoff_initial,
+        kube_backoff_max: args.kube_backoff_max,
+        kube_max_retry_after: args.kube_max_retry_after,
+    };
     // A missing --manifests directory is said before anything starts.
-    if let Some(dir) = &args.manifests {
-        manifests::check_dir(dir)?;
-    }
+    source_config.check()?;
     let (grpc, admin) = controller::listeners("destination", args.addr, args.admin_addr).await?;
     let policy_listener = tokio::net::TcpListener::bind(args.policy_addr)
         .await
@@ -366,50 +349,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         AdminServer::new(admin_state).serve(admin, controller::stopped(stop_rx.clone())),
     );
 
-    let mut source = match args.manifests.clone() {
-        Some(dir) => {
-            tracing::info!(dir = %dir.display(), "source: manifests directory");
-            let config = ManifestsConfig {
-                max_file_bytes: args.manifests_max_file_bytes,
-                ..ManifestsConfig::new(dir)
-            };
-            let run = manifests::run(config, store.clone(), controller::stopped(stop_rx.clone()));
-            tokio::spawn(async move { run.await.map_err(anyhow::Error::new) })
-        }
-        None => {
-            let config = KubeConfig {
-                kubeconfig: args.kubeconfig.clone(),
-                page_size: args.kube_page_size,
-                backoff: BackoffConfig {
-                    initial: args.kube_backoff_initial,
-                    max: args.kube_backoff_max,
-                    ..BackoffConfig::default()
-                },
-                max_retry_after: args.kube_max_retry_after,
-                ..KubeConfig::default()
-            };
-            let client = kube_source::client(&config, store.metrics())
-                .await
-                .context("cannot set up the Kubernetes client (or pass --manifests DIR to run without a cluster)")?;
-            tracing::info!("source: Kubernetes API");
-            let run = kube_source::run(
-                config,
-                client,
-                store.clone(),
-                controller::stopped(stop_rx.clone()),
-            );
-            tokio::spawn(async move { run.await.map_err(anyhow::Error::new) })
-        }
-    };
-
-    // Loading a cluster (or relisting it) allocates far more than it keeps:
-    // hand the rest back to the kernel after each bulk load.
-    let mut bulk_loads = store.bulk_loads();
-    tokio::spawn(async move {
-        while bulk_loads.changed().await.is_ok() {
-            ballast_admin::release_unused_memory();
-        }
-    });
+    let mut source = controller::start_source(source_config, &store, stop_rx.clone()).await?;
 
     let mesh = MeshConfig {
         cluster_domain: args.cluster_domain,

@@ -12,6 +12,8 @@ mod identity;
 mod inject;
 mod injector;
 mod install;
+mod viz;
+mod viz_server;
 
 use ballast_sidecar::{init, logging, proxy};
 use clap::{Parser, Subcommand};
@@ -69,6 +71,22 @@ enum Command {
     /// Check a cluster (or a manifests directory) for a healthy Ballast and
     /// for the faults that take meshes down.
     Check(Box<check::Args>),
+    /// Run the dashboard and metrics collector: scrape every meshed proxy
+    /// (or read a Prometheus), serve the dashboard and the JSON API that
+    /// `ballast stat`, `edges`, `routes`, `tap` and `top` read.
+    Viz(Box<viz_server::Args>),
+    /// Golden metrics (success rate, requests per second, latency) of
+    /// workloads, pods, services, namespaces or routes, from `ballast viz`.
+    Stat(Box<viz::StatArgs>),
+    /// Which workloads call which, and whether the calls are mutual TLS.
+    Edges(Box<viz::EdgesArgs>),
+    /// Per-route golden metrics of a Service's clients.
+    Routes(Box<viz::RoutesArgs>),
+    /// Watch live requests through a workload's proxies.
+    Tap(Box<viz::TapArgs>),
+    /// Live requests through a workload's proxies, counted by source,
+    /// destination, method and path.
+    Top(Box<viz::TopArgs>),
 }
 
 fn main() -> std::process::ExitCode {
@@ -90,6 +108,12 @@ fn main() -> std::process::ExitCode {
         Command::Inject(args) => on_runtime(inject::run(*args)),
         Command::Injector(args) => on_runtime(injector::run(*args)),
         Command::Check(args) => on_runtime(check::run(*args)),
+        Command::Stat(args) => on_runtime(viz::stat(*args)),
+        Command::Edges(args) => on_runtime(viz::edges(*args)),
+        Command::Routes(args) => on_runtime(viz::routes(*args)),
+        Command::Tap(args) => on_runtime(viz::tap(*args)),
+        Command::Top(args) => on_runtime(viz::top(*args)),
+        Command::Viz(args) => on_runtime(viz_server::run(*args)),
     };
     exit(result)
 }

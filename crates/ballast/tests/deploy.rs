@@ -1,6 +1,6 @@
 //! The manifests in deploy/ parse, and grant each controller exactly what it
-//! uses: the destination controller get, list and watch on the kinds it
-//! watches; the identity controller create on tokenreviews; the injector get
+//! uses: the destination controller (and viz, which reads the same source)
+//! get, list and watch on the kinds it watches; the identity controller create on tokenreviews; the injector get
 //! on namespaces; nothing more. Every controller has a disruption budget.
 //! (deploy/ is `ballast install --deploy-dir`: crates/ballast/tests/install.rs.)
 //! (The sidecar example is checked against `ballast-proxy` in
@@ -85,7 +85,7 @@ fn rbac_grants_exactly_what_each_controller_uses() {
     let docs = deploy_documents();
     assert_eq!(
         of_kind(&docs, "ClusterRole").len(),
-        3,
+        4,
         "one ClusterRole per controller"
     );
 
@@ -103,6 +103,12 @@ fn rbac_grants_exactly_what_each_controller_uses() {
         .map(|(group, _version, plural)| (group.to_string(), plural.to_string()))
         .collect();
     assert_eq!(granted, watched);
+    // The dashboard's collector builds its index from the same source.
+    let viz = named(&docs, "ClusterRole", "ballast-viz");
+    assert_eq!(
+        grants(viz),
+        grants(named(&docs, "ClusterRole", "ballast-destination"))
+    );
 
     // The identity controller only creates TokenReviews.
     let (granted, verbs) = grants(named(&docs, "ClusterRole", "ballast-identity"));
@@ -128,6 +134,7 @@ fn rbac_grants_exactly_what_each_controller_uses() {
         "ballast-destination",
         "ballast-identity",
         "ballast-injector",
+        "ballast-viz",
     ] {
         let binding = named(&docs, "ClusterRoleBinding", name);
         assert_eq!(binding["roleRef"]["name"], name);
@@ -144,7 +151,7 @@ fn rbac_grants_exactly_what_each_controller_uses() {
 fn the_deployments_are_probed_bounded_and_unprivileged() {
     let docs = deploy_documents();
     let deployments = of_kind(&docs, "Deployment");
-    assert_eq!(deployments.len(), 3);
+    assert_eq!(deployments.len(), 4);
     for deployment in deployments {
         let app = &deployment["metadata"]["labels"]["app.kubernetes.io/name"];
         let pod = &deployment["spec"]["template"]["spec"];
@@ -179,6 +186,7 @@ fn the_deployments_are_probed_bounded_and_unprivileged() {
         let expected = match app.as_str() {
             Some("ballast-destination") => BTreeSet::from(["admin", "grpc", "policy"]),
             Some("ballast-injector") => BTreeSet::from(["admin", "webhook"]),
+            Some("ballast-viz") => BTreeSet::from(["admin", "http"]),
             _ => BTreeSet::from(["admin", "grpc"]),
         };
         assert_eq!(targets, expected, "{app}");

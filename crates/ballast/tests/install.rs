@@ -206,6 +206,7 @@ fn ha_and_failure_policy_flags_shape_the_output() {
         "ballast-destination",
         "ballast-identity",
         "ballast-injector",
+        "ballast-viz",
     ] {
         let d = find(&docs, "Deployment", app);
         assert_eq!(d["spec"]["replicas"], 3, "{app}");
@@ -288,4 +289,46 @@ fn bad_identity_files_and_values_are_refused_with_one_line() {
         let out = ballast(&[&["install"], bad].concat());
         assert_eq!(out.status.code(), Some(2), "{bad:?}");
     }
+}
+
+#[test]
+fn the_viz_deployment_runs_ballast_viz_with_flags_it_accepts() {
+    let docs = documents(&ok_stdout(&["install", "--namespace", "mesh"]));
+    let viz = find(&docs, "Deployment", "ballast-viz");
+    let pod = &viz["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "ballast-viz");
+    find(&docs, "ServiceAccount", "ballast-viz");
+    assert_eq!(
+        find(&docs, "ClusterRole", "ballast-viz")["rules"],
+        find(&docs, "ClusterRole", "ballast-destination")["rules"]
+    );
+    assert_eq!(
+        find(&docs, "Service", "ballast-viz")["spec"]["ports"][0]["port"],
+        8084
+    );
+    let args: Vec<String> = pod["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(args[0], "viz");
+    // clap reads the arguments in order and stops at the first unknown flag
+    // or bad value, before it gets to the trailing --help: exit 0 means
+    // `ballast viz` parses every flag and value the Deployment passes.
+    let out = ballast(
+        &args
+            .iter()
+            .map(String::as_str)
+            .chain(["--help"])
+            .collect::<Vec<_>>(),
+    );
+    assert!(
+        out.status.success(),
+        "ballast {args:?} is refused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The check can fail: a flag `ballast viz` lacks is refused the same way.
+    let out = ballast(&["viz", "--no-such-flag", "--help"]);
+    assert_eq!(out.status.code(), Some(2));
 }

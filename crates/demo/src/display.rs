@@ -301,6 +301,9 @@ pub fn render_summary(outcome: &DemoOutcome, colour: bool) -> String {
             converged.as_secs_f64()
         );
     }
+    if let Some(addr) = outcome.dashboard {
+        let _ = writeln!(text, "\ndashboard: http://{addr}/");
+    }
     let _ = writeln!(text);
     if outcome.passed {
         let _ = writeln!(text, "{bold}{green}every step held{reset}");
@@ -529,6 +532,7 @@ mod tests {
             convergence: None,
             backends: names(),
             logs: vec![("proxy".to_string(), vec!["a log line".to_string()])],
+            dashboard: Some("127.0.0.1:8084".parse().expect("addr")),
         };
         let text = render_summary(&outcome, false);
         assert!(text.contains("FAILED at step b"), "{text}");
@@ -543,6 +547,10 @@ mod tests {
         outcome.convergence = Some(Duration::from_millis(1500));
         let text = render_summary(&outcome, false);
         assert!(text.contains("every step held"), "{text}");
+        assert!(
+            text.contains("\ndashboard: http://127.0.0.1:8084/\n"),
+            "{text}"
+        );
         assert!(text.contains("1.5 s after"), "{text}");
         assert!(!text.contains("a log line"), "logs only on failure");
     }

@@ -18,6 +18,15 @@ const PORT_NAME: &str = "http";
 
 const SERVICE_FILE: &str = "web-service.yaml";
 const PODS_FILE: &str = "web-pods.yaml";
+const LOAD_FILE: &str = "load-pod.yaml";
+
+/// The `pod-template-hash` of the demo's ReplicaSets, so pods roll up to
+/// their Deployments (`web`, `load`) as Linkerd names workloads.
+const WEB_HASH: &str = "5d8f7c6b9";
+const LOAD_HASH: &str = "7c9d4f8b6";
+/// The load client's pod: the demo proxy stands for its sidecar.
+pub const LOAD_DEPLOYMENT: &str = "load";
+const LOAD_POD: &str = "load-7c9d4f8b6-x2k4q";
 
 /// The authority clients use for the demo service.
 pub fn authority() -> String {
@@ -29,6 +38,14 @@ pub fn authority() -> String {
 pub struct PodBackend {
     pub name: String,
     pub addr: SocketAddr,
+}
+
+/// The meshed pod the demo proxy stands for: where its admin (`/metrics`)
+/// and Tap APIs listen.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadPod {
+    pub admin: SocketAddr,
+    pub tap: SocketAddr,
 }
 
 /// The manifests directory the controller reads.
@@ -55,6 +72,12 @@ impl Manifests {
     pub fn set_pods(&self, pods: &[PodBackend]) -> anyhow::Result<()> {
         let text = pods.iter().map(pod_yaml).collect::<Vec<_>>().join("---\n");
         self.replace(PODS_FILE, &text)
+    }
+
+    /// Writes the meshed `load` pod (Deployment `load`), whose proxy is
+    /// the demo proxy, so `ballast viz` scrapes and taps it.
+    pub fn set_load(&self, load: &LoadPod) -> anyhow::Result<()> {
+        self.replace(LOAD_FILE, &load_pod_yaml(load))
     }
 
     /// Replaces `name` in one step: written beside it under a hidden name
@@ -92,12 +115,30 @@ fn pod_yaml(pod: &PodBackend) -> String {
     format!(
         "apiVersion: v1\n\
          kind: Pod\n\
-         metadata:\n  name: {name}\n  namespace: {NAMESPACE}\n  labels:\n    app: {SERVICE}\n\
+         metadata:\n  name: {name}\n  namespace: {NAMESPACE}\n  labels:\n    app: {SERVICE}\n    pod-template-hash: {WEB_HASH}\n\
+         \x20 ownerReferences:\n  - apiVersion: apps/v1\n    kind: ReplicaSet\n    name: {SERVICE}-{WEB_HASH}\n    uid: demo-{SERVICE}-rs\n    controller: true\n\
          spec:\n  containers:\n  - name: web\n    ports:\n    - name: {PORT_NAME}\n      containerPort: {port}\n\
          status:\n  phase: Running\n  podIP: {ip}\n  conditions:\n  - type: Ready\n    status: \"True\"\n",
         name = pod.name,
         port = pod.addr.port(),
         ip = pod.addr.ip(),
+    )
+}
+
+/// A pod with a `linkerd-proxy` container whose named ports are the demo
+/// proxy's: viz finds a meshed pod there to scrape and tap.
+fn load_pod_yaml(load: &LoadPod) -> String {
+    format!(
+        "apiVersion: v1\n\
+         kind: Pod\n\
+         metadata:\n  name: {LOAD_POD}\n  namespace: {NAMESPACE}\n  labels:\n    app: {LOAD_DEPLOYMENT}\n    pod-template-hash: {LOAD_HASH}\n\
+         \x20 ownerReferences:\n  - apiVersion: apps/v1\n    kind: ReplicaSet\n    name: {LOAD_DEPLOYMENT}-{LOAD_HASH}\n    uid: demo-{LOAD_DEPLOYMENT}-rs\n    controller: true\n\
+         spec:\n  serviceAccountName: {LOAD_DEPLOYMENT}\n  containers:\n  - name: linkerd-proxy\n    ports:\n    - name: linkerd-admin\n      containerPort: {admin}\n    - name: linkerd-tap\n      containerPort: {tap}\n\
+         \x20 - name: load\n\
+         status:\n  phase: Running\n  podIP: {ip}\n  conditions:\n  - type: Ready\n    status: \"True\"\n",
+        admin = load.admin.port(),
+        tap = load.tap.port(),
+        ip = load.admin.ip(),
     )
 }
 
@@ -126,6 +167,13 @@ mod tests {
         assert_eq!(text.matches("kind: Pod").count(), 2);
         assert!(text.contains("podIP: 127.0.0.3"), "{text}");
         assert!(text.contains("containerPort: 40001"), "{text}");
+        // Web pods roll up to Deployment web through their ReplicaSet.
+        assert_eq!(text.matches("name: web-5d8f7c6b9\n").count(), 2, "{text}");
+        assert_eq!(
+            text.matches("pod-template-hash: 5d8f7c6b9\n").count(),
+            2,
+            "{text}"
+        );
 
         manifests.set_pods(&pods()[..1]).expect("rewrite");
         let text = std::fs::read_to_string(dir.path().join(PODS_FILE)).expect("pods file");
@@ -139,5 +187,31 @@ mod tests {
             .collect();
         names.sort();
         assert_eq!(names, [PODS_FILE, SERVICE_FILE]);
+    }
+
+    #[test]
+    fn the_load_pod_is_meshed_with_the_proxys_ports() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let manifests = Manifests::write(dir.path(), &pods()).expect("write");
+        manifests
+            .set_load(&LoadPod {
+                admin: "127.0.0.1:41001".parse().expect("addr"),
+                tap: "127.0.0.1:41002".parse().expect("addr"),
+            })
+            .expect("load pod");
+        let text = std::fs::read_to_string(dir.path().join(LOAD_FILE)).expect("load file");
+        for needle in [
+            "name: load-7c9d4f8b6-x2k4q\n",
+            "pod-template-hash: 7c9d4f8b6\n",
+            "kind: ReplicaSet\n    name: load-7c9d4f8b6\n",
+            "- name: linkerd-proxy\n    ports:\n    - name: linkerd-admin\n      containerPort: 41001\n    - name: linkerd-tap\n      containerPort: 41002\n",
+            "podIP: 127.0.0.1\n",
+            "phase: Running\n",
+        ] {
+            assert!(text.contains(needle), "{needle:?} in\n{text}");
+        }
+        // The web pods are rewritten without touching it.
+        manifests.set_pods(&pods()[..1]).expect("rewrite");
+        assert!(dir.path().join(LOAD_FILE).exists());
     }
 }

@@ -220,7 +220,7 @@ fn push_line(log: &Mutex<VecDeque<String>>, mut line: String) {
 fn address_after(line: &str, marker: &str) -> Option<SocketAddr> {
     let (_, rest) = line.split_once(marker)?;
     let word = rest.split_whitespace().next()?;
-    word.trim_end_matches([',', ';', '.'])
+    word.trim_end_matches([',', ';', '.', '/'])
         .parse()
         .ok()
         .or_else(|| word.parse().ok())
@@ -275,6 +275,13 @@ mod tests {
         assert_eq!(
             address_after("admin listening on nowhere", "admin listening on "),
             None
+        );
+        assert_eq!(
+            address_after(
+                "INFO viz dashboard listening on http://127.0.0.1:8084/",
+                "viz dashboard listening on http://"
+            ),
+            Some("127.0.0.1:8084".parse().expect("addr"))
         );
     }
 

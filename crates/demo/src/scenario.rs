@@ -26,9 +26,14 @@ use anyhow::Context;
 use crate::backend::Backend;
 use crate::display::{Progress, View, ViewMode};
 use crate::load::{LoadClient, LoadConfig, Snapshot};
-use crate::manifests::{self, Manifests, PodBackend};
+use crate::manifests::{self, LoadPod, Manifests, PodBackend};
 use crate::process::{self, Process};
 
+/// How often the demo's viz scrapes the proxy: often enough for a live
+/// dashboard over a demo of a minute.
+const VIZ_SCRAPE_INTERVAL: &str = "2s";
+/// Under the interval, as viz requires; the demo proxy answers at once.
+const VIZ_SCRAPE_TIMEOUT: &str = "1s";
 /// How long a process may take to start listening and be ready.
 const START_DEADLINE: Duration = Duration::from_secs(20);
 /// How long the first requests may take to reach all three backends.
@@ -124,6 +129,8 @@ pub struct DemoOutcome {
     pub backends: Vec<String>,
     /// The last log lines of each process (shown when the demo failed).
     pub logs: Vec<(String, Vec<String>)>,
+    /// Where `ballast viz` served the dashboard while the demo ran.
+    pub dashboard: Option<SocketAddr>,
 }
 
 /// Runs the demo, showing it on stdout, and returns how it went. An error
@@ -166,7 +173,16 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<DemoOutcome> {
         "controller listening on {grpc}, reading {}",
         manifests.dir().display()
     ));
-    let (proxy, outbound) = start_proxy(&config, grpc).await?;
+    let proxy = start_proxy(&config, grpc).await?;
+    let outbound = proxy.outbound;
+    // The proxy is the meshed `load` pod's: viz scrapes and taps it there.
+    manifests.set_load(&LoadPod {
+        admin: proxy.admin,
+        tap: proxy.tap,
+    })?;
+    let (viz, dashboard) = start_viz(&config, &manifests).await?;
+    view.say(&format!("dashboard: http://{dashboard}/"));
+    let proxy = proxy.process;
     let authority = manifests::authority();
     view.say(&format!(
         "proxy outbound listening on {outbound}; sending {} rps for {authority} over {} connections",
@@ -186,6 +202,8 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<DemoOutcome> {
         names: pods.iter().map(|p| p.name.clone()).collect(),
         proxy,
         controller: Some(controller),
+        viz,
+        dashboard,
         logs: Vec::new(),
         steps: Vec::new(),
         convergence: None,
@@ -223,10 +241,15 @@ async fn start_controller(
     Ok((process, addrs[0]))
 }
 
-async fn start_proxy(
-    config: &DemoConfig,
-    destination: SocketAddr,
-) -> anyhow::Result<(Process, SocketAddr)> {
+/// The demo proxy and where it listens.
+struct StartedProxy {
+    process: Process,
+    outbound: SocketAddr,
+    admin: SocketAddr,
+    tap: SocketAddr,
+}
+
+async fn start_proxy(config: &DemoConfig, destination: SocketAddr) -> anyhow::Result<StartedProxy> {
     let args = [
         "proxy",
         "--destination-addr",
@@ -236,6 +259,9 @@ async fn start_proxy(
         "--inbound-addr",
         "127.0.0.1:0",
         "--admin-addr",
+        "127.0.0.1:0",
+        // Plaintext (no identity): viz taps it as the `load` pod's proxy.
+        "--tap-addr",
         "127.0.0.1:0",
         "--control-backoff-max",
         "2s",
@@ -247,11 +273,51 @@ async fn start_proxy(
         &config.ballast,
         "proxy",
         &args,
-        &["outbound listening on ", "admin listening on "],
+        &[
+            "outbound listening on ",
+            "admin listening on ",
+            "tap listening on ",
+        ],
         START_DEADLINE,
     )
     .await?;
     process::wait_ready(addrs[1], "proxy", START_DEADLINE).await?;
+    Ok(StartedProxy {
+        process,
+        outbound: addrs[0],
+        admin: addrs[1],
+        tap: addrs[2],
+    })
+}
+
+/// `ballast viz` on the demo's manifests: the dashboard and API address.
+/// It reads the cluster itself, so the controller's outage leaves it up.
+async fn start_viz(
+    config: &DemoConfig,
+    manifests: &Manifests,
+) -> anyhow::Result<(Process, SocketAddr)> {
+    let args = [
+        "viz".to_string(),
+        "--manifests".to_string(),
+        manifests.dir().display().to_string(),
+        "--addr".to_string(),
+        "127.0.0.1:0".to_string(),
+        "--admin-addr".to_string(),
+        "127.0.0.1:0".to_string(),
+        "--scrape-interval".to_string(),
+        VIZ_SCRAPE_INTERVAL.to_string(),
+        "--scrape-timeout".to_string(),
+        VIZ_SCRAPE_TIMEOUT.to_string(),
+    ];
+    let (process, addrs) = Process::start(
+        &config.ballast,
+        "viz",
+        &args,
+        &["viz dashboard listening on http://", "admin listening on "],
+        START_DEADLINE,
+    )
+    .await?;
+    process::wait_ready(addrs[1], "viz", START_DEADLINE).await?;
     Ok((process, addrs[0]))
 }
 
@@ -277,6 +343,9 @@ struct Demo {
     names: Vec<String>,
     proxy: Process,
     controller: Option<Process>,
+    /// `ballast viz`: up for the whole demo, stopped at its end.
+    viz: Process,
+    dashboard: SocketAddr,
     /// Logs of processes already gone (the killed controller).
     logs: Vec<(String, Vec<String>)>,
     steps: Vec<StepReport>,
@@ -557,12 +626,16 @@ impl Demo {
         }
         self.logs
             .push(("proxy".to_string(), self.proxy.log_tail(REPORT_LOG_LINES)));
+        self.viz.kill().await;
+        self.logs
+            .push(("viz".to_string(), self.viz.log_tail(REPORT_LOG_LINES)));
         let outcome = DemoOutcome {
             steps: self.steps,
             passed,
             convergence: self.convergence,
             backends: self.names,
             logs: self.logs,
+            dashboard: Some(self.dashboard),
         };
         self.view.summary(&outcome);
         outcome
@@ -631,6 +704,14 @@ impl Demo {
         if let Some(status) = self.proxy.exit_status() {
             checks.push(Check {
                 text: format!("the proxy exited ({status})"),
+                passed: false,
+            });
+        }
+        // The dashboard has its own index: the controller's outage must
+        // not take it down.
+        if let Some(status) = self.viz.exit_status() {
+            checks.push(Check {
+                text: format!("the viz dashboard exited ({status})"),
                 passed: false,
             });
         }

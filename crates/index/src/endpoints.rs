@@ -182,7 +182,7 @@ impl Index {
 /// Linkerd's owner label: the top owner's kind, lowercased (`deployment`,
 /// `statefulset`, `daemonset`, `k8s_job`, ...). A ReplicaSet named after its
 /// pods' `pod-template-hash` belongs to a Deployment of the name before it.
-fn owner_label(pod: &Pod) -> Option<(String, String)> {
+pub fn owner_label(pod: &Pod) -> Option<(String, String)> {
     let owner = pod.owner.as_ref()?;
     if owner.kind == "ReplicaSet" {
         if let Some(hash) = pod.labels.get("pod-template-hash") {

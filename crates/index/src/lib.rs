@@ -21,6 +21,7 @@ pub mod policy;
 mod tests;
 mod view;
 
+pub use endpoints::owner_label;
 pub use ip::{Conflict, ConflictKey};
 pub use opaque::{PortSet, DEFAULT_OPAQUE_PORTS};
 pub use view::{Endpoint, EndpointSet, MeshIdentity, ProfileView};
@@ -541,6 +542,11 @@ impl Index {
     }
 
     // === Reads ===
+
+    /// Every pod, in no particular order.
+    pub fn pods(&self) -> impl Iterator<Item = &Pod> + '_ {
+        self.pods.values().map(|p| &**p)
+    }
 
     pub fn pod(&self, key: &ObjectKey) -> Option<&Pod> {
         self.pods.get(key).map(|p| &**p)

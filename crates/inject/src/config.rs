@@ -28,6 +28,9 @@ pub const DEFAULT_OUTBOUND_PORT: u16 = 4140;
 pub const DEFAULT_INBOUND_PORT: u16 = 4143;
 /// The proxy's admin port (/live, /ready, /metrics) on 0.0.0.0 (Linkerd's).
 pub const DEFAULT_ADMIN_PORT: u16 = 4191;
+/// The proxy's Tap API port on 0.0.0.0 (Linkerd's proxy control port), for
+/// `ballast viz`; mutual TLS, served only to viz's identity.
+pub const DEFAULT_TAP_PORT: u16 = 4190;
 /// The proxy's CPU request.
 pub const DEFAULT_CPU_REQUEST: &str = "100m";
 /// The proxy's memory request.
@@ -78,6 +81,9 @@ pub struct Config {
     pub inbound_port: u16,
     /// Admin port, probed by kubelet. Default [`DEFAULT_ADMIN_PORT`].
     pub admin_port: u16,
+    /// Tap API port (`--tap-addr`), declared as the container port
+    /// `linkerd-tap`. Default [`DEFAULT_TAP_PORT`].
+    pub tap_port: u16,
     /// Proxy CPU request (`config.linkerd.io/proxy-cpu-request` overrides).
     /// Default [`DEFAULT_CPU_REQUEST`].
     pub cpu_request: Option<String>,
@@ -116,6 +122,7 @@ impl Default for Config {
             outbound_port: DEFAULT_OUTBOUND_PORT,
             inbound_port: DEFAULT_INBOUND_PORT,
             admin_port: DEFAULT_ADMIN_PORT,
+            tap_port: DEFAULT_TAP_PORT,
             cpu_request: Some(DEFAULT_CPU_REQUEST.into()),
             cpu_limit: None,
             memory_request: Some(DEFAULT_MEMORY_REQUEST.into()),

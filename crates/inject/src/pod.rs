@@ -32,6 +32,8 @@ const IDENTITY_TOKEN_FILE: &str = "linkerd-identity-token";
 const IDENTITY_TOKEN_AUDIENCE: &str = "identity.l5d.io";
 /// The admin port's name, which the probes use.
 const ADMIN_PORT_NAME: &str = "proxy-admin";
+/// The tap port's name, as `ballast viz` finds it.
+const TAP_PORT_NAME: &str = "linkerd-tap";
 
 /// Annotations read from the pod, then its namespace (Linkerd's names).
 pub mod annotations {
@@ -647,6 +649,8 @@ impl Settings {
             format!("--inbound-addr=0.0.0.0:{}", config.inbound_port),
             // On every address, so that kubelet's probes reach it.
             format!("--admin-addr=0.0.0.0:{}", config.admin_port),
+            // The Tap API, for `ballast viz` (mutual TLS for its identity).
+            format!("--tap-addr=0.0.0.0:{}", config.tap_port),
         ];
         let mut mounts = Vec::new();
         if config.identity_disabled {
@@ -727,7 +731,10 @@ impl Settings {
             "command": ["ballast-proxy"],
             "args": args,
             "env": env,
-            "ports": [{"name": ADMIN_PORT_NAME, "containerPort": config.admin_port}],
+            "ports": [
+                {"name": ADMIN_PORT_NAME, "containerPort": config.admin_port},
+                {"name": TAP_PORT_NAME, "containerPort": config.tap_port},
+            ],
             "livenessProbe": probe("/live", 10),
             "readinessProbe": probe("/ready", 5),
             "resources": resources,
@@ -855,6 +862,39 @@ mod tests {
         assert_eq!(proxy["securityContext"]["runAsUser"], 2102);
         let init = container(&p, "initContainers", INIT_CONTAINER);
         assert!(args(init).contains(&"--inbound-ports-to-ignore=4190,4191,4567,4568"));
+    }
+
+    #[test]
+    fn the_proxy_serves_tap_on_the_declared_linkerd_tap_port() {
+        let mut p = json!({
+            "metadata": {"name": "web-1"},
+            "spec": {"containers": [{"name": "web", "image": "nginx"}]},
+        });
+        let config = Config {
+            tap_port: 4999,
+            ..Config::default()
+        };
+        let out = inject_pod_owned(&mut p, None, None, Mode::Manual, &config);
+        assert_eq!(out.unwrap(), Outcome::Injected);
+        let proxy = container(&p, "containers", PROXY_CONTAINER);
+        assert!(args(proxy).contains(&"--tap-addr=0.0.0.0:4999"));
+        let ports: Vec<(&str, u64)> = proxy["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p["name"].as_str().unwrap(),
+                    p["containerPort"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(ports, [("proxy-admin", 4191), ("linkerd-tap", 4999)]);
+        // Inbound redirection leaves Linkerd's tap port alone by default.
+        assert_eq!(crate::config::DEFAULT_TAP_PORT, 4190);
+        assert!(DEFAULT_INBOUND_PORTS_TO_IGNORE
+            .split(',')
+            .any(|p| p == "4190"));
     }
 
     #[test]

@@ -164,6 +164,7 @@ pub fn documents(c: &InstallConfig) -> Vec<Document> {
     docs.extend(manifests::identity(c));
     docs.extend(manifests::destination(c));
     docs.extend(manifests::injector(c));
+    docs.extend(manifests::viz(c));
     docs
 }
 
@@ -238,6 +239,12 @@ fn file_note(file: &str) -> &'static str {
              # `ballast-proxy-injector-webhook-config`) and the injector's serving\n\
              # certificate (Secret `ballast-injector-k8s-tls`) carry key material: they\n\
              # come from `ballast install --secrets-only`.\n"
+        }
+        "viz.yaml" => {
+            "#\n\
+             # viz taps proxies over mutual TLS as `ballast-viz`: it reads the ConfigMap\n\
+             # `linkerd-identity-trust-roots` (from `ballast install --secrets-only`, see\n\
+             # identity.yaml) and gets its certificate from the identity controller.\n"
         }
         _ => "",
     }
@@ -340,6 +347,7 @@ mod tests {
             "ballast-destination",
             "ballast-identity",
             "ballast-injector",
+            "ballast-viz",
         ] {
             assert!(at(&format!("Deployment/{app}")) < webhook);
             assert!(at(&format!("PodDisruptionBudget/{app}")) > 0);
@@ -394,7 +402,7 @@ mod tests {
             let docs: Vec<Value> = documents(&c).into_iter().map(|d| d.value).collect();
             let deployments: Vec<&Value> =
                 docs.iter().filter(|d| d["kind"] == "Deployment").collect();
-            assert_eq!(deployments.len(), 3);
+            assert_eq!(deployments.len(), 4);
             for d in deployments {
                 let name = d["metadata"]["name"].as_str().unwrap();
                 assert_eq!(d["spec"]["replicas"], if ha { 3 } else { 2 }, "{name}");
@@ -438,6 +446,91 @@ mod tests {
         for d in deploy_docs.iter().chain(&secret_docs) {
             assert!(all.contains(d), "missing from the install: {d}");
         }
+    }
+
+    #[test]
+    fn viz_reads_what_the_destination_reads_and_serves_the_dashboard() {
+        let c = InstallConfig {
+            namespace: "mesh".into(),
+            trust_domain: "example.org".into(),
+            ..InstallConfig::default()
+        };
+        let docs: Vec<Value> = documents(&c).into_iter().map(|d| d.value).collect();
+        let find = |kind: &str, name: &str| {
+            docs.iter()
+                .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+                .unwrap_or_else(|| panic!("no {kind}/{name}"))
+        };
+        // The same source, the same read-only rules.
+        assert_eq!(
+            find("ClusterRole", "ballast-viz")["rules"],
+            find("ClusterRole", "ballast-destination")["rules"]
+        );
+        let binding = find("ClusterRoleBinding", "ballast-viz");
+        assert_eq!(binding["roleRef"]["name"], "ballast-viz");
+        assert_eq!(
+            binding["subjects"][0],
+            serde_json::json!({"kind": "ServiceAccount", "name": "ballast-viz", "namespace": "mesh"})
+        );
+        assert_eq!(
+            find("ServiceAccount", "ballast-viz")["metadata"]["namespace"],
+            "mesh"
+        );
+
+        let pod = &find("Deployment", "ballast-viz")["spec"]["template"]["spec"];
+        // Its service account is its identity's name.
+        assert_eq!(pod["serviceAccountName"], "ballast-viz");
+        let container = &pod["containers"][0];
+        let args: Vec<&str> = container["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert_eq!(args[0], "viz");
+        for want in [
+            "--addr=0.0.0.0:8084",
+            "--admin-addr=0.0.0.0:9994",
+            "--identity-trust-domain=example.org",
+            "--service-account=ballast-viz",
+            "--namespace=mesh",
+        ] {
+            assert!(args.contains(&want), "{want} not in {args:?}");
+        }
+        // Certified by the identity controller: the anchors and a token for it.
+        assert!(args.contains(
+            &"--identity-trust-anchors=/var/run/linkerd/identity/trust-roots/ca-bundle.crt"
+        ));
+        assert!(
+            args.contains(&"--identity-addr=ballast-identity-headless.mesh.svc.cluster.local:8080")
+        );
+        let token = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find_map(|v| v["projected"]["sources"][0]["serviceAccountToken"].as_object())
+            .expect("a projected token");
+        assert_eq!(token["audience"], "identity.l5d.io");
+        let token_file = format!(
+            "/var/run/secrets/tokens/{}",
+            token["path"].as_str().unwrap()
+        );
+        assert!(args.contains(&format!("--identity-token-file={token_file}").as_str()));
+        assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/ready");
+        assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/live");
+        assert_eq!(
+            container["ports"],
+            serde_json::json!([{"name": "http", "containerPort": 8084}, {"name": "admin", "containerPort": 9994}])
+        );
+        let svc = find("Service", "ballast-viz");
+        assert_eq!(
+            svc["spec"]["ports"],
+            serde_json::json!([{"name": "http", "port": 8084, "targetPort": "http"}])
+        );
+        assert_eq!(
+            svc["spec"]["selector"]["app.kubernetes.io/name"],
+            "ballast-viz"
+        );
     }
 
     #[test]

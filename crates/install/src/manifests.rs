@@ -11,6 +11,10 @@ const RUN_AS: u32 = 65532;
 pub const DESTINATION: &str = "ballast-destination";
 pub const IDENTITY: &str = "ballast-identity";
 pub const INJECTOR: &str = "ballast-injector";
+/// The metrics collector and dashboard (`ballast viz`); also its service
+/// account, so its identity (for tapping proxies over mTLS) is
+/// `ballast-viz.NS.serviceaccount.identity...`.
+pub const VIZ: &str = "ballast-viz";
 /// Linkerd's names: the identity controller's service account (part of its
 /// TLS identity), the issuer Secret and the trust roots ConfigMap.
 pub const IDENTITY_SERVICE_ACCOUNT: &str = "linkerd-identity";
@@ -24,12 +28,20 @@ pub const WEBHOOK_PATH: &str = "/inject";
 /// Ports: Linkerd's proxy-injector (8443, admin 9995); the controllers' as deploy/ had them.
 pub const INJECTOR_PORT: u16 = 8443;
 pub const INJECTOR_ADMIN_PORT: u16 = 9995;
+/// Linkerd viz web's port (the dashboard and JSON API), and viz's admin port.
+pub const VIZ_PORT: u16 = 8084;
+pub const VIZ_ADMIN_PORT: u16 = 9994;
 /// The label (on a namespace or a pod) that keeps the webhook away, as Linkerd's.
 pub const WEBHOOKS_LABEL: &str = "config.linkerd.io/admission-webhooks";
 
 const ISSUER_MOUNT: &str = "/var/run/linkerd/identity/issuer";
 const TRUST_ROOTS_MOUNT: &str = "/var/run/linkerd/identity/trust-roots";
 const INJECTOR_TLS_MOUNT: &str = "/var/run/ballast/injector/tls";
+/// Where viz reads its service-account token for the identity controller
+/// (Linkerd's audience and file name, as injected proxies have it).
+const TOKEN_MOUNT: &str = "/var/run/secrets/tokens";
+const IDENTITY_TOKEN_FILE: &str = "linkerd-identity-token";
+const IDENTITY_TOKEN_AUDIENCE: &str = "identity.l5d.io";
 
 fn labels(app: &str) -> Value {
     json!({"app.kubernetes.io/name": app, "app.kubernetes.io/part-of": "ballast"})
@@ -109,11 +121,25 @@ fn binding(c: &InstallConfig, part: Part, app: &str, service_account: &str) -> D
     )
 }
 
+/// get, list and watch on the kinds the destination source watches
+/// (`ballast_destination::source::kube::WATCHED_RESOURCES`; tests/deploy.rs
+/// checks the two agree). `ballast destination` and `ballast viz` both build
+/// their index from that source, so both get exactly these rules.
+fn watched_rules() -> Value {
+    let read = json!(["get", "list", "watch"]);
+    json!([
+        {"apiGroups": [""], "resources": ["pods", "services", "namespaces"], "verbs": read},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": read},
+        {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["httproutes", "grpcroutes"], "verbs": read},
+        {"apiGroups": ["policy.linkerd.io"], "resources": ["httproutes", "servers", "authorizationpolicies", "meshtlsauthentications", "networkauthentications"], "verbs": read},
+        {"apiGroups": ["linkerd.io"], "resources": ["serviceprofiles"], "verbs": read},
+    ])
+}
+
 /// The destination controller's RBAC: get, list and watch on exactly the
 /// kinds its watchers use.
 pub fn destination_rbac(c: &InstallConfig) -> Vec<Document> {
     let part = Part::Deploy("rbac.yaml");
-    let read = json!(["get", "list", "watch"]);
     vec![
         service_account(c, part, DESTINATION, DESTINATION),
         cluster_role(
@@ -121,13 +147,7 @@ pub fn destination_rbac(c: &InstallConfig) -> Vec<Document> {
             "The destination controller only reads: get/list/watch on the kinds its\n\
              watchers use (endpoints, and the policy resources of deploy/crds/).",
             DESTINATION,
-            json!([
-                {"apiGroups": [""], "resources": ["pods", "services", "namespaces"], "verbs": read},
-                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": read},
-                {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["httproutes", "grpcroutes"], "verbs": read},
-                {"apiGroups": ["policy.linkerd.io"], "resources": ["httproutes", "servers", "authorizationpolicies", "meshtlsauthentications", "networkauthentications"], "verbs": read},
-                {"apiGroups": ["linkerd.io"], "resources": ["serviceprofiles"], "verbs": read},
-            ]),
+            watched_rules(),
         ),
         binding(c, part, DESTINATION, DESTINATION),
     ]
@@ -493,6 +513,93 @@ pub fn injector(c: &InstallConfig) -> Vec<Document> {
             &[("admin", INJECTOR_ADMIN_PORT, "admin")],
         ),
         disruption_budget(c, part, INJECTOR),
+    ]
+}
+
+/// The metrics collector and dashboard (`ballast viz`): its own Deployment,
+/// so its memory and CPU never touch the destination controller's.
+pub fn viz(c: &InstallConfig) -> Vec<Document> {
+    let part = Part::Deploy("viz.yaml");
+    vec![
+        service_account(c, part, VIZ, VIZ),
+        cluster_role(
+            part,
+            "The collector builds its index of meshed pods from the same source as the\n\
+             destination controller: get/list/watch on the same kinds, nothing more.",
+            VIZ,
+            watched_rules(),
+        ),
+        binding(c, part, VIZ, VIZ),
+        deployment(
+            c,
+            part,
+            "The metrics collector and dashboard (`ballast viz`): it scrapes each meshed\n\
+             pod's proxy /metrics every 10 s (64 at a time, pages of at most 8 MiB, 15\n\
+             minutes of history) and serves the dashboard and JSON API on 8084. Memory is\n\
+             sized from bench/RESULTS.md (viz-bench): the request covers a few thousand\n\
+             pods; the limit adds 64 pages of 8 MiB in flight at once.",
+            Controller {
+                app: VIZ,
+                container: "viz",
+                service_account: VIZ,
+                args: vec![
+                    "viz".into(),
+                    format!("--addr=0.0.0.0:{VIZ_PORT}"),
+                    format!("--admin-addr=0.0.0.0:{VIZ_ADMIN_PORT}"),
+                    format!("--cluster-domain={}", c.cluster_domain),
+                    "--controller-namespace=linkerd".into(),
+                    format!("--identity-trust-domain={}", c.trust_domain),
+                    // Its identity, which proxies' tap ports admit:
+                    // ballast-viz.NS.serviceaccount.identity.linkerd.TRUST_DOMAIN,
+                    // certified by the identity controller for its token.
+                    format!("--service-account={VIZ}"),
+                    format!("--namespace={}", c.namespace),
+                    format!("--identity-trust-anchors={TRUST_ROOTS_MOUNT}/ca-bundle.crt"),
+                    format!(
+                        "--identity-addr=ballast-identity-headless.{}.svc.{}:8080",
+                        c.namespace, c.cluster_domain
+                    ),
+                    format!("--identity-token-file={TOKEN_MOUNT}/{IDENTITY_TOKEN_FILE}"),
+                ],
+                ports: vec![("http", VIZ_PORT), ("admin", VIZ_ADMIN_PORT)],
+                memory_request: "64Mi",
+                memory_limit: "768Mi",
+                volumes: vec![
+                    (
+                        json!({"name": "trust-roots", "mountPath": TRUST_ROOTS_MOUNT, "readOnly": true}),
+                        json!({"name": "trust-roots", "configMap": {"name": TRUST_ROOTS_CONFIG_MAP}}),
+                    ),
+                    (
+                        json!({"name": "identity-token", "mountPath": TOKEN_MOUNT, "readOnly": true}),
+                        json!({"name": "identity-token", "projected": {"sources": [{"serviceAccountToken": {
+                            "audience": IDENTITY_TOKEN_AUDIENCE,
+                            "expirationSeconds": 86400,
+                            "path": IDENTITY_TOKEN_FILE,
+                        }}]}}),
+                    ),
+                ],
+            },
+        ),
+        service(
+            c,
+            part,
+            "The dashboard and JSON API (`ballast stat`, `edges`, `tap` talk to it):\n\
+             `kubectl -n NS port-forward svc/ballast-viz 8084` and open http://127.0.0.1:8084/.",
+            VIZ,
+            VIZ,
+            false,
+            &[("http", VIZ_PORT, "http")],
+        ),
+        service(
+            c,
+            part,
+            "",
+            VIZ,
+            "ballast-viz-metrics",
+            false,
+            &[("admin", VIZ_ADMIN_PORT, "admin")],
+        ),
+        disruption_budget(c, part, VIZ),
     ]
 }
 

@@ -103,6 +103,79 @@ pub const DEFAULT_MAX_CONNECTIONS_PER_ENDPOINT: usize = 1_000;
 /// MySQL, Galera, PostgreSQL, Redis, Elasticsearch, Memcached).
 pub const DEFAULT_INBOUND_OPAQUE_PORTS: &str = "25,587,3306,4444,5432,6379,9300,11211";
 
+/// Linkerd's tap port (its proxy's control listener), where `ballast inject`
+/// puts the tap server.
+pub const DEFAULT_TAP_PORT: u16 = 4190;
+/// Taps open at once on one proxy; the next is refused with
+/// `RESOURCE_EXHAUSTED`. A dashboard and a few `ballast tap` sessions.
+pub const DEFAULT_TAP_MAX_TAPS: usize = 8;
+/// Most requests one tap may ask for (its `limit`; a larger one is lowered
+/// to this). Linkerd's viz asks for about 10 s of its `--max-rps`.
+pub const DEFAULT_TAP_MAX_REQUESTS_PER_TAP: u32 = 10_000;
+/// Events one tap may receive per second (a token bucket with a second's
+/// burst); a request's three events are admitted or dropped together, so
+/// about a third as many requests a second are shown.
+pub const DEFAULT_TAP_MAX_EVENTS_PER_SECOND: u32 = 1_000;
+/// Events waiting for one tap's client; past it events are dropped and
+/// counted, never waited for.
+pub const DEFAULT_TAP_QUEUE_CAPACITY: usize = 1_024;
+/// The size bound of one event's variable parts: authority and path get a
+/// quarter of it each, extracted headers the rest (values cut, headers past
+/// it left out).
+pub const DEFAULT_TAP_MAX_EVENT_BYTES: usize = 2_048;
+/// Connections open at once on the tap listener; more are closed at accept.
+pub const DEFAULT_TAP_MAX_CONNECTIONS: usize = 16;
+/// The tap listener's HTTP/2 limits: streams per connection (a tap is one),
+/// decoded header list, client-reset streams awaiting accept.
+pub const DEFAULT_TAP_HTTP2_MAX_CONCURRENT_STREAMS: u32 = 16;
+pub const DEFAULT_TAP_HTTP2_MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
+pub const DEFAULT_TAP_HTTP2_MAX_PENDING_ACCEPT_RESETS: usize = 20;
+/// Linkerd's TLS handshake bound, on the tap listener too.
+pub const DEFAULT_TAP_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest `ObserveRequest` read (a match tree is small).
+pub const DEFAULT_TAP_MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+/// The Tap API (`io.linkerd.proxy.tap.Tap/Observe`): who may use it and
+/// what bounds each tap.
+#[derive(Clone, Debug)]
+pub struct TapConfig {
+    /// With the proxy's identity on, the only client identity served;
+    /// others get `PERMISSION_DENIED`. `None` with identity off (plaintext,
+    /// everyone served).
+    pub client_identity: Option<ballast_meshtls::IdentityName>,
+    pub max_taps: usize,
+    pub max_requests_per_tap: u32,
+    pub max_events_per_second: u32,
+    pub queue_capacity: usize,
+    pub max_event_bytes: usize,
+    pub max_connections: usize,
+    /// A TLS handshake (and, in plaintext, the first byte) must come within this.
+    pub handshake_timeout: Duration,
+    pub h2_max_concurrent_streams: u32,
+    pub h2_max_header_list_bytes: u32,
+    pub h2_max_pending_accept_resets: usize,
+    pub max_request_bytes: usize,
+}
+
+impl Default for TapConfig {
+    fn default() -> Self {
+        Self {
+            client_identity: None,
+            max_taps: DEFAULT_TAP_MAX_TAPS,
+            max_requests_per_tap: DEFAULT_TAP_MAX_REQUESTS_PER_TAP,
+            max_events_per_second: DEFAULT_TAP_MAX_EVENTS_PER_SECOND,
+            queue_capacity: DEFAULT_TAP_QUEUE_CAPACITY,
+            max_event_bytes: DEFAULT_TAP_MAX_EVENT_BYTES,
+            max_connections: DEFAULT_TAP_MAX_CONNECTIONS,
+            handshake_timeout: DEFAULT_TAP_HANDSHAKE_TIMEOUT,
+            h2_max_concurrent_streams: DEFAULT_TAP_HTTP2_MAX_CONCURRENT_STREAMS,
+            h2_max_header_list_bytes: DEFAULT_TAP_HTTP2_MAX_HEADER_LIST_BYTES,
+            h2_max_pending_accept_resets: DEFAULT_TAP_HTTP2_MAX_PENDING_ACCEPT_RESETS,
+            max_request_bytes: DEFAULT_TAP_MAX_REQUEST_BYTES,
+        }
+    }
+}
+
 /// How the proxy reaches the destination controller.
 #[derive(Clone, Debug)]
 pub struct ControlConfig {
@@ -331,6 +404,8 @@ pub struct Config {
     /// This proxy's mesh identity and TLS; `None` runs without identity
     /// (plaintext everywhere, `tls="disabled"`).
     pub mesh: Option<std::sync::Arc<crate::identity::MeshTls>>,
+    /// The Tap API's settings; `None` without a tap listener.
+    pub tap: Option<TapConfig>,
 }
 
 /// Parses a comma-separated port list (`25,587,6379`); empty is none.

@@ -31,6 +31,7 @@ mod orig_dst;
 mod outbound;
 mod own;
 mod pipeline;
+pub mod tap;
 mod tcp;
 
 pub use config::Config;
@@ -53,6 +54,8 @@ pub struct Listeners {
     /// The admin listener's address (served by the caller); traffic to it is
     /// refused like traffic to the others.
     pub admin: SocketAddr,
+    /// The Tap API's listener (`--tap-addr`), served with `config.tap`.
+    pub tap: Option<tap::TapListener>,
 }
 
 /// Runs the proxy until `shutdown` completes, then stops accepting and
@@ -64,6 +67,13 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), String> {
     let mut own = vec![listeners.admin];
+    if let Some(t) = &listeners.tap {
+        own.push(
+            t.listener
+                .local_addr()
+                .map_err(|e| format!("tap listener address: {e}"))?,
+        );
+    }
     for l in std::iter::once(&listeners.outbound)
         .chain(std::iter::once(&listeners.inbound))
         .chain(listeners.tcp_routes.iter().map(|(l, _)| l))
@@ -106,12 +116,17 @@ pub async fn serve(
         mesh: config.mesh.clone(),
         discovery,
     });
+    let (taps, tap_listener) = match (&config.tap, listeners.tap) {
+        (Some(c), Some(l)) => (tap::Taps::new(c, l.metrics), Some(l.listener)),
+        _ => (tap::Taps::disabled(), None),
+    };
     let pipeline = Arc::new(Pipeline {
         detect_timeout: config.traffic.detect_timeout,
         limits: config.http,
         metrics: metrics.clone(),
         memory: memory.clone(),
         shutdown: stop_rx.clone(),
+        tap: taps.clone(),
     });
 
     let mut tasks = Vec::new();
@@ -155,6 +170,29 @@ pub async fn serve(
             },
         )));
     }
+
+    #[cfg(feature = "tap")]
+    if let (Some(listener), Some(c)) = (tap_listener, &config.tap) {
+        let max = c.max_connections;
+        if let Some(serving) = tap::TapServing::new(&taps, c.clone(), config.mesh.as_ref()) {
+            // Not drained at shutdown: taps never end by themselves.
+            let l = Listener {
+                listener,
+                name: "tap",
+                connections: Connections::new(max),
+            };
+            let stop = stop_rx.clone();
+            tasks.push(tokio::spawn(accept_loop(
+                l,
+                metrics.clone(),
+                memory.clone(),
+                stop_rx.clone(),
+                move |s| serving.clone().serve(s, stop.clone()),
+            )));
+        }
+    }
+    #[cfg(not(feature = "tap"))]
+    drop(tap_listener);
 
     let l = listen(listeners.inbound, "inbound", config.inbound.max_connections);
     tasks.push(tokio::spawn(accept_loop(

@@ -10,6 +10,7 @@ use crate::{
     io::{read_prefix, read_until, Counted, Prefixed},
     memory::MemoryLimit,
     metrics::{DstLabels, Metrics, Peer, TcpMetrics},
+    tap::{ConnTap, Taps},
 };
 use crate::{identity::MeshTls, metrics::TlsLabels};
 use ballast_meshtls::{
@@ -153,6 +154,8 @@ pub struct Pipeline {
     pub memory: MemoryLimit,
     /// Turns true at shutdown: HTTP connections finish their requests and close.
     pub shutdown: watch::Receiver<bool>,
+    /// The open taps, offered every HTTP request (disabled: no cost).
+    pub tap: Taps,
 }
 
 impl Pipeline {
@@ -197,6 +200,12 @@ impl Pipeline {
             labels,
             opaque,
         } = accepted;
+        let direction = labels.direction;
+        let peer = self
+            .tap
+            .enabled()
+            .then(|| stream.peer_addr().ok())
+            .flatten();
         let decided =
             read_until(
                 &mut stream,
@@ -223,6 +232,7 @@ impl Pipeline {
         let name = match peek {
             hello::Peek::ClientHello { server_name } => server_name,
             _ => {
+                let tap = self.tap.connection(peer, direction, side.plain_tls());
                 let src = TcpMetrics::open(&self.metrics, Peer::src, labels, side.plain_tls());
                 let client = Counted::new(
                     Prefixed::new(prefix, stream),
@@ -230,7 +240,7 @@ impl Pipeline {
                     src.write.clone(),
                 );
                 let serving = self
-                    .detect(side, client, route, opaque, ClientIdHeader::Strip)
+                    .detect(side, client, route, opaque, ClientIdHeader::Strip, tap)
                     .await;
                 return Some((src, serving));
             }
@@ -251,7 +261,6 @@ impl Pipeline {
                 Box::pin(async move { side.forward_tcp(client, route).await });
             return Some((src, serving));
         }
-        let direction = labels.direction;
         let Ok(slot) = mesh.handshakes.clone().try_acquire_owned() else {
             mesh.metrics.error(direction, "shed");
             return None;
@@ -298,13 +307,16 @@ impl Pipeline {
             }
             None => ClientIdHeader::Strip,
         };
+        let tap = self
+            .tap
+            .connection(peer, direction, TlsLabels::ClientId(id.clone()));
         let src = TcpMetrics::open(&self.metrics, Peer::src, labels, TlsLabels::ClientId(id));
         let client = Counted::new(
             Prefixed::new(rest, tls),
             src.read.clone(),
             src.write.clone(),
         );
-        let serving = self.detect(side, client, route, opaque, header).await;
+        let serving = self.detect(side, client, route, opaque, header, tap).await;
         Some((src, serving))
     }
 
@@ -335,11 +347,18 @@ impl Pipeline {
             labels,
             opaque,
         } = accepted;
+        let tap = if self.tap.enabled() {
+            let peer = stream.peer_addr().ok();
+            self.tap
+                .connection(peer, labels.direction, side.plain_tls())
+        } else {
+            None
+        };
         let src = TcpMetrics::open(&self.metrics, Peer::src, labels, side.plain_tls());
         let client = Counted::new(stream, src.read.clone(), src.write.clone());
         (
             src,
-            self.detect(side, client, route, opaque, ClientIdHeader::Untouched),
+            self.detect(side, client, route, opaque, ClientIdHeader::Untouched, tap),
         )
     }
 
@@ -352,6 +371,7 @@ impl Pipeline {
         route: S::Route,
         opaque: bool,
         client_id: ClientIdHeader,
+        tap: Option<ConnTap>,
     ) -> Serving<'_>
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -365,7 +385,7 @@ impl Pipeline {
                 let io = Prefixed::new(prefix, client);
                 match protocol {
                     Protocol::Http1 | Protocol::H2 => {
-                        self.serve_http(side, io, route, protocol, client_id)
+                        self.serve_http(side, io, route, protocol, client_id, tap)
                     }
                     Protocol::Opaque => Box::pin(async move { side.forward_tcp(io, route).await }),
                 }
@@ -382,6 +402,7 @@ impl Pipeline {
         route: S::Route,
         protocol: Protocol,
         client_id: ClientIdHeader,
+        tap: Option<ConnTap>,
     ) -> Serving<'a>
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -399,6 +420,10 @@ impl Pipeline {
                 ClientIdHeader::Set(id) => {
                     req.headers_mut().insert(L5D_CLIENT_ID, id.clone());
                 }
+            }
+            // One atomic load while no tap is open.
+            if let Some(t) = tap.as_ref().and_then(ConnTap::tapping) {
+                req.extensions_mut().insert(t);
             }
             async move {
                 if shed {

@@ -11,7 +11,7 @@ use ballast_flags::{
 use ballast_meshtls::{certify, tls};
 use ballast_proxy::config::{
     self as defaults, ControlConfig, HttpLimits, InboundConfig, OutboundConfig, OwnerKind,
-    PodIdentity, TrafficConfig,
+    PodIdentity, TapConfig, TrafficConfig,
 };
 use clap::Args as ClapArgs;
 use std::{net::SocketAddr, path::PathBuf, sync::atomic::AtomicBool, sync::Arc, time::Duration};
@@ -418,6 +418,52 @@ pub struct Args {
     /// it falls back. 0: no limit.
     #[arg(long, env = "BALLAST_PROXY_MEMORY_LIMIT", default_value = "0", value_parser = bytes::<u64>(MIB, 1 << 40).or_zero())]
     memory_limit: u64,
+
+    /// The Tap API (`io.linkerd.proxy.tap.Tap/Observe`; Linkerd's port is 4190): live
+    /// requests for the dashboard and `ballast tap`. Off unless given. With identity on,
+    /// the listener is mutual TLS with this proxy's certificate and serves only
+    /// --tap-client-identity (others get PERMISSION_DENIED); without, plaintext.
+    #[arg(long, env = "BALLAST_PROXY_TAP_ADDR")]
+    tap_addr: Option<SocketAddr>,
+
+    /// The one client identity that may tap this proxy (identity on). Default: the
+    /// `ballast-viz` service account of namespace `ballast`
+    /// (ballast-viz.ballast.serviceaccount.identity.CONTROLLER_NS.TRUST_DOMAIN).
+    #[arg(long, env = "BALLAST_PROXY_TAP_CLIENT_IDENTITY", value_parser = dns_name)]
+    tap_client_identity: Option<String>,
+
+    /// Taps open at once; the next is refused with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "BALLAST_PROXY_TAP_MAX_TAPS", default_value_t = defaults::DEFAULT_TAP_MAX_TAPS,
+          value_parser = count(1, 1_000))]
+    tap_max_taps: usize,
+
+    /// Most requests one tap observes; a tap asking for more (its `limit`) gets this many.
+    #[arg(long, env = "BALLAST_PROXY_TAP_MAX_REQUESTS_PER_TAP", default_value_t = defaults::DEFAULT_TAP_MAX_REQUESTS_PER_TAP as usize,
+          value_parser = count(1, MANY))]
+    tap_max_requests_per_tap: usize,
+
+    /// Events each tap may receive per second (a request is three events, admitted
+    /// together); over it, requests go untapped and their events are counted as dropped.
+    #[arg(long, env = "BALLAST_PROXY_TAP_MAX_EVENTS_PER_SECOND", default_value_t = defaults::DEFAULT_TAP_MAX_EVENTS_PER_SECOND as usize,
+          value_parser = count(1, MANY))]
+    tap_max_events_per_second: usize,
+
+    /// Events queued for each tap's client; a client that does not read loses the
+    /// rest (counted), the traffic never waits for it.
+    #[arg(long, env = "BALLAST_PROXY_TAP_QUEUE_CAPACITY", default_value_t = defaults::DEFAULT_TAP_QUEUE_CAPACITY,
+          value_parser = count(1, 65_536))]
+    tap_queue_capacity: usize,
+
+    /// The size bound of an event's variable parts, in bytes: authority and path are cut
+    /// to a quarter of it each, extracted headers to the rest.
+    #[arg(long, env = "BALLAST_PROXY_TAP_MAX_EVENT_BYTES", default_value_t = defaults::DEFAULT_TAP_MAX_EVENT_BYTES,
+          value_parser = bytes::<usize>(256, MIB))]
+    tap_max_event_bytes: usize,
+
+    /// Connections open at once on the tap listener; more are closed at accept.
+    #[arg(long, env = "BALLAST_PROXY_TAP_MAX_CONNECTIONS", default_value_t = defaults::DEFAULT_TAP_MAX_CONNECTIONS,
+          value_parser = count(1, 10_000))]
+    tap_max_connections: usize,
 }
 
 fn parse_tcp_route(s: &str) -> Result<(SocketAddr, String), String> {
@@ -460,6 +506,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let admin = TcpListener::bind(args.admin_addr)
         .await
         .with_context(|| format!("cannot listen on --admin-addr {}", args.admin_addr))?;
+    let tap = match args.tap_addr {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on --tap-addr {addr}"))?,
+        ),
+        None => None,
+    };
     let mut tcp_routes = Vec::new();
     for (addr, authority) in &args.outbound_tcp {
         let l = TcpListener::bind(addr)
@@ -474,6 +528,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     tracing::info!("outbound listening on {}", outbound.local_addr()?);
     tracing::info!("inbound listening on {}", inbound.local_addr()?);
     tracing::info!("admin listening on {}", admin.local_addr()?);
+    if let Some(t) = &tap {
+        tracing::info!("tap listening on {}", t.local_addr()?);
+    }
     tracing::info!(destination = %args.destination_addr, "resolving through the destination controller");
 
     let mut registry = prometheus_client::registry::Registry::default();
@@ -492,6 +549,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // not when jemalloc next decays (it would wait for traffic).
     ballast_admin::release_unused_memory();
     let mesh = identity(&args, &mut registry)?;
+    let tap_config = tap_config(&args, mesh.is_some())?;
+    let tap = tap.map(|listener| {
+        let metrics = ballast_proxy::tap::TapMetrics::default();
+        metrics.register(&mut registry);
+        ballast_proxy::tap::TapListener { listener, metrics }
+    });
     // Listeners are bound: the proxy is ready to take traffic, once it holds
     // a certificate when it has an identity.
     let ready = match &mesh {
@@ -588,12 +651,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         admin_addr,
         shutdown_grace: args.shutdown_grace,
         mesh,
+        tap: tap_config,
     };
     let listeners = ballast_proxy::Listeners {
         outbound,
         inbound,
         tcp_routes,
         admin: admin_addr,
+        tap,
     };
     let shutdown = async move {
         tokio::select! {
@@ -669,6 +734,46 @@ fn identity(
     ballast_proxy::identity::start(config, metrics)
         .map(Some)
         .map_err(|e| anyhow::anyhow!("identity: {e}"))
+}
+
+/// The Tap API's settings; `None` without --tap-addr.
+fn tap_config(args: &Args, identity: bool) -> anyhow::Result<Option<TapConfig>> {
+    use ballast_meshtls::IdentityName;
+    if args.tap_addr.is_none() {
+        return Ok(None);
+    }
+    let client_identity = match (&args.tap_client_identity, identity) {
+        (Some(n), true) => Some(
+            IdentityName::parse(n)
+                .map_err(|e| anyhow::anyhow!("--tap-client-identity {n:?}: {e}"))?,
+        ),
+        (None, true) => Some(
+            IdentityName::for_service_account(
+                "ballast-viz",
+                "ballast",
+                &args.identity_controller_namespace,
+                &args.identity_trust_domain,
+            )
+            .map_err(|e| anyhow::anyhow!("the default --tap-client-identity: {e}"))?,
+        ),
+        (Some(_), false) => {
+            tracing::warn!("--tap-client-identity has no effect with identity disabled: the tap listener is plaintext");
+            None
+        }
+        (None, false) => None,
+    };
+    let limit = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    Ok(Some(TapConfig {
+        client_identity,
+        max_taps: args.tap_max_taps,
+        max_requests_per_tap: limit(args.tap_max_requests_per_tap),
+        max_events_per_second: limit(args.tap_max_events_per_second),
+        queue_capacity: args.tap_queue_capacity,
+        max_event_bytes: args.tap_max_event_bytes,
+        max_connections: args.tap_max_connections,
+        handshake_timeout: args.tls_handshake_timeout,
+        ..TapConfig::default()
+    }))
 }
 
 /// TLS to the destination controller: with an identity, unless it is on

@@ -23,7 +23,7 @@ pub use authz::{
 pub use duration::{parse_annotation_duration, parse_gateway_duration, MAX_POLICY_DURATION};
 pub use endpoint_slice::{EndpointSlice, SliceEndpoint, SlicePort};
 pub use meta::{Labels, ObjectKey, Owner};
-pub use pod::{ContainerPort, Phase, Pod};
+pub use pod::{ContainerPort, Phase, Pod, ProxyPorts};
 pub use profile::{
     DstOverride, ProfileRoute, RequestCondition, ResponseClass, ResponseCondition, RetryBudget,
     ServiceProfile, ServiceProfileWire,

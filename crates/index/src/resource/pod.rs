@@ -31,6 +31,23 @@ pub struct Pod {
     /// The inbound port of the pod's Linkerd proxy, from its
     /// `LINKERD2_PROXY_INBOUND_LISTEN_ADDR`, when it has one.
     pub proxy_inbound_port: Option<u16>,
+    /// The admin and tap ports of the pod's proxy when it has one (a
+    /// container named `linkerd-proxy`): the ports named `linkerd-admin` or
+    /// `proxy-admin` and `linkerd-tap` or `proxy-tap`, else Linkerd's 4191
+    /// and 4190. `None` for a pod without a proxy.
+    pub proxy_ports: Option<ProxyPorts>,
+}
+
+/// Where a meshed pod's proxy serves its admin (`/metrics`) and Tap APIs.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct ProxyPorts {
+    pub admin: u16,
+    pub tap: u16,
+}
+
+impl ProxyPorts {
+    pub const DEFAULT_ADMIN: u16 = 4191;
+    pub const DEFAULT_TAP: u16 = 4190;
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -221,6 +238,27 @@ impl TryFrom<PodWire> for Pod {
             .find_map(|c| c.proxy_inbound_listen_addr.as_deref())
             .and_then(|v| v.rsplit_once(':'))
             .and_then(|(_, port)| port.parse::<u16>().ok());
+        let proxy_ports = w
+            .spec
+            .containers
+            .iter()
+            .position(|c| c.name == PROXY_CONTAINER)
+            .map(|ci| {
+                let named = |names: [&str; 2], default: u16| {
+                    w.spec.containers[ci]
+                        .ports
+                        .iter()
+                        .find(|p| p.name.as_deref().is_some_and(|n| names.contains(&n)))
+                        .and_then(|p| p.container_port)
+                        .and_then(|n| u16::try_from(n).ok())
+                        .filter(|n| *n != 0)
+                        .unwrap_or(default)
+                };
+                ProxyPorts {
+                    admin: named(["linkerd-admin", "proxy-admin"], ProxyPorts::DEFAULT_ADMIN),
+                    tap: named(["linkerd-tap", "proxy-tap"], ProxyPorts::DEFAULT_TAP),
+                }
+            });
         let annotations = w.metadata.take_used_annotations();
         Ok(Pod {
             owner: w.metadata.controller(),
@@ -243,6 +281,7 @@ impl TryFrom<PodWire> for Pod {
             ips,
             host_ip,
             proxy_inbound_port,
+            proxy_ports,
         })
     }
 }

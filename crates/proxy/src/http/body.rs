@@ -154,6 +154,8 @@ pub struct ResponseBody {
     /// A route's metrics, told when the body ends (or is dropped).
     on_end: Option<(EndHook, Option<u32>)>,
     limits: Option<Box<Limits>>,
+    /// A tapped response's events: told each frame, dropped at the end.
+    tap: Option<Box<crate::tap::ResponseTap>>,
 }
 
 impl std::fmt::Debug for ResponseBody {
@@ -170,6 +172,7 @@ impl ResponseBody {
             kind: Kind::Full(Some(bytes)),
             on_end: None,
             limits: None,
+            tap: None,
         }
     }
 
@@ -181,6 +184,7 @@ impl ResponseBody {
             },
             on_end: None,
             limits: None,
+            tap: None,
         }
     }
 
@@ -188,6 +192,11 @@ impl ResponseBody {
     /// response headers carried, if any (a trailers' status replaces it).
     pub fn on_end(&mut self, hook: EndHook, grpc_status: Option<u32>) {
         self.on_end = Some((hook, grpc_status));
+    }
+
+    /// Reports the body's frames and end to the taps of its request.
+    pub fn tap(&mut self, tap: Box<crate::tap::ResponseTap>) {
+        self.tap = Some(tap);
     }
 
     /// Cuts an endpoint's body at `deadline`, or when no frame comes for
@@ -212,6 +221,8 @@ impl ResponseBody {
     }
 
     fn end_as(&mut self, complete: bool, timed_out: Option<BodyTimeout>) {
+        // Its end event.
+        drop(self.tap.take());
         if let Some((hook, grpc_status)) = self.on_end.take() {
             hook(BodyEnd {
                 complete,
@@ -323,6 +334,9 @@ impl ResponseBody {
             #[cfg(test)]
             Kind::Stalled => return Poll::Pending,
         };
+        if let Some(t) = this.tap.as_mut() {
+            t.frame(&frame);
+        }
         if let Some(complete) = ended {
             this.end(complete);
         }
@@ -362,6 +376,7 @@ mod tests {
             kind: Kind::Stalled,
             on_end: None,
             limits: None,
+            tap: None,
         };
         let seen = ended.clone();
         body.on_end(

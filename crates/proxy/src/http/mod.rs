@@ -336,9 +336,10 @@ impl Forwarder {
             };
             endpoint.connect_succeeded();
             metrics.request();
+            let tap = self.tap(&req, endpoint);
             let in_flight = endpoint.start();
             return Attempt::Sent(match sender.try_send_request(req).await {
-                Ok(rsp) => self.respond(rsp, endpoint, in_flight, None, true),
+                Ok(rsp) => self.respond(rsp, endpoint, in_flight, None, true, tap),
                 Err(mut e) => match e.take_message() {
                     Some(req) => return Attempt::Unsent(req, None),
                     None => self.upstream_failed(endpoint, e.into_error()),
@@ -377,9 +378,12 @@ impl Forwarder {
             return unsent(req);
         }
         metrics.request();
+        let tap = self.tap(&req, endpoint);
         let in_flight = endpoint.start();
         match sender.try_send_request(req).await {
-            Ok(rsp) => Attempt::Sent(self.respond(rsp, endpoint, in_flight, Some(sender), !fresh)),
+            Ok(rsp) => {
+                Attempt::Sent(self.respond(rsp, endpoint, in_flight, Some(sender), !fresh, tap))
+            }
             Err(mut e) => match e.take_message() {
                 Some(req) => unsent(req),
                 None => Attempt::Sent(self.upstream_failed(endpoint, e.into_error())),
@@ -397,6 +401,7 @@ impl Forwarder {
         // endpoint too; one such sample would mark the endpoint slow for
         // seconds (peak-EWMA), so only settled connections are measured.
         measure: bool,
+        tap: Option<Box<crate::tap::RequestTap>>,
     ) -> Response<ResponseBody> {
         let rtt = if measure {
             in_flight.observe()
@@ -421,7 +426,22 @@ impl Forwarder {
             h1.map(|s| (s, self.pool.clone())),
             in_flight,
         );
-        Response::from_parts(parts, ResponseBody::upstream(incoming, done))
+        let mut body = ResponseBody::upstream(incoming, done);
+        if let Some(tap) = tap {
+            body.tap(tap.response(&parts));
+        }
+        Response::from_parts(parts, body)
+    }
+
+    /// The request's taps, if it is tapped (taps are open and one matches
+    /// it); dropped without a response, it still ends its events.
+    fn tap(
+        &self,
+        req: &Request<RequestBody>,
+        endpoint: &Endpoint,
+    ) -> Option<Box<crate::tap::RequestTap>> {
+        let meshed = self.dialer.mesh.is_some();
+        crate::tap::request(req, &endpoint.endpoint, &endpoint.labels, meshed)
     }
 
     fn upstream_failed(&self, endpoint: &Arc<Endpoint>, e: hyper::Error) -> Response<ResponseBody> {

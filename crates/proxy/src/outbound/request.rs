@@ -453,6 +453,10 @@ fn copy_of(parts: &Parts, body: RequestBody) -> Request<RequestBody> {
     *req.uri_mut() = parts.uri.clone();
     *req.version_mut() = parts.version;
     *req.headers_mut() = parts.headers.clone();
+    // Each try is tapped (as Linkerd taps each endpoint request).
+    if let Some(t) = parts.extensions.get::<crate::tap::Tapping>() {
+        req.extensions_mut().insert(t.clone());
+    }
     req
 }
 

@@ -1,0 +1,742 @@
+//! Viz collector benchmark (not a test).
+//!
+//! Serves PODS simulated proxies from this process (cheap fake `/metrics`
+//! servers, one per pod at its own loopback IP on port 4191, each page
+//! about 108 KB shaped as a real proxy's with three destinations, its
+//! counters advancing at every scrape), writes them as meshed pods of
+//! DEPLOYMENTS Deployments in a manifests directory, and runs the release
+//! `ballast viz --manifests DIR --scrape-interval 10s` on it, and a second
+//! one on an empty directory as the baseline, side by side.
+//!
+//! After SETTLE cycles (30: the latency windows full, memory at its steady
+//! size), phase 1 (CYCLES scrape cycles): cycle time (viz's
+//! `viz_scrape_cycle_duration_seconds`), collector CPU (utime + stime from
+//! /proc between cycle ends, % of one core), RSS, jemalloc allocated and
+//! `viz_mesh_heap_bytes`, per pod against the empty viz.
+//!
+//! Phase 2 (CYCLES more): two misbehaving pods join, one that accepts and
+//! never answers and one that answers 100 MB. Every other pod must still be
+//! scraped each cycle, the 100 MB one counted `too_large`, and RSS must stay
+//! under baseline + pods x per-pod + concurrency x max page bytes.
+//!
+//! Usage: viz-bench [--ballast PATH] [--pods N] [--deployments N]
+//!        [--cycles N] [--settle N] [--interval SECS] [--scrape-concurrency N]
+//!        [--max-page-mib N] [--keep DIR] [-- EXTRA VIZ ARGS]
+
+#[path = "viz/cluster.rs"]
+mod cluster;
+#[path = "viz/fakes.rs"]
+mod fakes;
+#[path = "viz/page.rs"]
+mod page;
+#[path = "proxy/system.rs"]
+#[allow(dead_code)]
+mod system;
+
+use ballast_bench::{http_get, rss, write_atomic};
+use cluster::Cluster;
+use fakes::{Behaviour, Served};
+use std::{
+    collections::HashMap,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::{Path, PathBuf},
+    process::Stdio,
+    sync::{atomic::Ordering, Arc},
+    time::{Duration, Instant},
+};
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::{Child, Command},
+};
+
+struct Opts {
+    ballast: PathBuf,
+    pods: usize,
+    deployments: usize,
+    cycles: usize,
+    /// Cycles run before phase 1 is measured.
+    settle: usize,
+    interval_secs: u64,
+    /// Used for the memory bound; passed to viz only when given.
+    concurrency: Option<usize>,
+    max_page_mib: Option<u64>,
+    keep: Option<PathBuf>,
+    extra: Vec<String>,
+}
+
+/// viz's defaults (`ballast viz --help`): what the bound uses when the
+/// flags are not given.
+const DEFAULT_CONCURRENCY: usize = 64;
+const DEFAULT_MAX_PAGE_MIB: u64 = 8;
+
+fn opts() -> anyhow::Result<Opts> {
+    let mut o = Opts {
+        ballast: PathBuf::from("target/release/ballast"),
+        pods: 2_000,
+        deployments: 200,
+        cycles: 6,
+        settle: 30,
+        interval_secs: 10,
+        concurrency: None,
+        max_page_mib: None,
+        keep: None,
+        extra: Vec::new(),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        if flag == "--" {
+            o.extra = args.collect();
+            break;
+        }
+        let value = args
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--ballast" => o.ballast = value.into(),
+            "--pods" => o.pods = value.parse()?,
+            "--deployments" => o.deployments = value.parse()?,
+            "--cycles" => o.cycles = value.parse()?,
+            "--settle" => o.settle = value.parse()?,
+            "--interval" => o.interval_secs = value.parse()?,
+            "--scrape-concurrency" => o.concurrency = Some(value.parse()?),
+            "--max-page-mib" => o.max_page_mib = Some(value.parse()?),
+            "--keep" => o.keep = Some(value.into()),
+            other => anyhow::bail!("unknown flag {other}"),
+        }
+    }
+    anyhow::ensure!(o.pods >= 1 && o.deployments >= 1 && o.cycles >= 1);
+    anyhow::ensure!(o.pods <= 250 * 250 * 100, "at most 6,250,000 pods");
+    Ok(o)
+}
+
+/// A `ballast viz` process on OS-picked ports.
+struct Viz {
+    child: Child,
+    http: String,
+    admin: String,
+}
+
+impl Viz {
+    fn pid(&self) -> u32 {
+        self.child.id().unwrap_or(0)
+    }
+
+    /// Starts `ballast viz --manifests DIR ARGS` and waits for `/ready`.
+    async fn start(ballast: &Path, dir: &Path, args: &[String]) -> anyhow::Result<Self> {
+        let started = Instant::now();
+        let mut child = Command::new(ballast)
+            .arg("viz")
+            .arg("--manifests")
+            .arg(dir)
+            .args(["--addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+            .args(args)
+            .env("BALLAST_LOG", "warn,ballast=info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let (mut http, mut admin) = (None, None);
+        let mut said = Vec::new();
+        while http.is_none() || admin.is_none() {
+            let line = lines
+                .next_line()
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("ballast viz exited early: {}", said.join(" | ")))?;
+            said.push(line.clone());
+            let Some(addr) = line.split("listening on ").nth(1) else {
+                continue;
+            };
+            // `viz dashboard listening on http://ADDR/`, `admin listening on ADDR`.
+            let addr = addr
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .trim_start_matches("http://")
+                .trim_end_matches('/')
+                .to_string();
+            if line.contains("admin") {
+                admin = Some(addr);
+            } else {
+                http = Some(addr);
+            }
+        }
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.contains("ERROR") || line.contains("panic") {
+                    eprintln!("viz: {line}");
+                }
+            }
+        });
+        let viz = Viz {
+            child,
+            http: http.unwrap_or_default(),
+            admin: admin.unwrap_or_default(),
+        };
+        while http_get(&viz.admin, "/ready").await.0 != 200 {
+            anyhow::ensure!(started.elapsed() < Duration::from_secs(120), "not ready");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(viz)
+    }
+}
+
+/// Sum of the samples of `name` (exactly, or with labels) whose labels
+/// contain every one of `having`.
+fn metric(text: &str, name: &str, having: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter(|l| having.iter().all(|h| l.contains(h)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// What viz's admin /metrics and /proc say at one moment.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sample {
+    at: Option<Instant>,
+    cycles: f64,
+    cycle_secs: f64,
+    ok: f64,
+    timeout: f64,
+    too_large: f64,
+    failed: f64,
+    pods: f64,
+    pods_ok: f64,
+    pods_unreachable: f64,
+    heap: f64,
+    allocated: f64,
+    rss_kib: u64,
+    hwm_kib: u64,
+    cpu_ticks: u64,
+    bench_ticks: u64,
+}
+
+async fn sample(viz: &Viz) -> Sample {
+    let (_, text) = http_get(&viz.admin, "/metrics").await;
+    let (rss_kib, hwm_kib) = rss(viz.pid());
+    let scrapes = |r: &str| metric(&text, "viz_scrapes_total", &[&format!("result=\"{r}\"")]);
+    Sample {
+        at: Some(Instant::now()),
+        cycles: metric(&text, "viz_scrape_cycles_total", &[]),
+        cycle_secs: metric(&text, "viz_scrape_cycle_duration_seconds", &[]),
+        ok: scrapes("ok"),
+        timeout: scrapes("timeout"),
+        too_large: scrapes("too_large"),
+        failed: metric(&text, "viz_scrapes_total", &[]) - scrapes("ok"),
+        pods: metric(&text, "viz_pods", &[]),
+        pods_ok: metric(&text, "viz_pods", &["state=\"ok\""]),
+        pods_unreachable: metric(&text, "viz_pods", &["state=\"unreachable\""]),
+        heap: metric(&text, "viz_mesh_heap_bytes", &[]),
+        allocated: metric(&text, "process_memory_allocated_bytes", &[]),
+        rss_kib,
+        hwm_kib,
+        cpu_ticks: system::cpu_ticks(viz.pid()),
+        bench_ticks: system::cpu_ticks(std::process::id()),
+    }
+}
+
+/// One scrape cycle, from the end of the one before to its own end.
+#[derive(Clone, Copy, Debug)]
+struct Cycle {
+    secs: f64,
+    cpu_pct: f64,
+    fakes_cpu_pct: f64,
+    ok: f64,
+    timeout: f64,
+    too_large: f64,
+    failed: f64,
+    /// Pods whose `last_scrape_at` (viz's /api/pods) moved this cycle.
+    fresh: Option<usize>,
+    end: Sample,
+}
+
+/// Polls viz until a cycle ends (its counter moves), `deadline` at most.
+async fn next_cycle_end(viz: &Viz, after: f64, deadline: Duration) -> anyhow::Result<Sample> {
+    let started = Instant::now();
+    loop {
+        let s = sample(viz).await;
+        if s.cycles > after {
+            return Ok(s);
+        }
+        anyhow::ensure!(
+            started.elapsed() < deadline,
+            "no scrape cycle ended within {deadline:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The body of an HTTP/1.1 response (de-chunked when chunked).
+fn body(response: &str) -> String {
+    let Some((head, rest)) = response.split_once("\r\n\r\n") else {
+        return String::new();
+    };
+    if !head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        return rest.to_string();
+    }
+    let mut out = String::new();
+    let mut rest = rest;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16) else {
+            break;
+        };
+        if n == 0 || after.len() < n {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Each pod's `last_scrape_at` from viz's `/api/pods`; `None` if viz does
+/// not answer it.
+async fn last_scrapes(viz: &Viz) -> Option<HashMap<String, u64>> {
+    let (status, text) = http_get(&viz.http, "/api/pods").await;
+    if status != 200 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(&body(&text)).ok()?;
+    Some(
+        v["pods"]
+            .as_array()?
+            .iter()
+            .filter_map(|p| {
+                let name = p["pod"]["name"].as_str()?;
+                Some((name.to_string(), p["last_scrape_at"].as_u64().unwrap_or(0)))
+            })
+            .collect(),
+    )
+}
+
+/// Pods (the generated ones, not the faulty) scraped again since `before`.
+fn fresh(before: &HashMap<String, u64>, now: &HashMap<String, u64>) -> usize {
+    now.iter()
+        .filter(|(name, _)| !name.starts_with("faulty-"))
+        .filter(|(name, at)| **at > 0 && before.get(*name).is_none_or(|b| **at > *b))
+        .count()
+}
+
+async fn cycles(viz: &Viz, n: usize, interval: Duration, tck: f64) -> anyhow::Result<Vec<Cycle>> {
+    let deadline = interval * 3 + Duration::from_secs(30);
+    let mut prev = next_cycle_end(viz, sample(viz).await.cycles, deadline).await?;
+    let mut prev_scrapes = last_scrapes(viz).await;
+    let mut out = Vec::new();
+    while out.len() < n {
+        let end = next_cycle_end(viz, prev.cycles, deadline).await?;
+        let scrapes = last_scrapes(viz).await;
+        let wall = end
+            .at
+            .zip(prev.at)
+            .map_or(1.0, |(a, b)| (a - b).as_secs_f64())
+            .max(1e-3);
+        let pct = |a: u64, b: u64| a.saturating_sub(b) as f64 / tck / wall * 100.0;
+        let c = Cycle {
+            secs: end.cycle_secs,
+            cpu_pct: pct(end.cpu_ticks, prev.cpu_ticks),
+            fakes_cpu_pct: pct(end.bench_ticks, prev.bench_ticks),
+            ok: end.ok - prev.ok,
+            timeout: end.timeout - prev.timeout,
+            too_large: end.too_large - prev.too_large,
+            failed: end.failed - prev.failed,
+            fresh: prev_scrapes
+                .as_ref()
+                .zip(scrapes.as_ref())
+                .map(|(b, a)| fresh(b, a)),
+            end,
+        };
+        eprintln!(
+            "  cycle {}: {:.3} s, viz CPU {:.1}%, fakes CPU {:.1}%, ok {}, timeout {}, too_large {}, pods scraped again {:?}, RSS {:.1} MB",
+            out.len() + 1,
+            c.secs,
+            c.cpu_pct,
+            c.fakes_cpu_pct,
+            c.ok,
+            c.timeout,
+            c.too_large,
+            c.fresh,
+            end.rss_kib as f64 / 1024.0
+        );
+        out.push(c);
+        prev = end;
+        prev_scrapes = scrapes;
+    }
+    Ok(out)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn span(v: &[f64]) -> (f64, f64) {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (lo, hi)
+}
+
+fn fmt_ms(secs: &[f64]) -> String {
+    let ms: Vec<f64> = secs.iter().map(|s| s * 1000.0).collect();
+    let (lo, hi) = span(&ms);
+    format!("{:.0} ms ({:.0}-{:.0})", median(ms), lo, hi)
+}
+
+fn fmt_pct(v: &[f64]) -> String {
+    let (lo, hi) = span(v);
+    format!("{:.1}% ({:.1}-{:.1})", median(v.to_vec()), lo, hi)
+}
+
+fn mb(kib: u64) -> String {
+    format!("{:.1} MB", kib as f64 * 1024.0 / 1e6)
+}
+
+/// Waits until viz counts `want` meshed pods.
+async fn wait_pods(viz: &Viz, want: f64, deadline: Duration) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        let s = sample(viz).await;
+        if s.pods >= want {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            started.elapsed() < deadline,
+            "viz sees {} pods, not {want}, after {deadline:?}",
+            s.pods
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let o = opts()?;
+    anyhow::ensure!(
+        o.ballast.exists(),
+        "{} not found: cargo build --release -p ballast --bin ballast",
+        o.ballast.display()
+    );
+    let tck = system::clock_ticks();
+    // Listeners and their connections here, viz's connections in the child
+    // (it inherits the limit).
+    let nofile = system::raise_nofile(4 * o.pods as u64 + 4_096);
+    anyhow::ensure!(
+        nofile as usize > 2 * o.pods + 256,
+        "RLIMIT_NOFILE is {nofile}: too low for {} fakes",
+        o.pods
+    );
+    let cluster = Cluster {
+        pods: o.pods,
+        deployments: o.deployments,
+    };
+
+    // The fakes.
+    let template = Arc::new(page::Template::compile(&page::proxy_page_text())?);
+    let served = Arc::new(Served::default());
+    for i in 0..o.pods {
+        let p = cluster.pod(i);
+        fakes::spawn(
+            SocketAddr::new(p.ip, p.admin_port),
+            Behaviour::Page {
+                template: template.clone(),
+                labels: cluster.page_labels(i),
+            },
+            served.clone(),
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}:{}: {e}", p.ip, p.admin_port))?;
+    }
+    let hang_ip = IpAddr::V4(Ipv4Addr::new(127, 200, 0, 1));
+    let huge_ip = IpAddr::V4(Ipv4Addr::new(127, 200, 0, 2));
+    let fault_served = Arc::new(Served::default());
+    for (ip, b) in [(hang_ip, Behaviour::Hang), (huge_ip, Behaviour::Huge)] {
+        fakes::spawn(
+            SocketAddr::new(ip, cluster::ADMIN_PORT),
+            b,
+            fault_served.clone(),
+        )
+        .await?;
+    }
+    let mut sample_page = Vec::new();
+    template.render(&cluster.page_labels(0), 0, &mut sample_page);
+
+    // The manifests.
+    let tmp = tempfile::tempdir()?;
+    let dir = o.keep.clone().unwrap_or_else(|| tmp.path().join("cluster"));
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::create_dir_all(&empty)?;
+    for (file, text) in cluster.files() {
+        write_atomic(&dir.join(file), &text)?;
+    }
+
+    let interval = Duration::from_secs(o.interval_secs);
+    let mut args = vec![
+        "--scrape-interval".to_string(),
+        format!("{}s", o.interval_secs),
+    ];
+    if o.interval_secs <= 5 {
+        // The timeout (5 s by default) must stay under the interval.
+        args.extend([
+            "--scrape-timeout".to_string(),
+            format!("{}ms", o.interval_secs * 500),
+        ]);
+    }
+    if let Some(c) = o.concurrency {
+        args.extend(["--scrape-concurrency".to_string(), c.to_string()]);
+    }
+    if let Some(m) = o.max_page_mib {
+        args.extend(["--max-page-bytes".to_string(), format!("{m}MiB")]);
+    }
+    args.extend(o.extra.iter().cloned());
+    let concurrency = o.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
+    let max_page_bytes = o.max_page_mib.unwrap_or(DEFAULT_MAX_PAGE_MIB) * 1024 * 1024;
+
+    eprintln!(
+        "{} fakes up (page {} bytes); starting ballast viz {args:?}",
+        o.pods,
+        sample_page.len()
+    );
+    let baseline = Viz::start(&o.ballast, &empty, &args).await?;
+    let viz = Viz::start(&o.ballast, &dir, &args).await?;
+    eprintln!("viz at http://{}/ (admin {})", viz.http, viz.admin);
+    wait_pods(&viz, o.pods as f64, Duration::from_secs(120)).await?;
+    // Settle first: every page seen, and the latency windows (30 cycles of
+    // buckets per resource, edge and route) full, so memory is at its
+    // steady size (history points are allocated whole up front).
+    let settle_deadline = interval * 3 + Duration::from_secs(60);
+    let mut at = next_cycle_end(&viz, sample(&viz).await.cycles, settle_deadline).await?;
+    for i in 0..o.settle {
+        at = next_cycle_end(&viz, at.cycles, settle_deadline).await?;
+        if (i + 1) % 5 == 0 {
+            eprintln!(
+                "  settling: {}/{} cycles, RSS {}",
+                i + 1,
+                o.settle,
+                mb(at.rss_kib)
+            );
+        }
+    }
+
+    // Other work on these cores skews CPU and cycle time: wait for quiet
+    // (a while at most), and say how busy the machine was meanwhile.
+    let (_, quiet) = tokio::task::spawn_blocking(move || {
+        system::wait_for_quiet(tck, 0.3, Duration::from_secs(600))
+    })
+    .await?;
+    eprintln!(
+        "phase 1: {} pods, {} cycles (machine quiet: {quiet})",
+        o.pods, o.cycles
+    );
+    let monitor = system::ForeignMonitor::start(tck);
+    let clean = cycles(&viz, o.cycles, interval, tck).await?;
+    let foreign_clean = monitor.finish();
+    let base = sample(&baseline).await;
+    let main_end = clean.last().expect("cycles").end;
+
+    eprintln!("phase 2: + a hanging pod and a 100 MB pod");
+    let (hang, huge) = cluster::faulty(hang_ip, huge_ip);
+    let faulty_yaml = format!(
+        "{}---\n{}",
+        cluster::pod_yaml(&hang, o.pods),
+        cluster::pod_yaml(&huge, o.pods + 1)
+    );
+    write_atomic(&dir.join("faulty.yaml"), &faulty_yaml)?;
+    wait_pods(&viz, o.pods as f64 + 2.0, Duration::from_secs(60)).await?;
+    let monitor = system::ForeignMonitor::start(tck);
+    let faults = cycles(&viz, o.cycles, interval, tck).await?;
+    let foreign_faults = monitor.finish();
+    let fault_end = faults.last().expect("cycles").end;
+    let base_end = sample(&baseline).await;
+
+    // Figures.
+    let pods = o.pods as f64;
+    let per_pod = |a: f64, b: f64| (a - b) / pods;
+    let rss_per_pod = per_pod(
+        main_end.rss_kib as f64 * 1024.0,
+        base.rss_kib as f64 * 1024.0,
+    );
+    let alloc_per_pod = per_pod(main_end.allocated, base.allocated);
+    let heap_per_pod = main_end.heap / pods;
+    let bound_bytes = base_end.rss_kib as f64 * 1024.0
+        + pods * rss_per_pod.max(0.0)
+        + concurrency as f64 * max_page_bytes as f64;
+    let clean_secs: Vec<f64> = clean.iter().map(|c| c.secs).collect();
+    let fault_secs: Vec<f64> = faults.iter().map(|c| c.secs).collect();
+    let min_ok = |v: &[Cycle]| v.iter().map(|c| c.ok).fold(f64::INFINITY, f64::min);
+    let sum = |v: &[Cycle], f: fn(&Cycle) -> f64| v.iter().map(f).sum::<f64>();
+    // Every generated pod scraped in every cycle: its last_scrape_at moved
+    // (viz's /api/pods); without that API, the ok scrapes of the phase.
+    let all_scraped = if faults.iter().all(|c| c.fresh.is_some()) {
+        faults.iter().all(|c| c.fresh == Some(o.pods))
+    } else {
+        sum(&faults, |c| c.ok) >= pods * faults.len() as f64
+    };
+    let too_large = sum(&faults, |c| c.too_large);
+    let timeouts = sum(&faults, |c| c.timeout);
+    let under_bound = (fault_end.hwm_kib as f64 * 1024.0) < bound_bytes;
+
+    println!(
+        "\n`viz-bench --pods {} --deployments {} --cycles {} --settle {} --interval {}` ({}; viz {args:?})\n",
+        o.pods,
+        o.deployments,
+        o.cycles,
+        o.settle,
+        o.interval_secs,
+        system::machine()
+    );
+    println!(
+        "Simulated proxy page: {} bytes, {} sample lines; fakes served {} pages, {} connections.\n",
+        sample_page.len(),
+        sample_page
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty() && l[0] != b'#')
+            .count(),
+        served.requests.load(Ordering::Relaxed),
+        served.connections.load(Ordering::Relaxed),
+    );
+    println!(
+        "| | empty viz | {} pods | {} pods + a hanging and a 100 MB pod |",
+        o.pods, o.pods
+    );
+    println!("|---|---|---|---|");
+    println!(
+        "| scrape cycle time, median (min-max) | | {} | {} |",
+        fmt_ms(&clean_secs),
+        fmt_ms(&fault_secs)
+    );
+    println!(
+        "| collector CPU, % of one core, median (min-max) | | {} | {} |",
+        fmt_pct(&clean.iter().map(|c| c.cpu_pct).collect::<Vec<_>>()),
+        fmt_pct(&faults.iter().map(|c| c.cpu_pct).collect::<Vec<_>>())
+    );
+    println!(
+        "| fakes' CPU (this process), % of one core, median | | {:.1}% | {:.1}% |",
+        median(clean.iter().map(|c| c.fakes_cpu_pct).collect()),
+        median(faults.iter().map(|c| c.fakes_cpu_pct).collect())
+    );
+    let min_fresh = |v: &[Cycle]| {
+        v.iter()
+            .map(|c| c.fresh)
+            .min()
+            .flatten()
+            .map_or("-".to_string(), |n| n.to_string())
+    };
+    println!(
+        "| pods scraped again each cycle (/api/pods last_scrape_at), fewest | | {} | {} |",
+        min_fresh(&clean),
+        min_fresh(&faults)
+    );
+    println!(
+        "| scrapes ok per cycle, fewest | | {} | {} ({}) |",
+        min_ok(&clean),
+        min_ok(&faults),
+        if all_scraped {
+            "every pod every cycle"
+        } else {
+            "SOME PODS MISSED A CYCLE"
+        }
+    );
+    let foreign = |f: &system::Foreign| {
+        format!(
+            "{:.2} cores{}",
+            f.cores(),
+            if f.rustc { ", a compiler ran" } else { "" }
+        )
+    };
+    println!(
+        "| other processes' CPU meanwhile | | {} | {} |",
+        foreign(&foreign_clean),
+        foreign(&foreign_faults)
+    );
+    println!(
+        "| meshed pods shown ok / unreachable at the end | | {} / {} | {} / {} |",
+        main_end.pods_ok, main_end.pods_unreachable, fault_end.pods_ok, fault_end.pods_unreachable
+    );
+    println!(
+        "| failed scrapes over the cycles | | {} | {} (timeout {timeouts}, too_large {too_large}) |",
+        sum(&clean, |c| c.failed),
+        sum(&faults, |c| c.failed)
+    );
+    println!(
+        "| RSS | {} | {} | {} |",
+        mb(base_end.rss_kib),
+        mb(main_end.rss_kib),
+        mb(fault_end.rss_kib)
+    );
+    println!(
+        "| peak RSS (VmHWM) | {} | {} | {} |",
+        mb(base_end.hwm_kib),
+        mb(main_end.hwm_kib),
+        mb(fault_end.hwm_kib)
+    );
+    println!(
+        "| jemalloc allocated | {:.1} MB | {:.1} MB | {:.1} MB |",
+        base_end.allocated / 1e6,
+        main_end.allocated / 1e6,
+        fault_end.allocated / 1e6
+    );
+    println!(
+        "| viz_mesh_heap_bytes | {:.1} MB | {:.1} MB | {:.1} MB |",
+        base_end.heap / 1e6,
+        main_end.heap / 1e6,
+        fault_end.heap / 1e6
+    );
+    println!(
+        "| **per pod**: RSS / allocated / mesh heap | | **{:.1} KB** / {:.1} KB / {:.1} KB | |",
+        rss_per_pod / 1e3,
+        alloc_per_pod / 1e3,
+        heap_per_pod / 1e3
+    );
+    println!(
+        "\nMemory bound with the faults: empty RSS {} + {} pods x {:.1} KB + {} scrapes x {} MiB = {:.1} MB; \
+         peak RSS measured {} ({}).",
+        mb(base_end.rss_kib),
+        o.pods,
+        rss_per_pod / 1e3,
+        concurrency,
+        max_page_bytes / 1024 / 1024,
+        bound_bytes / 1e6,
+        mb(fault_end.hwm_kib),
+        if under_bound { "under" } else { "OVER THE BOUND" }
+    );
+    println!(
+        "Growth of peak RSS from phase 1 to phase 2 (the faults): {}.",
+        mb(fault_end.hwm_kib.saturating_sub(main_end.hwm_kib))
+    );
+    println!("\nPer cycle (phase 2):\n");
+    println!("| cycle | time | viz CPU | pods scraped again | ok | timeout | too_large | RSS |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for (i, c) in faults.iter().enumerate() {
+        println!(
+            "| {} | {:.0} ms | {:.1}% | {} | {} | {} | {} | {} |",
+            i + 1,
+            c.secs * 1000.0,
+            c.cpu_pct,
+            c.fresh.map_or("-".to_string(), |n| n.to_string()),
+            c.ok,
+            c.timeout,
+            c.too_large,
+            mb(c.end.rss_kib)
+        );
+    }
+    drop(viz);
+    drop(baseline);
+    anyhow::ensure!(
+        all_scraped,
+        "some pods were not scraped in a cycle with the faults"
+    );
+    anyhow::ensure!(
+        too_large > 0.0,
+        "the 100 MB page was never counted too_large"
+    );
+    anyhow::ensure!(under_bound, "peak RSS over the bound");
+    Ok(())
+}

@@ -1,0 +1,480 @@
+//! `ballast stat`, `edges`, `routes`, `tap` and `top` against a running
+//! demo: `ballast demo` starts the controller, the proxy (the meshed pod
+//! `load`), three backends (pods of Deployment `web`) and `ballast viz`,
+//! and prints the dashboard's address; the commands read that server.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use ballast_vizcore::api::{StatResponse, TapEvent};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+/// Setup on a loaded machine, and a few scrape cycles (2 s each).
+const DEADLINE: Duration = Duration::from_secs(90);
+/// One CLI command.
+const COMMAND_DEADLINE: Duration = Duration::from_secs(30);
+
+/// `ballast demo` with steps long enough for the whole test; SIGTERM on
+/// drop, so it stops the processes it started.
+struct Demo {
+    child: Child,
+    stdout: mpsc::UnboundedReceiver<String>,
+    seen: Vec<String>,
+}
+
+impl Demo {
+    async fn start() -> Demo {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
+            .args([
+                "demo",
+                "--plain",
+                "--rps",
+                "50",
+                "--steady-for",
+                "120s",
+                "--down-for",
+                "120s",
+            ])
+            .env("BALLAST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn ballast demo");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Demo {
+            child,
+            stdout: rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The first stdout line `pick` accepts, within the deadline.
+    async fn line<T>(&mut self, what: &str, pick: impl Fn(&str) -> Option<T>) -> T {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            match tokio::time::timeout_at(deadline, self.stdout.recv()).await {
+                Ok(Some(line)) => {
+                    let found = pick(&line);
+                    self.seen.push(line);
+                    if let Some(v) = found {
+                        return v;
+                    }
+                }
+                Ok(None) | Err(_) => panic!(
+                    "the demo printed no {what}; its output:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    fn terminate(&self) {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+async fn ballast(args: &[&str]) -> Run {
+    let child = Command::new(env!("CARGO_BIN_EXE_ballast"))
+        .args(args)
+        .env_remove("BALLAST_VIZ_ADDR")
+        .env("BALLAST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn ballast");
+    let out = tokio::time::timeout(COMMAND_DEADLINE, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("ballast {} did not finish in time", args.join(" ")))
+        .expect("output");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Runs `args` until `check` accepts the result (figures need a few scrape
+/// cycles), within the deadline.
+async fn until<T>(args: &[&str], check: impl Fn(&Run) -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        let run = ballast(args).await;
+        if let Some(v) = check(&run) {
+            return v;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "ballast {}: exit {}\nstdout:\n{}\nstderr:\n{}",
+            args.join(" "),
+            run.code,
+            run.stdout,
+            run.stderr
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn with<'a>(a: &[&'a str], b: &[&'a str]) -> Vec<&'a str> {
+    a.iter().chain(b).copied().collect()
+}
+
+fn cells(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
+#[tokio::test]
+async fn the_cli_reads_a_running_demo() {
+    let mut demo = Demo::start().await;
+    let addr = demo
+        .line("dashboard address", |l| {
+            l.strip_prefix("dashboard: http://")
+                .map(|rest| rest.trim_end_matches('/').to_string())
+        })
+        .await;
+    demo.line("traffic", |l| {
+        l.starts_with("traffic reached all three backends")
+            .then_some(())
+    })
+    .await;
+    let viz = ["--viz-addr", addr.as_str()];
+
+    // stat -o json: the API's answer; Deployment web (no proxy: the
+    // clients' view) carries the traffic, Deployment load is the meshed pod.
+    let answer: StatResponse = until(
+        &with(
+            &["stat", "deploy", "-n", "demo", "-t", "10s", "-o", "json"],
+            &viz,
+        ),
+        |run| {
+            let answer: StatResponse = serde_json::from_str(&run.stdout).ok()?;
+            let web = answer.rows.iter().find(|r| r.resource.name == "web")?;
+            // A request that failed while the proxy first resolved ages
+            // out of the 10 s window; the steps then fail none.
+            (web.golden.requests > 0 && web.golden.success_rate == Some(1.0)).then_some(answer)
+        },
+    )
+    .await;
+    assert_eq!(answer.kind, "deployment");
+    let mut names: Vec<&str> = answer
+        .rows
+        .iter()
+        .map(|r| r.resource.name.as_str())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["load", "web"]);
+    for row in &answer.rows {
+        assert_eq!(row.resource.kind, "deployment");
+        assert_eq!(row.resource.namespace, "demo");
+    }
+    let web = answer
+        .rows
+        .iter()
+        .find(|r| r.resource.name == "web")
+        .expect("web");
+    assert_eq!(web.golden.success_rate, Some(1.0), "{web:?}");
+    assert!(web.golden.rps > 0.0, "{web:?}");
+    assert_eq!(web.total_pods, 3, "{web:?}");
+    let load = answer
+        .rows
+        .iter()
+        .find(|r| r.resource.name == "load")
+        .expect("load");
+    assert_eq!((load.meshed_pods, load.total_pods), (1, 1), "{load:?}");
+
+    // The table: Linkerd's columns, web's row with figures.
+    let run = ballast(&with(&["stat", "deploy", "-n", "demo", "-t", "10s"], &viz)).await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let mut lines = run.stdout.lines();
+    assert_eq!(
+        cells(lines.next().expect("header")),
+        [
+            "NAME",
+            "MESHED",
+            "SUCCESS",
+            "RPS",
+            "LATENCY_P50",
+            "LATENCY_P95",
+            "LATENCY_P99",
+            "TCP_CONN"
+        ]
+    );
+    let web_row = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("web "))
+        .expect("web row");
+    let web_cells = cells(web_row);
+    assert_eq!(web_cells[1], "0/3", "{web_row}");
+    assert_eq!(web_cells[2], "100.00%", "{web_row}");
+    assert!(web_cells[3].ends_with("rps"), "{web_row}");
+    let load_row = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("load "))
+        .expect("load row");
+    assert_eq!(cells(load_row)[1], "1/1", "{load_row}");
+
+    // edges: load calls web, in plaintext (the demo runs without identity).
+    let run = until(&with(&["edges", "deploy", "-n", "demo"], &viz), |run| {
+        (run.code == 0 && run.stdout.lines().any(|l| l.starts_with("load ")))
+            .then(|| run.stdout.clone())
+    })
+    .await;
+    let mut lines = run.lines();
+    assert_eq!(
+        cells(lines.next().expect("header")),
+        ["SRC", "DST", "SRC_NS", "DST_NS", "SECURED"]
+    );
+    let edge = run.lines().find(|l| l.starts_with("load ")).expect("edge");
+    let edge = cells(edge);
+    assert_eq!(edge[..4], ["load", "web", "demo", "demo"], "{run}");
+    assert_ne!(edge[4], "√", "{run}");
+
+    // routes of Service web: its clients' route metrics.
+    let run = until(&with(&["routes", "svc/web", "-n", "demo"], &viz), |run| {
+        (run.code == 0 && run.stdout.lines().count() > 1).then(|| run.stdout.clone())
+    })
+    .await;
+    assert_eq!(
+        cells(run.lines().next().expect("header")),
+        [
+            "ROUTE",
+            "SERVICE",
+            "SUCCESS",
+            "RPS",
+            "LATENCY_P50",
+            "LATENCY_P95",
+            "LATENCY_P99"
+        ]
+    );
+    assert!(run.lines().skip(1).all(|l| cells(l)[1] == "web"), "{run}");
+
+    // tap: three requests, each as req, rsp and end lines.
+    let run = ballast(&with(
+        &[
+            "tap",
+            "deploy/load",
+            "-n",
+            "demo",
+            "--max-rps",
+            "5",
+            "--limit",
+            "3",
+        ],
+        &viz,
+    ))
+    .await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let req: Vec<&str> = run
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("req "))
+        .collect();
+    assert_eq!(req.len(), 3, "{}", run.stdout);
+    for line in &req {
+        assert!(line.contains(" proxy=out "), "{line}");
+        assert!(
+            line.contains(" :method=GET :authority=web.demo.svc.cluster.local :path=/"),
+            "{line}"
+        );
+    }
+    assert_eq!(
+        run.stdout
+            .lines()
+            .filter(|l| l.starts_with("rsp ") && l.contains(" :status=200 latency="))
+            .count(),
+        3,
+        "{}",
+        run.stdout
+    );
+    assert_eq!(
+        run.stdout
+            .lines()
+            .filter(|l| l.starts_with("end ") && l.contains(" duration="))
+            .count(),
+        3,
+        "{}",
+        run.stdout
+    );
+
+    // tap -o json: one TapEvent per line.
+    let run = ballast(&with(
+        &[
+            "tap",
+            "deploy/load",
+            "-n",
+            "demo",
+            "--limit",
+            "2",
+            "-o",
+            "json",
+        ],
+        &viz,
+    ))
+    .await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let events: Vec<TapEvent> = run
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(events.len(), 2, "{}", run.stdout);
+    for e in &events {
+        assert_eq!(e.method, "GET");
+        assert_eq!(e.direction, "outbound");
+        assert_eq!(e.source_workload.as_deref(), Some("deployment/load"));
+        assert_eq!(e.destination_workload.as_deref(), Some("deployment/web"));
+        assert_eq!(e.status, Some(200));
+    }
+
+    // top, not on a terminal: the table every interval, then it stops.
+    let run = ballast(&with(
+        &[
+            "top",
+            "deploy/load",
+            "-n",
+            "demo",
+            "--interval",
+            "1s",
+            "--duration",
+            "3s",
+        ],
+        &viz,
+    ))
+    .await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(!run.stdout.contains('\x1b'), "{}", run.stdout);
+    let header = run.stdout.lines().next().expect("header");
+    assert_eq!(
+        cells(header),
+        [
+            "SOURCE",
+            "DESTINATION",
+            "METHOD",
+            "PATH",
+            "COUNT",
+            "BEST",
+            "WORST",
+            "LAST",
+            "SUCCESS_RATE"
+        ]
+    );
+    let rows: Vec<Vec<&str>> = run
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("deployment/load "))
+        .map(cells)
+        .collect();
+    assert!(!rows.is_empty(), "{}", run.stdout);
+    let last = rows.last().expect("row");
+    assert_eq!(
+        last[..4],
+        ["deployment/load", "deployment/web", "GET", "/"],
+        "{}",
+        run.stdout
+    );
+    assert!(last[4].parse::<u64>().expect("count") > 0, "{}", run.stdout);
+
+    // The server's refusals: one line, exit 1.
+    let run = ballast(&with(&["tap", "deploy/nothing", "-n", "demo"], &viz)).await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(
+        run.stderr,
+        "ballast: cannot tap deployment demo/nothing: no running meshed pods\n"
+    );
+    let run = ballast(&with(
+        &["tap", "deploy/load", "-n", "demo", "--path", "no-slash"],
+        &viz,
+    ))
+    .await;
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert_eq!(
+        run.stderr,
+        "ballast: path: \"no-slash\" must start with '/'\n"
+    );
+
+    // Stopping the demo stops its viz.
+    demo.terminate();
+    let status = tokio::time::timeout(DEADLINE, demo.child.wait())
+        .await
+        .expect("the demo stopped in time")
+        .expect("status");
+    assert!(!status.success(), "an interrupted demo exits non-zero");
+    let run = ballast(&with(&["stat", "deploy", "-n", "demo"], &viz)).await;
+    assert_eq!(run.code, 1, "viz is gone with the demo: {}", run.stdout);
+}
+
+#[tokio::test]
+async fn an_unreachable_viz_is_one_line_and_bad_flags_exit_2() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let addr = format!("127.0.0.1:{port}");
+    for args in [
+        vec!["stat", "deploy", "-n", "demo"],
+        vec!["edges", "deploy"],
+        vec!["routes", "svc/web"],
+        vec!["tap", "deploy/load"],
+        vec!["top", "deploy/load", "--duration", "1s"],
+    ] {
+        let run = ballast(&with(&args, &["--viz-addr", &addr])).await;
+        assert_eq!(run.code, 1, "{args:?}: {}", run.stderr);
+        assert!(run.stdout.is_empty(), "{args:?}: {}", run.stdout);
+        assert_eq!(run.stderr.lines().count(), 1, "{args:?}: {}", run.stderr);
+        assert!(
+            run.stderr
+                .starts_with(&format!("ballast: cannot reach ballast viz at {addr}: ")),
+            "{args:?}: {}",
+            run.stderr
+        );
+        assert!(
+            run.stderr
+                .contains("is `ballast viz` running? set --viz-addr"),
+            "{}",
+            run.stderr
+        );
+    }
+    for args in [
+        vec!["stat", "bogus"],
+        vec!["stat", "deploy", "-o", "yaml"],
+        vec!["stat", "deploy", "--viz-addr", "no-port"],
+        vec!["stat", "deploy", "-n", "Bad_NS"],
+        vec!["tap", "deploy/load", "--max-rps", "0"],
+        vec!["top", "deploy/load", "--interval", "0s"],
+    ] {
+        let run = ballast(&args).await;
+        assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);
+    }
+}
