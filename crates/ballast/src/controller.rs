@@ -181,3 +181,66 @@ pub fn own_identity(config: &IdentityConfig) -> anyhow::Result<Option<OwnIdentit
         .map_err(|e| anyhow::anyhow!("--identity-addr: {e}"))?;
     Ok(Some(OwnIdentity { name, roots, certs }))
 }
+
+/// A task a controller runs until it stops, named for the error that says it
+/// ended early.
+pub struct Task {
+    pub name: &'static str,
+    pub handle: JoinHandle<String>,
+}
+
+impl Task {
+    /// Spawns `run`; its outcome, whatever its type, becomes the text of the
+    /// error if it ends before the controller is told to stop.
+    pub fn spawn<T: std::fmt::Debug + Send + 'static>(
+        name: &'static str,
+        run: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> Self {
+        Self {
+            name,
+            handle: tokio::spawn(async move { format!("{:?}", run.await) }),
+        }
+    }
+}
+
+/// Runs until SIGTERM, the source ending, or any task ending; then turns the
+/// stop flag and waits for the tasks and the admin server to finish, for at
+/// most `grace`. Streams and connections end cleanly as soon as the flag
+/// turns; the wait is for clients to hang up.
+pub async fn supervise<A>(
+    mut source: JoinHandle<anyhow::Result<()>>,
+    mut tasks: Vec<Task>,
+    admin: JoinHandle<A>,
+    stop: watch::Sender<bool>,
+    grace: Duration,
+) -> anyhow::Result<()> {
+    let first_ended = futures_util::future::select_all(
+        tasks
+            .iter_mut()
+            .map(|t| Box::pin(async { (t.name, (&mut t.handle).await) })),
+    );
+    let outcome: anyhow::Result<()> = tokio::select! {
+        _ = ballast_sidecar::signal::shutdown() => Ok(()),
+        r = &mut source => match r {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.context("source failed")),
+            Err(e) => Err(anyhow::anyhow!("source stopped: {e}")),
+        },
+        ((name, r), _, _) = first_ended => Err(anyhow::anyhow!("{name} stopped: {r:?}")),
+    };
+
+    let _ = stop.send(true);
+    let drain = async {
+        for task in tasks {
+            if !task.handle.is_finished() {
+                let _ = task.handle.await;
+            }
+        }
+        let _ = admin.await;
+    };
+    if tokio::time::timeout(grace, drain).await.is_err() {
+        tracing::warn!(grace = ?grace, "connections still open after the grace period; exiting");
+    }
+    tracing::info!("stopped");
+    outcome
+}

@@ -349,7 +349,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         AdminServer::new(admin_state).serve(admin, controller::stopped(stop_rx.clone())),
     );
 
-    let mut source = controller::start_source(source_config, &store, stop_rx.clone()).await?;
+    let source = controller::start_source(source_config, &store, stop_rx.clone()).await?;
 
     let mesh = MeshConfig {
         cluster_domain: args.cluster_domain,
@@ -386,50 +386,32 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let tls = own.map(|(config, _)| (config, stats));
     // Linkerd's proxies dial policy on its own port; it serves the same
     // services under the same limits and TLS.
-    let mut policy_task = tokio::spawn(server::serve(
-        policy_listener,
-        tls.clone(),
-        service.clone(),
-        Some(policy_service.clone()),
-        controller::stopped(stop_rx.clone()),
-    ));
-    let mut grpc_task = tokio::spawn(server::serve(
-        grpc,
-        tls,
-        service,
-        Some(policy_service),
-        controller::stopped(stop_rx.clone()),
-    ));
-
-    let outcome: anyhow::Result<()> = tokio::select! {
-        _ = ballast_sidecar::signal::shutdown() => Ok(()),
-        r = &mut source => match r {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e.context("source failed")),
-            Err(e) => Err(anyhow::anyhow!("source stopped: {e}")),
-        },
-        r = &mut grpc_task => Err(anyhow::anyhow!("gRPC server stopped: {r:?}")),
-        r = &mut policy_task => Err(anyhow::anyhow!("policy gRPC server stopped: {r:?}")),
-    };
-
-    // Streams end cleanly (status OK) as soon as the flag turns; the server
-    // then waits for clients to hang up, for at most the grace period.
-    let _ = stop_tx.send(true);
-    let drain = async {
-        if !grpc_task.is_finished() {
-            let _ = grpc_task.await;
-        }
-        if !policy_task.is_finished() {
-            let _ = policy_task.await;
-        }
-        let _ = admin_task.await;
-    };
-    if tokio::time::timeout(args.shutdown_grace, drain)
-        .await
-        .is_err()
-    {
-        tracing::warn!(grace = ?args.shutdown_grace, "connections still open after the grace period; exiting");
-    }
-    tracing::info!("stopped");
-    outcome
+    let policy_task = controller::Task::spawn(
+        "policy gRPC server",
+        server::serve(
+            policy_listener,
+            tls.clone(),
+            service.clone(),
+            Some(policy_service.clone()),
+            controller::stopped(stop_rx.clone()),
+        ),
+    );
+    let grpc_task = controller::Task::spawn(
+        "gRPC server",
+        server::serve(
+            grpc,
+            tls,
+            service,
+            Some(policy_service),
+            controller::stopped(stop_rx.clone()),
+        ),
+    );
+    controller::supervise(
+        source,
+        vec![grpc_task, policy_task],
+        admin_task,
+        stop_tx,
+        args.shutdown_grace,
+    )
+    .await
 }

@@ -356,13 +356,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         AdminServer::new(admin_state).serve(admin, controller::stopped(stop_rx.clone())),
     );
 
-    let mut source = controller::start_source(source_config, &store, stop_rx.clone()).await?;
+    let source = controller::start_source(source_config, &store, stop_rx.clone()).await?;
 
     // The first cycle waits for the index to be loaded: scraping an empty
     // cluster would make /ready lie.
     let collector_store = store.clone();
     let collector_stop = stop_rx.clone();
-    let mut collector_task = tokio::spawn(async move {
+    let collector_task = controller::Task::spawn("collector", async move {
         tokio::select! {
             () = collector_store.wait_ready() => {}
             () = controller::stopped(collector_stop.clone()) => return,
@@ -377,44 +377,25 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         clock,
         metrics,
     });
-    let mut server_task = tokio::spawn(server::serve(
-        listener,
-        viz,
-        ServerConfig {
-            max_connections: args.max_connections,
-            shutdown_grace: args.shutdown_grace,
-            ..ServerConfig::default()
-        },
-        controller::stopped(stop_rx.clone()),
-    ));
-
-    let outcome: anyhow::Result<()> = tokio::select! {
-        _ = ballast_sidecar::signal::shutdown() => Ok(()),
-        r = &mut source => match r {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e.context("source failed")),
-            Err(e) => Err(anyhow::anyhow!("source stopped: {e}")),
-        },
-        r = &mut server_task => Err(anyhow::anyhow!("viz server stopped: {r:?}")),
-        r = &mut collector_task => Err(anyhow::anyhow!("collector stopped: {r:?}")),
-    };
-
-    let _ = stop_tx.send(true);
-    let drain = async {
-        if !server_task.is_finished() {
-            let _ = server_task.await;
-        }
-        if !collector_task.is_finished() {
-            let _ = collector_task.await;
-        }
-        let _ = admin_task.await;
-    };
-    if tokio::time::timeout(args.shutdown_grace, drain)
-        .await
-        .is_err()
-    {
-        tracing::warn!(grace = ?args.shutdown_grace, "connections still open after the grace period; exiting");
-    }
-    tracing::info!("stopped");
-    outcome
+    let server_task = controller::Task::spawn(
+        "viz server",
+        server::serve(
+            listener,
+            viz,
+            ServerConfig {
+                max_connections: args.max_connections,
+                shutdown_grace: args.shutdown_grace,
+                ..ServerConfig::default()
+            },
+            controller::stopped(stop_rx.clone()),
+        ),
+    );
+    controller::supervise(
+        source,
+        vec![server_task, collector_task],
+        admin_task,
+        stop_tx,
+        args.shutdown_grace,
+    )
+    .await
 }

@@ -91,6 +91,24 @@ fn extreme_sizes_and_durations_of_every_command_are_refused_naming_the_flag() {
             "1ms to 1d",
         ),
         (
+            &["viz", "--scrape-interval", "0s"][..],
+            "--scrape-interval",
+            "0s",
+            "1s to 1h",
+        ),
+        (
+            &["viz", "--max-page-bytes", "1"][..],
+            "--max-page-bytes",
+            "1",
+            "1K to 1G",
+        ),
+        (
+            &["proxy", "--tap-max-event-bytes", "1"][..],
+            "--tap-max-event-bytes",
+            "1",
+            "256 to 1M",
+        ),
+        (
             &["demo", "--down-for", "5000h"][..],
             "--down-for",
             "5000h",

@@ -12,10 +12,10 @@ const CSS: &str = "text/css; charset=utf-8";
 const SVG: &str = "image/svg+xml";
 
 /// One embedded file.
-struct Asset {
-    path: &'static str,
-    content_type: &'static str,
-    body: &'static [u8],
+pub struct Asset {
+    pub path: &'static str,
+    pub content_type: &'static str,
+    pub body: &'static [u8],
 }
 
 const INDEX: &[u8] = include_bytes!("assets/index.html");
@@ -51,13 +51,10 @@ const ASSETS: &[Asset] = &[
     },
 ];
 
-/// The content type and bytes of the dashboard file at `path` (the request
-/// path, without its query), or `None` when `path` is not one of them.
-pub fn asset(path: &str) -> Option<(&'static str, &'static [u8])> {
-    ASSETS
-        .iter()
-        .find(|a| a.path == path)
-        .map(|a| (a.content_type, a.body))
+/// The dashboard file at `path` (the request path, without its query), or
+/// `None` when `path` is not one of them.
+pub fn asset(path: &str) -> Option<&'static Asset> {
+    ASSETS.iter().find(|a| a.path == path)
 }
 
 #[cfg(test)]
@@ -65,7 +62,9 @@ mod tests {
     use super::*;
 
     fn text(path: &str) -> &'static str {
-        let (_, body) = asset(path).unwrap_or_else(|| panic!("{path} is served"));
+        let body = asset(path)
+            .unwrap_or_else(|| panic!("{path} is served"))
+            .body;
         std::str::from_utf8(body).unwrap_or_else(|e| panic!("{path} is UTF-8: {e}"))
     }
 
@@ -151,12 +150,17 @@ mod tests {
         ] {
             assert!(asset(path).is_none(), "{path:?} must not be served");
         }
-        let (content_type, body) = asset("/").expect("the page");
-        assert_eq!(content_type, HTML);
-        assert_eq!(asset("/index.html").map(|(_, b)| b), Some(body));
-        assert_eq!(asset("/assets/app.js").map(|(t, _)| t), Some(JS));
-        assert_eq!(asset("/assets/app.css").map(|(t, _)| t), Some(CSS));
-        assert_eq!(asset("/assets/favicon.svg").map(|(t, _)| t), Some(SVG));
+        let Asset {
+            content_type, body, ..
+        } = asset("/").expect("the page");
+        assert_eq!(*content_type, HTML);
+        assert_eq!(asset("/index.html").map(|a| a.body), Some(*body));
+        assert_eq!(asset("/assets/app.js").map(|a| a.content_type), Some(JS));
+        assert_eq!(asset("/assets/app.css").map(|a| a.content_type), Some(CSS));
+        assert_eq!(
+            asset("/assets/favicon.svg").map(|a| a.content_type),
+            Some(SVG)
+        );
     }
 
     #[test]

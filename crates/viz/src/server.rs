@@ -244,7 +244,7 @@ fn respond<B>(viz: &Viz, request: &Request<B>) -> Response<Body> {
     let query = request.uri().query().unwrap_or("");
     match route {
         Route::Asset => match crate::assets::asset(path) {
-            Some((content_type, bytes)) => asset(content_type, bytes),
+            Some(a) => asset(a.content_type, a.body),
             None => text(StatusCode::NOT_FOUND, "not found\n"),
         },
         Route::Live => text(StatusCode::OK, "live\n"),
