@@ -188,7 +188,13 @@ impl Mesh {
         StatRow {
             resource: key.to_ref(),
             meshed_pods: r.meshed,
-            total_pods: r.total.max(r.meshed),
+            // A pod row is one pod, meshed or not (an unmeshed one is known
+            // only from its clients' labels).
+            total_pods: if *key.kind == *kind::POD {
+                1
+            } else {
+                r.total.max(r.meshed)
+            },
             unreachable_pods: r.unreachable,
             source: side.source.into(),
             golden: self.golden(side.track, w),

@@ -378,6 +378,7 @@ fn rows_come_from_inbound_then_clients_then_nothing() {
     assert_eq!(backend.tcp_connections, None);
     let unmeshed_pod = demo.stat("pod", "backend-x");
     assert_eq!(unmeshed_pod.source, "clients");
+    assert_eq!((unmeshed_pod.meshed_pods, unmeshed_pod.total_pods), (0, 1));
 
     let idle = demo.stat("deploy", "idle");
     assert_eq!(idle.source, "none");
