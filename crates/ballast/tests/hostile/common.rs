@@ -745,7 +745,13 @@ impl RawH2 {
     pub async fn connect(addr: SocketAddr) -> std::io::Result<RawH2> {
         let tcp = TcpStream::connect(addr).await?;
         tcp.set_nodelay(true)?;
-        let (mut rd, wr) = tcp.into_split();
+        let (mut rd, mut wr) = tcp.into_split();
+        // The preface goes out before the reader starts: the server sends
+        // its SETTINGS at once, and an ACK written ahead of the preface
+        // makes the server close the connection without a GOAWAY.
+        let mut hello = H2_PREFACE.to_vec();
+        h2_settings(&mut hello, &[]);
+        wr.write_all(&hello).await?;
         let writer = Arc::new(tokio::sync::Mutex::new(wr));
         let (tx, seen) = tokio::sync::watch::channel(H2Seen::default());
         let w = writer.clone();
@@ -812,15 +818,11 @@ impl RawH2 {
             }
             tx.send_modify(|s| s.closed = true);
         });
-        let c = RawH2 {
+        Ok(RawH2 {
             writer,
             seen,
             reader,
-        };
-        let mut hello = H2_PREFACE.to_vec();
-        h2_settings(&mut hello, &[]);
-        c.send(&hello).await?;
-        Ok(c)
+        })
     }
 
     pub async fn send(&self, bytes: &[u8]) -> std::io::Result<()> {
