@@ -31,6 +31,7 @@ mod orig_dst;
 mod outbound;
 mod own;
 mod pipeline;
+mod route;
 pub mod tap;
 mod tcp;
 

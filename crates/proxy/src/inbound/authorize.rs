@@ -5,7 +5,7 @@
 
 use super::{
     policy::{Authentication, Authorization, Protocol, ServerPolicy},
-    route::{find_grpc, find_http, RoutePolicy},
+    route::{find, RoutePolicy},
 };
 use crate::pipeline::ClientTls;
 use http::Request;
@@ -77,9 +77,9 @@ pub fn authorize_http<'p, B>(
 ) -> HttpDecision<'p> {
     let route = match &policy.protocol {
         Protocol::Detect { http, .. } | Protocol::Http1(http) | Protocol::Http2(http) => {
-            find_http(http, req)
+            find(http, req)
         }
-        Protocol::Grpc(grpc) => find_grpc(grpc, req),
+        Protocol::Grpc(grpc) => find(grpc, req),
         Protocol::Opaque(_) | Protocol::Tls(_) => None,
     };
     let Some(route) = route else {
@@ -98,10 +98,11 @@ mod tests {
         config::DefaultInboundPolicy,
         inbound::{
             policy::{Network, Suffix},
-            route::{HttpRoute, HttpRule, MatchPath, MatchRequest},
+            route::HttpRoute,
         },
         metrics::{authz::PolicyMeta, TlsLabels},
         network::{parse_networks, IpNetwork},
+        route::{HttpMatch, PathMatch, Rule},
     };
     use ballast_meshtls::IdentityName;
     use std::{collections::BTreeSet, sync::Arc};
@@ -393,9 +394,9 @@ mod tests {
         };
         let admin = HttpRoute {
             hosts: vec![],
-            rules: vec![HttpRule {
-                matches: vec![MatchRequest {
-                    path: Some(MatchPath::Prefix("/admin".into())),
+            rules: vec![Rule {
+                matches: vec![HttpMatch {
+                    path: Some(PathMatch::Prefix("/admin".into())),
                     ..Default::default()
                 }],
                 policy: RoutePolicy {

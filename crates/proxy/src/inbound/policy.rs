@@ -7,7 +7,7 @@
 //! server's. A `Server` that cannot be read denies everything (Linkerd's
 //! `invalid` policy).
 
-use super::route::{GrpcRoute, HttpRoute, InvalidRoute};
+use super::route::{check_regexes, GrpcRoute, HttpRoute, InvalidRoute};
 use crate::{
     config::DefaultInboundPolicy,
     metrics::authz::PolicyMeta,
@@ -174,10 +174,17 @@ impl ServerPolicy {
                 .collect()
         };
         use api::proxy_protocol::Kind;
-        let protocol = match protocol
+        let kind = protocol
             .and_then(|p| p.kind)
-            .ok_or(InvalidServer::MissingProtocol)?
-        {
+            .ok_or(InvalidServer::MissingProtocol)?;
+        match &kind {
+            Kind::Detect(d) => check_regexes(&d.http_routes, &[])?,
+            Kind::Http1(h) => check_regexes(&h.routes, &[])?,
+            Kind::Http2(h) => check_regexes(&h.routes, &[])?,
+            Kind::Grpc(g) => check_regexes(&[], &g.routes)?,
+            Kind::Opaque(_) | Kind::Tls(_) => {}
+        }
+        let protocol = match kind {
             Kind::Detect(d) if d.timeout.is_none() => {
                 return Err(InvalidServer::MissingDetectTimeout)
             }

@@ -23,7 +23,6 @@ mod filters;
 mod overrides;
 mod policy;
 mod request;
-mod route;
 
 use crate::{
     authority::{is_short_name, parse_host, HostTarget},

@@ -8,17 +8,20 @@
 //! cannot be acted on is refused whole, naming what was wrong, and the last
 //! policy stays.
 
-use super::route::{
-    GrpcMatch, HeaderMatch, HostMatch, HttpMatch, PathMatch, QueryMatch, Route, Rule,
+use crate::{
+    discovery::Endpoint,
+    metrics::route::ResourceMeta,
+    route::{
+        wire::{self, InvalidMatch, MAX_REGEXES_PER_POLICY},
+        GrpcMatch, HttpMatch, Route, Rule,
+    },
 };
-use crate::{discovery::Endpoint, metrics::route::ResourceMeta};
 use http::{HeaderName, HeaderValue, StatusCode};
 use linkerd2_proxy_api::{
     destination::WeightedAddr,
-    grpc_route as grpc_api, http_route as api, meta,
+    http_route as api, meta,
     outbound::{self as out, proxy_protocol},
 };
-use regex::Regex;
 use std::{sync::Arc, time::Duration};
 
 /// Longest duration taken from the controller: bounds every deadline the
@@ -28,29 +31,17 @@ pub const MAX_POLICY_DURATION: Duration = Duration::from_secs(24 * 3600);
 pub const MAX_RETRIES: u32 = 10;
 /// Most request bytes kept for retries, whatever a policy asks.
 pub const MAX_RETRY_BODY_BYTES: u32 = 1024 * 1024;
-/// Longest regex the proxy compiles (bounds the compiled size).
-const MAX_REGEX_BYTES: usize = 1024;
-/// Most regexes one policy may hold, and the memory each may use compiled
-/// and while matching: together at most about 6 MiB a policy, whatever a
-/// controller sends.
-pub const MAX_REGEXES_PER_POLICY: usize = 64;
-const REGEX_COMPILED_BYTES: usize = 32 * 1024;
-const REGEX_MATCH_CACHE_BYTES: usize = 64 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum InvalidPolicy {
     #[error("the policy names no protocol")]
     NoProtocol,
-    #[error("invalid regex: {0}")]
-    Regex(String),
+    #[error(transparent)]
+    Match(#[from] InvalidMatch),
     #[error("more than {MAX_REGEXES_PER_POLICY} regexes")]
     TooManyRegexes,
     #[error("invalid header name or value in {0}")]
     Header(&'static str),
-    #[error("invalid method")]
-    Method,
-    #[error("a route match lacks its {0}")]
-    Missing(&'static str),
     #[error("invalid duration in {0}")]
     Duration(&'static str),
     #[error("invalid redirect: {0}")]
@@ -343,25 +334,12 @@ pub fn from_wire(policy: out::OutboundPolicy) -> Result<ClientPolicy, InvalidPol
 /// How many regexes a policy asks the proxy to compile (counted before
 /// any is).
 fn regexes_in(policy: &out::OutboundPolicy) -> usize {
-    fn header(h: &api::HeaderMatch) -> usize {
-        usize::from(matches!(h.value, Some(api::header_match::Value::Regex(_))))
-    }
     fn http(routes: &[out::HttpRoute]) -> usize {
-        let m = |m: &api::HttpRouteMatch| {
-            usize::from(matches!(
-                m.path.as_ref().and_then(|p| p.kind.as_ref()),
-                Some(api::path_match::Kind::Regex(_))
-            )) + m.headers.iter().map(header).sum::<usize>()
-                + m.query_params
-                    .iter()
-                    .filter(|q| matches!(q.value, Some(api::query_param_match::Value::Regex(_))))
-                    .count()
-        };
         routes
             .iter()
             .flat_map(|r| &r.rules)
             .flat_map(|r| &r.matches)
-            .map(m)
+            .map(wire::regexes_in_http)
             .sum()
     }
     let Some(kind) = policy.protocol.as_ref().and_then(|p| p.kind.as_ref()) else {
@@ -379,8 +357,7 @@ fn regexes_in(policy: &out::OutboundPolicy) -> usize {
             .iter()
             .flat_map(|r| &r.rules)
             .flat_map(|r| &r.matches)
-            .flat_map(|m| &m.headers)
-            .map(header)
+            .map(|m| wire::regexes_in_headers(&m.headers))
             .sum(),
         proxy_protocol::Kind::Opaque(_) | proxy_protocol::Kind::Tls(_) => 0,
     }
@@ -449,82 +426,8 @@ fn duration(
     Ok((!d.is_zero()).then_some(d))
 }
 
-fn regex(s: String) -> Result<Regex, InvalidPolicy> {
-    if s.len() > MAX_REGEX_BYTES {
-        return Err(InvalidPolicy::Regex(format!(
-            "over {MAX_REGEX_BYTES} bytes"
-        )));
-    }
-    regex::RegexBuilder::new(&s)
-        .size_limit(REGEX_COMPILED_BYTES)
-        .dfa_size_limit(REGEX_MATCH_CACHE_BYTES)
-        .build()
-        .map_err(|e| InvalidPolicy::Regex(e.to_string().chars().take(128).collect()))
-}
-
 fn header_name(name: &str, what: &'static str) -> Result<HeaderName, InvalidPolicy> {
     HeaderName::from_bytes(name.as_bytes()).map_err(|_| InvalidPolicy::Header(what))
-}
-
-fn header_match(h: api::HeaderMatch) -> Result<HeaderMatch, InvalidPolicy> {
-    let name = header_name(&h.name, "a header match")?;
-    match h.value.ok_or(InvalidPolicy::Missing("header value"))? {
-        api::header_match::Value::Exact(v) => Ok(HeaderMatch::Exact(
-            name,
-            HeaderValue::from_bytes(&v).map_err(|_| InvalidPolicy::Header("a header match"))?,
-        )),
-        api::header_match::Value::Regex(re) => Ok(HeaderMatch::Regex(name, regex(re)?)),
-    }
-}
-
-fn host_match(h: api::HostMatch) -> Result<HostMatch, InvalidPolicy> {
-    match h.r#match.ok_or(InvalidPolicy::Missing("host"))? {
-        api::host_match::Match::Exact(e) => Ok(HostMatch::Exact(e)),
-        api::host_match::Match::Suffix(s) => Ok(HostMatch::Suffix(s.reverse_labels)),
-    }
-}
-
-fn http_match(m: api::HttpRouteMatch) -> Result<HttpMatch, InvalidPolicy> {
-    let path = m
-        .path
-        .map(|p| match p.kind.ok_or(InvalidPolicy::Missing("path"))? {
-            api::path_match::Kind::Exact(e) => Ok(PathMatch::Exact(e)),
-            api::path_match::Kind::Prefix(p) => Ok(PathMatch::Prefix(p)),
-            api::path_match::Kind::Regex(r) => Ok(PathMatch::Regex(regex(r)?)),
-        })
-        .transpose()?;
-    let headers = m
-        .headers
-        .into_iter()
-        .map(header_match)
-        .collect::<Result<_, _>>()?;
-    let query = m
-        .query_params
-        .into_iter()
-        .map(|q| {
-            if q.name.is_empty() {
-                return Err(InvalidPolicy::Missing("query parameter name"));
-            }
-            match q
-                .value
-                .ok_or(InvalidPolicy::Missing("query parameter value"))?
-            {
-                api::query_param_match::Value::Exact(v) => Ok(QueryMatch::Exact(q.name, v)),
-                api::query_param_match::Value::Regex(r) => Ok(QueryMatch::Regex(q.name, regex(r)?)),
-            }
-        })
-        .collect::<Result<_, _>>()?;
-    let method = m
-        .method
-        .map(http::Method::try_from)
-        .transpose()
-        .map_err(|_| InvalidPolicy::Method)?;
-    Ok(HttpMatch {
-        path,
-        headers,
-        query,
-        method,
-    })
 }
 
 fn headers_of(
@@ -921,7 +824,7 @@ fn http_routes(routes: Option<Vec<out::HttpRoute>>) -> Result<Routes<HttpMatch>,
         let hosts = r
             .hosts
             .into_iter()
-            .map(host_match)
+            .map(wire::host_match)
             .collect::<Result<_, _>>()?;
         let rules = r
             .rules
@@ -931,7 +834,7 @@ fn http_routes(routes: Option<Vec<out::HttpRoute>>) -> Result<Routes<HttpMatch>,
                     matches: rule
                         .matches
                         .into_iter()
-                        .map(http_match)
+                        .map(wire::http_match)
                         .collect::<Result<_, _>>()?,
                     policy: RulePolicy {
                         filters: rule
@@ -956,19 +859,6 @@ fn http_routes(routes: Option<Vec<out::HttpRoute>>) -> Result<Routes<HttpMatch>,
     Ok(out)
 }
 
-fn grpc_match(m: grpc_api::GrpcRouteMatch) -> Result<GrpcMatch, InvalidPolicy> {
-    let rpc = m.rpc.unwrap_or_default();
-    Ok(GrpcMatch {
-        service: (!rpc.service.is_empty()).then_some(rpc.service),
-        method: (!rpc.method.is_empty()).then_some(rpc.method),
-        headers: m
-            .headers
-            .into_iter()
-            .map(header_match)
-            .collect::<Result<_, _>>()?,
-    })
-}
-
 fn grpc_routes(routes: Vec<out::GrpcRoute>) -> Result<Routes<GrpcMatch>, InvalidPolicy> {
     let mut out = Routes::default();
     for r in routes {
@@ -976,7 +866,7 @@ fn grpc_routes(routes: Vec<out::GrpcRoute>) -> Result<Routes<GrpcMatch>, Invalid
         let hosts = r
             .hosts
             .into_iter()
-            .map(host_match)
+            .map(wire::host_match)
             .collect::<Result<_, _>>()?;
         let rules = r
             .rules
@@ -986,7 +876,7 @@ fn grpc_routes(routes: Vec<out::GrpcRoute>) -> Result<Routes<GrpcMatch>, Invalid
                     matches: rule
                         .matches
                         .into_iter()
-                        .map(grpc_match)
+                        .map(wire::grpc_match)
                         .collect::<Result<_, _>>()?,
                     policy: RulePolicy {
                         filters: rule
@@ -1205,7 +1095,7 @@ mod tests {
         });
         assert!(matches!(
             from_wire(default_policy(bad)),
-            Err(InvalidPolicy::Regex(_))
+            Err(InvalidPolicy::Match(InvalidMatch::Regex(_)))
         ));
         let mut no_path = prefix_rule(first("web"));
         if let Some(out::http_route::distribution::Kind::FirstAvailable(f)) =
@@ -1236,7 +1126,7 @@ mod tests {
         assert!(
             matches!(
                 from_wire(default_policy(huge)),
-                Err(InvalidPolicy::Regex(_))
+                Err(InvalidPolicy::Match(InvalidMatch::Regex(_)))
             ),
             "a regex past the compiled-size bound is refused"
         );

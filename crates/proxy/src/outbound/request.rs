@@ -21,7 +21,7 @@ use super::{
     policy::{
         BackendTarget, ClientPolicy, Filter, HttpRoutes, RetryBackoff, RetryPolicy, RulePolicy,
     },
-    route, Outbound, Target, DIRECTION,
+    Outbound, Target, DIRECTION,
 };
 use crate::{
     http::{
@@ -32,6 +32,7 @@ use crate::{
         grpc_status_name, Outcome, RouteBackendLabels, RouteError, RouteFamilies, RouteLabels,
         StatusLabels,
     },
+    route,
 };
 use ballast_backoff::{Backoff, BackoffConfig};
 use bytes::Bytes;

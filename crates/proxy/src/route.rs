@@ -1,24 +1,58 @@
-//! Which route and rule of a policy a request takes, with Gateway API
-//! precedence as Linkerd's proxy applies it: among the routes whose hosts
-//! match, the best host match (exact over wildcard, then longer); within a
-//! route, the rule with the best match: the longest path match (at equal
-//! length exact, then prefix, then regex), then more header matches, then
-//! more query parameter matches, then a method match. A tie goes to the
-//! earlier route or rule (the controller orders them).
+//! Which route and rule of a policy a request takes, inbound and outbound
+//! alike, with Gateway API precedence as Linkerd's proxy applies it: among
+//! the routes whose hosts match, the best host match (exact over wildcard,
+//! then longer); within a route, the rule with the best match: the longest
+//! path match, then more header matches, then more query parameter
+//! matches, then a method match. A tie goes to the earlier route or rule
+//! (the controller orders them). One refinement over Linkerd: at equal
+//! length an exact path beats a prefix, and a prefix a regex (Linkerd
+//! counts length only, so the earlier rule wins), as Gateway API asks.
+//!
+//! Regular expressions must match the whole value, as in Linkerd. Pure.
+
+pub mod wire;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request};
 use regex::Regex;
 use std::cmp::Ordering;
 
+/// A compiled regex from a policy, compared by its text (so that policies
+/// compare equal when the controller sends the same one again).
+#[derive(Clone, Debug)]
+pub struct Pattern(Regex);
+
+impl PartialEq for Pattern {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.as_str() == other.0.as_str()
+    }
+}
+
+impl Eq for Pattern {}
+
+impl From<Regex> for Pattern {
+    fn from(re: Regex) -> Self {
+        Self(re)
+    }
+}
+
+impl Pattern {
+    /// Linkerd's rule: the leftmost match must span the whole value.
+    pub fn is_whole(&self, s: &str) -> bool {
+        self.0
+            .find(s)
+            .is_some_and(|m| m.start() == 0 && m.end() == s.len())
+    }
+}
+
 /// A route: its hostnames (none: any), and its rules.
-#[derive(Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Route<M, P> {
     pub hosts: Vec<HostMatch>,
     pub rules: Vec<Rule<M, P>>,
 }
 
 /// A rule: its matches (none: every request), and what it does.
-#[derive(Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rule<M, P> {
     pub matches: Vec<M>,
     pub policy: P,
@@ -129,12 +163,12 @@ impl HostMatch {
 }
 
 /// A path match.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PathMatch {
     Exact(String),
     Prefix(String),
     /// Matches the whole path.
-    Regex(Regex),
+    Regex(Pattern),
 }
 
 /// How well a path matched: by length, then exact over prefix over regex.
@@ -168,13 +202,10 @@ impl PathMatch {
                 len: p.len(),
                 kind: PathKind::Exact,
             }),
-            Self::Regex(re) => {
-                let m = re.find(path)?;
-                (m.start() == 0 && m.end() == path.len()).then_some(PathRank {
-                    len: path.len(),
-                    kind: PathKind::Regex,
-                })
-            }
+            Self::Regex(re) => re.is_whole(path).then_some(PathRank {
+                len: path.len(),
+                kind: PathKind::Regex,
+            }),
             Self::Prefix(prefix) => {
                 if prefix == "/" {
                     return Some(PathRank::default());
@@ -192,10 +223,10 @@ impl PathMatch {
 }
 
 /// A header match: any value of the header matches.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HeaderMatch {
     Exact(HeaderName, HeaderValue),
-    Regex(HeaderName, Regex),
+    Regex(HeaderName, Pattern),
 }
 
 impl HeaderMatch {
@@ -206,21 +237,17 @@ impl HeaderMatch {
                 .get_all(n)
                 .iter()
                 .filter_map(|h| h.to_str().ok())
-                .any(|h| whole_match(re, h)),
+                .any(|h| re.is_whole(h)),
         }
     }
 }
 
-fn whole_match(re: &Regex, s: &str) -> bool {
-    re.find(s)
-        .is_some_and(|m| m.start() == 0 && m.end() == s.len())
-}
-
-/// A query parameter match: any occurrence of the parameter matches.
-#[derive(Clone, Debug)]
+/// A query parameter match: any occurrence of the parameter matches,
+/// compared decoded (as Linkerd does).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum QueryMatch {
     Exact(String, String),
-    Regex(String, Regex),
+    Regex(String, Pattern),
 }
 
 impl QueryMatch {
@@ -228,13 +255,13 @@ impl QueryMatch {
         let Some(query) = query else { return false };
         form_urlencoded::parse(query.as_bytes()).any(|(name, value)| match self {
             Self::Exact(n, v) => *n == *name && *v == *value,
-            Self::Regex(n, re) => *n == *name && whole_match(re, &value),
+            Self::Regex(n, re) => *n == *name && re.is_whole(&value),
         })
     }
 }
 
 /// An HTTP route's match.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HttpMatch {
     pub path: Option<PathMatch>,
     pub headers: Vec<HeaderMatch>,
@@ -287,7 +314,7 @@ impl Match for HttpMatch {
 }
 
 /// A gRPC route's match: `/SERVICE/METHOD`, either part optional.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GrpcMatch {
     pub service: Option<String>,
     pub method: Option<String>,
@@ -378,7 +405,7 @@ mod tests {
 
     #[test]
     fn precedence_follows_the_gateway_api_as_linkerd_applies_it() {
-        let re = |s: &str| PathMatch::Regex(Regex::new(s).expect("regex"));
+        let re = |s: &str| PathMatch::Regex(Regex::new(s).expect("regex").into());
         let routes = [route(vec![
             rule(vec![path(PathMatch::Prefix("/".into()))], "root"),
             rule(vec![path(PathMatch::Prefix("/api".into()))], "api"),
@@ -538,7 +565,7 @@ mod tests {
     fn header_and_query_matches_take_any_value_and_regexes_the_whole() {
         let re = HeaderMatch::Regex(
             HeaderName::from_static("x-v"),
-            Regex::new("v[0-9]").expect("regex"),
+            Regex::new("v[0-9]").expect("regex").into(),
         );
         let mut h = HeaderMap::new();
         h.append("x-v", HeaderValue::from_static("beta"));
@@ -553,7 +580,7 @@ mod tests {
         assert!(q.is_match(Some("a=b+c")));
         assert!(!q.is_match(Some("a=b")));
         assert!(!q.is_match(None));
-        let q = QueryMatch::Regex("a".into(), Regex::new("[0-9]+").expect("regex"));
+        let q = QueryMatch::Regex("a".into(), Regex::new("[0-9]+").expect("regex").into());
         assert!(q.is_match(Some("a=x&a=12")));
         assert!(!q.is_match(Some("a=12x")));
     }
