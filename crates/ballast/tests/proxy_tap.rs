@@ -232,6 +232,15 @@ async fn taps_past_the_bound_and_bad_taps_are_refused() {
     let too_deep = c.observe(observe(10, deep)).await.unwrap_err();
     assert_eq!(too_deep.code(), Code::InvalidArgument, "{too_deep:?}");
     assert!(too_deep.message().contains("deeper"), "{too_deep:?}");
+    // No match at all is refused, as by Linkerd's proxy.
+    let unmatched = c
+        .observe(ObserveRequest {
+            r#match: None,
+            ..observe(10, everything())
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unmatched.code(), Code::InvalidArgument, "{unmatched:?}");
 
     let p = &mesh.proxy;
     assert_eq!(
@@ -245,7 +254,7 @@ async fn taps_past_the_bound_and_bad_taps_are_refused() {
             &[("reason", "invalid")]
         )
         .await,
-        2.0
+        3.0
     );
     assert_eq!(metric(p, "tap_observations_open", &[]).await, 8.0);
 
@@ -465,16 +474,16 @@ mod identity_on {
         let web = certificate(&pki, ca.grpc, "web", NS, &tmp.path().join("web.token")).await;
         let mut wrong = tls_client(tap, &pki, proxy_name.clone(), Some(web)).await;
         let refused = wrong.observe(observe(10, everything())).await.unwrap_err();
-        assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+        assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
         let mut anonymous = tls_client(tap, &pki, proxy_name.clone(), None).await;
         let refused = anonymous
             .observe(observe(10, everything()))
             .await
             .unwrap_err();
-        assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+        assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
         let mut plain = client(tap).await;
         let refused = plain.observe(observe(10, everything())).await.unwrap_err();
-        assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+        assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
         assert_eq!(
             metric(
                 &proxy,

@@ -140,7 +140,7 @@ pub const DEFAULT_TAP_MAX_REQUEST_BYTES: usize = 64 * 1024;
 #[derive(Clone, Debug)]
 pub struct TapConfig {
     /// With the proxy's identity on, the only client identity served;
-    /// others get `PERMISSION_DENIED`. `None` with identity off (plaintext,
+    /// others get `UNAUTHENTICATED` (as from Linkerd's proxy). `None` with identity off (plaintext,
     /// everyone served).
     pub client_identity: Option<ballast_meshtls::IdentityName>,
     pub max_taps: usize,

@@ -4,9 +4,10 @@
 //! As Linkerd: `all` of nothing matches everything, `any` of nothing
 //! matches nothing; a port range with one end unset is that one port; a
 //! network needs an address and a prefix length of at least 1; a route
-//! label never matches (the proxy sends no route labels). Unlike Linkerd, a
-//! request with no match at all taps everything, and trees deeper than
-//! [`MAX_DEPTH`] or larger than [`MAX_NODES`] are refused.
+//! label never matches (the proxy sends no route labels); a request with no
+//! match at all is refused (`all` of nothing is how to tap everything).
+//! Unlike Linkerd, trees deeper than [`MAX_DEPTH`] or larger than
+//! [`MAX_NODES`] are refused.
 
 use crate::network::IpNetwork;
 use linkerd2_proxy_api::{
@@ -93,11 +94,9 @@ pub struct Inspect<'a> {
 }
 
 impl Match {
-    /// Reads a request's match; `None` taps every request.
+    /// Reads a request's match; none at all is refused, as Linkerd does.
     pub fn try_new(m: Option<Root>) -> Result<Self, InvalidMatch> {
-        let Some(inner) = m.and_then(|m| m.r#match) else {
-            return Ok(Match::All(Vec::new()));
-        };
+        let inner = m.and_then(|m| m.r#match).ok_or(InvalidMatch::Empty)?;
         let mut nodes = 0;
         Self::read(inner, 1, &mut nodes)
     }
@@ -423,7 +422,11 @@ mod tests {
         let r = Req::get("/");
         assert!(compile(all(vec![])).matches(&r.inspect()));
         assert!(!compile(any(vec![])).matches(&r.inspect()));
-        assert!(Match::try_new(None).unwrap().matches(&r.inspect()));
+        assert_eq!(Match::try_new(None).err(), Some(InvalidMatch::Empty));
+        assert_eq!(
+            Match::try_new(Some(Root { r#match: None })).err(),
+            Some(InvalidMatch::Empty)
+        );
         let route = Oneof::RouteLabel(pb::Label {
             key: "route".into(),
             value: "x".into(),

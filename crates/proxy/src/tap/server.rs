@@ -168,7 +168,8 @@ impl Tap for Observer {
         let metrics = &self.registry.metrics;
         if let Err(why) = &self.client {
             metrics.refused("unauthorized");
-            return Err(Status::new(Code::PermissionDenied, why.clone()));
+            // Linkerd's tap answers an unauthorized client so.
+            return Err(Status::new(Code::Unauthenticated, why.clone()));
         }
         let req = req.into_inner();
         let invalid = |msg: String| {
