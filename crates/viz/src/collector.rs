@@ -391,19 +391,40 @@ impl Collector {
         match result {
             Ok(pages) => {
                 self.metrics.scrape_result("ok");
+                // Whether Prometheus says which proxies it reaches: with no
+                // `up` of the proxy job at all (a scrape job of another
+                // name), every pod is taken as reached.
+                let reports_up = pages.iter().any(|(_, p)| p.prometheus_up().is_some());
                 let mut pages: HashMap<ResourceRef, Page> = pages.into_iter().collect();
                 let mut mesh = lock(&self.mesh);
                 for target in targets {
-                    // A pod Prometheus has no series of has served nothing
-                    // of interest yet: an empty page, not a failure.
                     let page = pages.remove(&target.pod).unwrap_or_default();
-                    mesh.record_page(&target.pod, at, page);
-                    if let Some(state) = self.pods.get_mut(&target.pod) {
-                        *state = PodState {
-                            failures: 0,
-                            next_cycle: 0,
-                            answered: true,
-                        };
+                    let down = match page.prometheus_up() {
+                        Some(false) => Some("prometheus: its last scrape of this proxy failed (up 0)"),
+                        None if reports_up => Some("prometheus: no scrape target for this proxy (not discovered yet, or not scraped)"),
+                        // A pod with nothing of interest yet: an empty
+                        // page, not a failure.
+                        _ => None,
+                    };
+                    let state = self.pods.get_mut(&target.pod);
+                    match down {
+                        None => {
+                            mesh.record_page(&target.pod, at, page);
+                            if let Some(state) = state {
+                                *state = PodState {
+                                    failures: 0,
+                                    next_cycle: 0,
+                                    answered: true,
+                                };
+                            }
+                        }
+                        Some(reason) => {
+                            let next_in = self.config.interval.as_secs().max(1);
+                            mesh.record_failure(&target.pod, at, reason.to_string(), Some(next_in));
+                            if let Some(state) = state {
+                                state.failures = state.failures.saturating_add(1);
+                            }
+                        }
                     }
                 }
             }

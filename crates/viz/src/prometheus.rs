@@ -1,7 +1,9 @@
 //! Reading an existing Prometheus instead of scraping the proxies: once per
 //! cycle, `GET URL/federate?match[]={__name__=~"..."}` for the families the
 //! mesh reads, split by the `namespace` and `pod` labels that Linkerd's
-//! Prometheus scrape configuration adds to every proxy series.
+//! Prometheus scrape configuration adds to every proxy series. Prometheus'
+//! own `up` of the `linkerd-proxy` job comes along, so that a proxy it
+//! cannot scrape, or does not scrape at all, is shown as such.
 //!
 //! The page is bounded like a scrape, only larger (`--max-federate-bytes`,
 //! 256 MiB by default: ~150 KiB of these families per busy pod, for ~2,000
@@ -33,6 +35,9 @@ pub const FAMILIES: &[&str] = &[
     "outbound_grpc_route_request_statuses_total",
     "outbound_grpc_route_request_duration_seconds_bucket",
 ];
+
+/// Linkerd's scrape job for the proxies, whose `up` says which are reached.
+pub const PROXY_JOB: &str = "linkerd-proxy";
 
 /// A Prometheus server's base URL, checked at start.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -95,11 +100,14 @@ impl std::fmt::Display for PrometheusUrl {
 }
 
 impl PrometheusUrl {
-    /// `PREFIX/federate?match[]=...`, the selector percent-encoded.
+    /// `PREFIX/federate?match[]=...&match[]=up{...}`, the selectors
+    /// percent-encoded.
     pub fn federate_path(&self) -> String {
-        let selector = format!("{{__name__=~\"{}\"}}", FAMILIES.join("|"));
+        let families = format!("{{__name__=~\"{}\"}}", FAMILIES.join("|"));
+        let up = format!("up{{job=\"{PROXY_JOB}\"}}");
         let query = form_urlencoded::Serializer::new(String::new())
-            .append_pair("match[]", &selector)
+            .append_pair("match[]", &families)
+            .append_pair("match[]", &up)
             .finish();
         format!("{}/federate?{query}", self.prefix)
     }
@@ -194,11 +202,18 @@ mod tests {
             form_urlencoded::parse(path.split_once('?').unwrap().1.as_bytes())
                 .into_owned()
                 .collect();
-        assert_eq!(decoded.len(), 1);
+        assert_eq!(decoded.len(), 2);
         assert_eq!(decoded[0].0, "match[]");
         assert_eq!(
             decoded[0].1,
             format!("{{__name__=~\"{}\"}}", FAMILIES.join("|"))
+        );
+        assert_eq!(
+            decoded[1],
+            (
+                "match[]".to_string(),
+                "up{job=\"linkerd-proxy\"}".to_string()
+            )
         );
 
         let prefixed: PrometheusUrl = "http://127.0.0.1/prom/".parse().unwrap();

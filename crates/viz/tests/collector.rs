@@ -300,9 +300,14 @@ async fn prometheus_federation_is_read_once_per_cycle() {
                 // Prometheus' answer: each proxy series with the namespace
                 // and pod labels its scrape configuration adds; web-0 counts
                 // 5 more each time, a pod viz does not know counts too.
+                // Prometheus cannot scrape web-1, and has no target for
+                // web-2.
                 let body = format!("# TYPE response_total untyped\n\
 response_total{{direction=\"inbound\",classification=\"success\",status_code=\"200\",namespace=\"shop\",pod=\"web-0\",instance=\"10.0.0.1:4191\",job=\"linkerd-proxy\"}} {} 1700000000000\n\
-response_total{{direction=\"inbound\",classification=\"success\",status_code=\"200\",namespace=\"shop\",pod=\"other-0\",instance=\"10.0.0.2:4191\",job=\"linkerd-proxy\"}} {} 1700000000000\n", 5 * n, 100 * n);
+response_total{{direction=\"inbound\",classification=\"success\",status_code=\"200\",namespace=\"shop\",pod=\"other-0\",instance=\"10.0.0.2:4191\",job=\"linkerd-proxy\"}} {} 1700000000000\n\
+# TYPE up untyped\n\
+up{{namespace=\"shop\",pod=\"web-0\",instance=\"10.0.0.1:4191\",job=\"linkerd-proxy\"}} 1 1700000000000\n\
+up{{namespace=\"shop\",pod=\"web-1\",instance=\"10.0.0.3:4191\",job=\"linkerd-proxy\"}} 0 1700000000000\n", 5 * n, 100 * n);
                 let answer = format!(
                     "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\n\r\n{body}",
                     body.len()
@@ -317,8 +322,10 @@ response_total{{direction=\"inbound\",classification=\"success\",status_code=\"2
         max_bytes: MAX_PAGE,
         limits: Limits::default(),
     };
-    let web = target("web-0", "127.0.0.1:1".parse().unwrap());
-    let (mut c, metrics, mesh) = collector(vec![web], Source::Prometheus(federation), 1);
+    let web: Vec<PodTarget> = (0..3)
+        .map(|i| target(&format!("web-{i}"), "127.0.0.1:1".parse().unwrap()))
+        .collect();
+    let (mut c, metrics, mesh) = collector(web, Source::Prometheus(federation), 1);
     c.cycle().await;
     c.cycle().await;
     assert_eq!(scrapes(&metrics, "ok"), 2);
@@ -336,9 +343,35 @@ response_total{{direction=\"inbound\",classification=\"success\",status_code=\"2
             now,
         )
         .unwrap();
-    assert_eq!(stat.rows.len(), 1, "only the pods of the index: {stat:?}");
-    assert_eq!(stat.rows[0].resource.name, "web-0");
-    assert_eq!(stat.rows[0].golden.requests, 5);
+    let web0 = stat
+        .rows
+        .iter()
+        .find(|r| r.resource.name == "web-0")
+        .expect("web-0's row");
+    assert_eq!(web0.golden.requests, 5);
+    assert!(
+        stat.rows
+            .iter()
+            .all(|r| r.resource.name.starts_with("web-")),
+        "only the pods of the index: {stat:?}"
+    );
+    // Prometheus' `up`: web-1 it cannot scrape, web-2 it has no target for.
+    let states = mesh.lock().unwrap().pods(Some("shop"), now);
+    let state = |name: &str| {
+        let p = states
+            .pods
+            .iter()
+            .find(|p| p.pod.name == name)
+            .unwrap_or_else(|| panic!("{name} in {states:?}"));
+        (p.state.clone(), p.last_error.clone().unwrap_or_default())
+    };
+    assert_eq!(state("web-0").0, "ok");
+    let (s1, e1) = state("web-1");
+    assert_eq!(s1, "unreachable");
+    assert!(e1.contains("up 0"), "{e1}");
+    let (s2, e2) = state("web-2");
+    assert_eq!(s2, "unreachable");
+    assert!(e2.contains("no scrape target"), "{e2}");
     assert_eq!(
         mesh.lock().unwrap().overview(now).collector.source,
         "prometheus"
@@ -351,4 +384,5 @@ response_total{{direction=\"inbound\",classification=\"success\",status_code=\"2
         requests[0]
     );
     assert_eq!(pods(&metrics, "ok"), 1);
+    assert_eq!(pods(&metrics, "unreachable"), 2);
 }

@@ -193,6 +193,7 @@ pub struct Page {
     pub(crate) samples: Vec<Sample>,
     skipped_lines: u32,
     first_skip: Option<String>,
+    up: Option<bool>,
 }
 
 impl Page {
@@ -213,6 +214,13 @@ impl Page {
     /// Why the first skipped line was skipped (`line N: reason`).
     pub fn first_skip(&self) -> Option<&str> {
         self.first_skip.as_deref()
+    }
+
+    /// From a federation page: whether Prometheus' last scrape of the pod's
+    /// proxy succeeded (its `up` series; any target up counts); `None`
+    /// when the page had no `up` for the pod.
+    pub fn prometheus_up(&self) -> Option<bool> {
+        self.up
     }
 
     /// Bytes this page holds on the heap (an estimate).
@@ -265,6 +273,10 @@ pub fn parse_federated(
         }
         let key = (strings.get(&ns), strings.get(&pod));
         let builder = pods.entry(key).or_default();
+        if parsed.family == Family::Up {
+            builder.up = Some(builder.up == Some(true) || parsed.value > 0.0);
+            return Ok(());
+        }
         let before = builder.kept;
         builder.add(&mut strings, parsed);
         kept += builder.kept - before;
@@ -307,14 +319,21 @@ enum Family {
     LatencyBucket,
     TcpOpened,
     TcpOpen,
-    RouteStatuses { grpc: bool },
-    RouteDurationBucket { grpc: bool },
+    RouteStatuses {
+        grpc: bool,
+    },
+    RouteDurationBucket {
+        grpc: bool,
+    },
+    /// Prometheus' own `up`, on a federation page only.
+    Up,
 }
 
 impl Family {
     fn of(name: &[u8]) -> Option<Self> {
         Some(match name {
             b"response_total" => Self::Response,
+            b"up" => Self::Up,
             b"response_latency_ms_bucket" => Self::LatencyBucket,
             b"tcp_open_total" => Self::TcpOpened,
             b"tcp_open_connections" => Self::TcpOpen,
@@ -649,6 +668,7 @@ struct Builder {
     samples: Vec<Sample>,
     buckets: Vec<RawBucket>,
     kept: usize,
+    up: Option<bool>,
 }
 
 fn intern<T: Clone + Eq + Hash>(table: &mut Vec<T>, index: &mut HashMap<T, u32>, t: T) -> u32 {
@@ -685,6 +705,9 @@ impl Builder {
             }
         };
         let what = match p.family {
+            // Prometheus' own series: read by `parse_federated`, never a
+            // proxy's traffic.
+            Family::Up => return,
             Family::Response => {
                 let Some(dir) = dir() else { return };
                 let dst = self.dst(strings, p);
@@ -888,6 +911,7 @@ impl Builder {
             samples: self.samples,
             skipped_lines: stats.skipped,
             first_skip: stats.first_skip,
+            up: self.up,
         }
     }
 }
@@ -1273,5 +1297,32 @@ mod tests {
             parse_federated(text.as_bytes(), &small),
             Err(ParseError::TooManySeries { .. })
         ));
+    }
+
+    #[test]
+    fn federated_up_says_whether_prometheus_reaches_each_proxy() {
+        let text = "response_total{direction=\"inbound\",namespace=\"demo\",pod=\"web-1\"} 3\n\
+            up{job=\"linkerd-proxy\",namespace=\"demo\",pod=\"web-1\"} 1\n\
+            up{job=\"linkerd-proxy\",namespace=\"demo\",pod=\"web-2\"} 0\n\
+            up{job=\"linkerd-proxy\",namespace=\"demo\",pod=\"web-3\"} 0\n\
+            up{job=\"linkerd-proxy\",namespace=\"demo\",pod=\"web-3\"} 1\n\
+            response_total{direction=\"inbound\",namespace=\"demo\",pod=\"web-4\"} 3\n";
+        let pods = parse_federated(text.as_bytes(), &Limits::default()).expect("parses");
+        let ups: Vec<(&str, Option<bool>, usize)> = pods
+            .iter()
+            .map(|(r, p)| (r.name.as_str(), p.prometheus_up(), p.len()))
+            .collect();
+        assert_eq!(
+            ups,
+            vec![
+                ("web-1", Some(true), 1),
+                ("web-2", Some(false), 0),
+                ("web-3", Some(true), 0),
+                ("web-4", None, 1),
+            ]
+        );
+        // A proxy's own page has no `up`, and one there is no traffic.
+        let page = parse(b"up 1\n", &Limits::default()).expect("parses");
+        assert_eq!((page.prometheus_up(), page.len()), (None, 0));
     }
 }
