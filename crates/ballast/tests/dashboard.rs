@@ -13,14 +13,15 @@
 //! Screenshots of each page go to `target/dashboard-screenshots/`, and to
 //! `docs/screenshots/` with `BALLAST_WRITE_SCREENSHOTS=1`.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
-use tokio::process::{Child, Command};
-use tokio::sync::watch;
+use support::demo::{dashboard_url, Demo};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
 
 /// The whole test: the demo's start, the collector's first cycles and
 /// every page, on a busy machine.
@@ -138,71 +139,6 @@ async fn run_script(name: &str, args: &[String], limit: Duration, context: impl 
     );
 }
 
-/// Keeps every line of `stream` in `lines` and publishes the first line
-/// naming the dashboard.
-fn collect_lines(
-    stream: impl AsyncRead + Unpin + Send + 'static,
-    lines: Arc<Mutex<Vec<String>>>,
-    dashboard: Option<watch::Sender<Option<String>>>,
-) {
-    tokio::spawn(async move {
-        let mut reader = BufReader::new(stream).lines();
-        while let Ok(Some(line)) = reader.next_line().await {
-            if let Some(tx) = &dashboard {
-                if let Some(url) = dashboard_url(&line) {
-                    let _ = tx.send(Some(url));
-                }
-            }
-            lines.lock().expect("lines lock").push(line);
-        }
-    });
-}
-
-/// The address in the demo's `dashboard: http://ADDR/` line.
-fn dashboard_url(line: &str) -> Option<String> {
-    let rest = &line[line.find("dashboard: ")? + "dashboard: ".len()..];
-    let url = rest.split_whitespace().next()?;
-    url.starts_with("http://").then(|| url.to_string())
-}
-
-/// The demo as a child process, stopped with SIGTERM (so it stops its own
-/// children) when the test ends, killed if that fails.
-struct Demo {
-    child: Child,
-    stdout: Arc<Mutex<Vec<String>>>,
-    stderr: Arc<Mutex<Vec<String>>>,
-}
-
-impl Demo {
-    fn logs(&self) -> String {
-        Self::logs_of(&self.stdout, &self.stderr)
-    }
-
-    fn logs_of(stdout: &Mutex<Vec<String>>, stderr: &Mutex<Vec<String>>) -> String {
-        let out = stdout.lock().expect("lines lock").join("\n");
-        let err = stderr.lock().expect("lines lock");
-        let tail = &err[err.len().saturating_sub(40)..];
-        format!(
-            "--- demo stdout ---\n{out}\n--- demo stderr (last 40 lines) ---\n{}",
-            tail.join("\n")
-        )
-    }
-
-    async fn stop(&mut self) {
-        if let Some(pid) = self.child.id() {
-            let _ = std::process::Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status();
-        }
-        if tokio::time::timeout(DEMO_STOP, self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.start_kill();
-        }
-    }
-}
-
 #[tokio::test]
 async fn dashboard_in_a_headless_browser() {
     let started = Instant::now();
@@ -210,49 +146,17 @@ async fn dashboard_in_a_headless_browser() {
         return;
     }
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
-        .args([
-            "demo",
-            "--plain",
-            "--rps",
-            DEMO_RPS,
-            "--steady-for",
-            DEMO_STEADY_FOR,
-        ])
-        .env("BALLAST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn ballast demo");
-    let stdout = Arc::new(Mutex::new(Vec::new()));
-    let stderr = Arc::new(Mutex::new(Vec::new()));
-    let (tx, mut url) = watch::channel(None);
-    collect_lines(
-        child.stdout.take().expect("piped stdout"),
-        stdout.clone(),
-        Some(tx),
-    );
-    collect_lines(
-        child.stderr.take().expect("piped stderr"),
-        stderr.clone(),
-        None,
-    );
-    let mut demo = Demo {
-        child,
-        stdout,
-        stderr,
-    };
-
-    let ready = tokio::time::timeout(DEMO_READY, url.wait_for(Option::is_some)).await;
-    let url = match ready {
-        Ok(Ok(url)) => url.clone().expect("a dashboard address"),
-        _ => {
-            let logs = demo.logs();
-            demo.stop().await;
-            panic!("the demo printed no `dashboard: http://ADDR/` line in {DEMO_READY:?}\n{logs}");
-        }
+    let mut demo = Demo::start(&[
+        "--plain",
+        "--rps",
+        DEMO_RPS,
+        "--steady-for",
+        DEMO_STEADY_FOR,
+    ]);
+    let Some(url) = demo.try_line(DEMO_READY, dashboard_url).await else {
+        let logs = demo.logs().text();
+        demo.stop(DEMO_STOP).await;
+        panic!("the demo printed no `dashboard: http://ADDR/` line in {DEMO_READY:?}\n{logs}");
     };
     println!("dashboard at {url}");
 
@@ -276,12 +180,12 @@ async fn dashboard_in_a_headless_browser() {
             .to_string(),
     );
     let logs = {
-        let (stdout, stderr) = (demo.stdout.clone(), demo.stderr.clone());
-        move || Demo::logs_of(&stdout, &stderr)
+        let logs = demo.logs();
+        move || logs.text()
     };
     let checked = tokio::spawn(async move { run_script("check.py", &args, left, logs).await });
     let result = checked.await;
-    demo.stop().await;
+    demo.stop(DEMO_STOP).await;
     if let Err(e) = result {
         std::panic::resume_unwind(e.into_panic());
     }

@@ -3,98 +3,19 @@
 //! `load`), three backends (pods of Deployment `web`) and `ballast viz`,
 //! and prints the dashboard's address; the commands read that server.
 
+mod support;
+
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use ballast_vizcore::api::{StatResponse, TapEvent};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-use tokio::sync::mpsc;
+use support::demo::Demo;
+use tokio::process::Command;
 
 /// Setup on a loaded machine, and a few scrape cycles (2 s each).
 const DEADLINE: Duration = Duration::from_secs(90);
 /// One CLI command.
 const COMMAND_DEADLINE: Duration = Duration::from_secs(30);
-
-/// `ballast demo` with steps long enough for the whole test; SIGTERM on
-/// drop, so it stops the processes it started.
-struct Demo {
-    child: Child,
-    stdout: mpsc::UnboundedReceiver<String>,
-    seen: Vec<String>,
-}
-
-impl Demo {
-    async fn start() -> Demo {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
-            .args([
-                "demo",
-                "--plain",
-                "--rps",
-                "50",
-                "--steady-for",
-                "120s",
-                "--down-for",
-                "120s",
-            ])
-            .env("BALLAST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn ballast demo");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Demo {
-            child,
-            stdout: rx,
-            seen: Vec::new(),
-        }
-    }
-
-    /// The first stdout line `pick` accepts, within the deadline.
-    async fn line<T>(&mut self, what: &str, pick: impl Fn(&str) -> Option<T>) -> T {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        loop {
-            match tokio::time::timeout_at(deadline, self.stdout.recv()).await {
-                Ok(Some(line)) => {
-                    let found = pick(&line);
-                    self.seen.push(line);
-                    if let Some(v) = found {
-                        return v;
-                    }
-                }
-                Ok(None) | Err(_) => panic!(
-                    "the demo printed no {what}; its output:\n{}",
-                    self.seen.join("\n")
-                ),
-            }
-        }
-    }
-
-    fn terminate(&self) {
-        if let Some(pid) = self.child.id() {
-            let _ = std::process::Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status();
-        }
-    }
-}
-
-impl Drop for Demo {
-    fn drop(&mut self) {
-        self.terminate();
-    }
-}
 
 struct Run {
     code: i32,
@@ -155,14 +76,22 @@ fn cells(line: &str) -> Vec<&str> {
 
 #[tokio::test]
 async fn the_cli_reads_a_running_demo() {
-    let mut demo = Demo::start().await;
-    let addr = demo
-        .line("dashboard address", |l| {
-            l.strip_prefix("dashboard: http://")
-                .map(|rest| rest.trim_end_matches('/').to_string())
-        })
-        .await;
-    demo.line("traffic", |l| {
+    // Steps long enough for the whole test.
+    let mut demo = Demo::start(&[
+        "--plain",
+        "--rps",
+        "50",
+        "--steady-for",
+        "120s",
+        "--down-for",
+        "120s",
+    ]);
+    let url = demo.dashboard_url(DEADLINE).await;
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    demo.line("traffic", DEADLINE, |l| {
         l.starts_with("traffic reached all three backends")
             .then_some(())
     })
@@ -425,11 +354,7 @@ async fn the_cli_reads_a_running_demo() {
     );
 
     // Stopping the demo stops its viz.
-    demo.terminate();
-    let status = tokio::time::timeout(DEADLINE, demo.child.wait())
-        .await
-        .expect("the demo stopped in time")
-        .expect("status");
+    let status = demo.stop(DEADLINE).await.expect("the demo stopped in time");
     assert!(!status.success(), "an interrupted demo exits non-zero");
     let run = ballast(&with(&["stat", "deploy", "-n", "demo"], &viz)).await;
     assert_eq!(run.code, 1, "viz is gone with the demo: {}", run.stdout);

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod backends;
+pub mod demo;
 pub mod identity;
 pub mod manifests;
 pub mod openmetrics;
