@@ -18,7 +18,8 @@ pub enum Output {
 
 #[derive(ClapArgs)]
 #[command(
-    after_help = "Checks: control plane namespace, pods ready, RBAC grants, policy CRDs; \
+    after_help = "Checks: control plane namespace, pods ready and RBAC grants (of the destination and \
+identity controllers, and of the injector and viz when installed), policy CRDs; \
 trust anchors and issuer (valid, not expiring within --expiry-warning, issuer signed by an anchor); \
 no two live pods sharing an IP, no hostNetwork port clashes on a node, every Service selector \
 matching a pod, meshed pods' proxies ready and of this version, no proxy sending traffic into its \

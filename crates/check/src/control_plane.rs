@@ -22,6 +22,8 @@ pub const DESTINATION: &str = "ballast-destination";
 pub const IDENTITY: &str = "ballast-identity";
 /// The injection webhook's Deployment (optional).
 pub const INJECTOR: &str = "ballast-injector";
+/// The dashboard and metrics collector's Deployment (optional).
+pub const VIZ: &str = "ballast-viz";
 
 /// One API permission: `verb` on `group`/`resource`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -32,8 +34,10 @@ pub struct Permission {
 }
 
 /// What each controller's service account must be allowed, by Deployment.
+/// viz builds its own index from the same watches as the destination
+/// controller.
 pub fn needs() -> Vec<(&'static str, Vec<Permission>)> {
-    let destination = ballast_destination::source::kube::WATCHED_RESOURCES
+    let destination: Vec<Permission> = ballast_destination::source::kube::WATCHED_RESOURCES
         .iter()
         .flat_map(|(group, _, plural)| {
             ["get", "list", "watch"].map(|verb| Permission {
@@ -48,12 +52,21 @@ pub fn needs() -> Vec<(&'static str, Vec<Permission>)> {
         resource: "tokenreviews".into(),
         verb: "create",
     }];
-    vec![(DESTINATION, destination), (IDENTITY, identity)]
+    vec![
+        (VIZ, destination.clone()),
+        (DESTINATION, destination),
+        (IDENTITY, identity),
+    ]
 }
 
 /// The control plane's Deployments, and whether each must exist (the
-/// injector is optional).
-const DEPLOYMENTS: [(&str, bool); 3] = [(DESTINATION, true), (IDENTITY, true), (INJECTOR, false)];
+/// injector and viz are optional).
+const DEPLOYMENTS: [(&str, bool); 4] = [
+    (DESTINATION, true),
+    (IDENTITY, true),
+    (INJECTOR, false),
+    (VIZ, false),
+];
 
 /// API groups served by Kubernetes itself (no CRD).
 const BUILT_IN_GROUPS: [&str; 2] = ["", "discovery.k8s.io"];
@@ -485,6 +498,53 @@ pub(crate) mod tests {
             .message
             .contains("create authentication.k8s.io/tokenreviews"));
         assert!(c.findings[1].message.contains("no ClusterRole is bound"));
+    }
+
+    #[test]
+    fn viz_is_optional_but_checked_when_installed() {
+        let cfg = Config::default();
+        // Installed, unready and without its grants: both checks name it.
+        let mut objects = control_plane();
+        objects.push(deployment(VIZ, "ballast-viz"));
+        objects.push(sa("ballast-viz"));
+        let mut pod = ready_pod(VIZ, 1);
+        pod["status"]["conditions"][0]["status"] = json!("False");
+        objects.push(pod);
+        let s = snap(objects.clone());
+        let c = pods_ready(&s, &cfg);
+        assert_eq!(c.status, Status::Fail);
+        assert_eq!(
+            names(&c),
+            [[
+                "pod ballast/ballast-viz-1",
+                "deployment ballast/ballast-viz"
+            ]]
+        );
+        let c = rbac(&s, &cfg);
+        assert_eq!(c.status, Status::Fail);
+        assert_eq!(
+            names(&c),
+            [[
+                "serviceaccount ballast/ballast-viz",
+                "deployment ballast/ballast-viz"
+            ]]
+        );
+        assert!(
+            c.findings[0].message.contains("get, list, watch pods;"),
+            "{}",
+            c.findings[0].message
+        );
+        // Ready and bound to the destination's watches: both pass.
+        objects.retain(|o| name(o) != "ballast-viz-1");
+        objects.push(ready_pod(VIZ, 1));
+        objects.extend(role_and_binding(
+            "ballast-viz",
+            "ballast-viz",
+            destination_rules(),
+        ));
+        let s = snap(objects);
+        assert_eq!(pods_ready(&s, &cfg).status, Status::Ok);
+        assert_eq!(rbac(&s, &cfg).status, Status::Ok);
     }
 
     #[test]
