@@ -100,10 +100,14 @@ async fn browser_here() -> bool {
 /// hang is killed with the browser it started) within `limit`; panics with
 /// its output unless it exits 0.
 async fn run_script(name: &str, args: &[String], limit: Duration, context: impl Fn() -> String) {
+    // Chromium and its driver leave directories in TMPDIR; theirs is removed
+    // with the run.
+    let tmp = tempfile::tempdir().expect("a temporary directory");
     let mut script = Command::new(python());
     script
         .arg(dashboard_dir().join(name))
         .args(args)
+        .env("TMPDIR", tmp.path())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
