@@ -294,6 +294,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             default_max_rps: args.tap_max_rps,
             connect_timeout: args.tap_connect_timeout,
             tls: tap_tls,
+            follow_interval: ballast_viz::tap::DEFAULT_FOLLOW_INTERVAL,
         },
         targets.clone(),
     ));

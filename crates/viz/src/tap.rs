@@ -10,13 +10,18 @@
 //! combiner ([`POD_QUEUE_EVENTS`]; proxies wait, they do not buffer here),
 //! `max_rps` (each proxy's share per window is the `limit` of its stream,
 //! and the combined events are capped again); across taps, `max_taps`.
+//!
+//! A tap follows its target: every `follow_interval` the pods it selects
+//! are read again from the index; new ones are tapped (within
+//! [`MAX_PODS_PER_TAP`] at once and [`MAX_PODS_EVER_PER_TAP`] in all),
+//! those gone are let go. The tap ends when no pod is left to tap.
 
 mod combine;
 mod pod;
 mod query;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -24,7 +29,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use ballast_meshtls::IdentityName;
-use ballast_vizcore::api::{TapEvent, TapNotice};
+use ballast_vizcore::api::{ResourceRef, TapEvent, TapNotice};
 use ballast_vizcore::targets::PodTarget;
 use bytes::Bytes;
 use linkerd2_proxy_api::tap::ObserveRequest;
@@ -42,6 +47,11 @@ pub use query::{parse as parse_query, TapKind, TapQuery};
 
 /// Proxies tapped by one tap at most; the rest are named in a notice.
 pub const MAX_PODS_PER_TAP: usize = 100;
+/// Proxies one tap may tap over its life (each keeps a few hundred bytes
+/// until the tap ends), however often its target's pods are replaced.
+pub const MAX_PODS_EVER_PER_TAP: usize = 10 * MAX_PODS_PER_TAP;
+/// How often a tap looks for new and gone pods of its target.
+pub const DEFAULT_FOLLOW_INTERVAL: Duration = Duration::from_secs(5);
 /// Lines waiting for the HTTP client per tap.
 pub const CLIENT_QUEUE_LINES: usize = 256;
 /// Proxy events waiting for the combiner per tap.
@@ -62,6 +72,9 @@ pub struct TapConfig {
     pub connect_timeout: Duration,
     /// Mutual TLS to the proxies' tap ports (identity on); `None`: plaintext.
     pub tls: Option<TapTls>,
+    /// How often an open tap reads its target's pods again
+    /// ([`DEFAULT_FOLLOW_INTERVAL`]).
+    pub follow_interval: Duration,
 }
 
 /// Viz's client side of the proxies' mutual-TLS tap listeners.
@@ -245,75 +258,49 @@ impl Tapper {
             r#match: Some(query::observe_match(&query, &to_ips)),
             extract: None,
         };
-        let peers: combine::Peers = Arc::new(
-            snapshot
-                .meshed
-                .iter()
-                .map(|p| {
-                    (
-                        p.ip,
-                        combine::workload_name(p.workload.as_ref().unwrap_or(&p.pod)),
-                    )
-                })
-                .collect::<HashMap<_, _>>(),
-        );
+        let peers = peers_of(&snapshot.meshed);
 
         let (out_tx, out_rx) = mpsc::channel(CLIENT_QUEUE_LINES);
         let (pod_tx, pod_rx) = mpsc::channel(POD_QUEUE_EVENTS);
         for n in notices {
             let _ = out_tx.try_send(notice_line(&n));
         }
-        let mut tasks = Vec::with_capacity(selected.len() + 1);
-        let mut pods = Vec::with_capacity(selected.len());
-        for (index, target) in selected.iter().enumerate() {
-            let info = combine::PodInfo {
-                pod: target.pod.clone(),
-                workload: target.workload.clone(),
-                identity: self
-                    .config
-                    .tls
-                    .as_ref()
-                    .and_then(|t| pod_identity(target, t).ok().map(|n| n.as_str().to_string())),
-            };
-            let label = format!(
-                "{} ({})",
-                info.label(),
-                SocketAddr::new(target.ip, target.tap_port)
-            );
-            pods.push(info);
-            let observer = match self.dial(target) {
-                Ok(o) => o,
-                Err(why) => {
-                    let _ =
-                        out_tx.try_send(notice_line(&format!("pod {label}: cannot tap: {why}")));
-                    continue;
-                }
-            };
-            let tx = pod_tx.clone();
-            let request = request.clone();
-            let metrics = self.metrics.clone();
-            tasks.push(
-                tokio::spawn(async move {
-                    metrics.pod_streams.inc();
-                    let _open = GaugeGuard(metrics.pod_streams.clone());
-                    pod::run(index, label, observer, request, tx).await;
-                })
-                .abort_handle(),
-            );
+        let mut fleet = Fleet {
+            dialer: Dialer {
+                connect_timeout: self.config.connect_timeout,
+                tls: self.config.tls.clone(),
+            },
+            targets: self.targets.clone(),
+            target: query.target.clone(),
+            request,
+            tx: pod_tx.downgrade(),
+            tapped: HashMap::new(),
+            pods: Vec::new(),
+            tasks: AbortOnDrop(Vec::new()),
+            said_full: false,
+            metrics: self.metrics.clone(),
+        };
+        for target in &selected {
+            if let Some(n) = fleet.tap(target, &pod_tx) {
+                let _ = out_tx.try_send(notice_line(&n));
+            }
         }
+        // The pods' tasks hold the only senders: when every one has ended
+        // (and none is left to follow), the driver ends.
         drop(pod_tx);
         let driver = Driver {
-            pods,
+            fleet,
             combiner: combine::Combiner::new(DEFAULT_MAX_IN_FLIGHT, peers),
             out: out_tx,
             limit: query.limit,
             max_rps,
+            follow_interval: self.config.follow_interval,
             metrics: self.metrics.clone(),
         };
-        tasks.push(tokio::spawn(driver.run(pod_rx)).abort_handle());
+        let task = tokio::spawn(driver.run(pod_rx)).abort_handle();
         Ok(TapStream {
             rx: out_rx,
-            _tasks: AbortOnDrop(tasks),
+            _tasks: AbortOnDrop(vec![task]),
             _slot: slot,
         })
     }
@@ -334,9 +321,17 @@ impl Tapper {
             gauge: self.metrics.open.clone(),
         })
     }
+}
 
+/// Dials proxies' tap ports.
+struct Dialer {
+    connect_timeout: Duration,
+    tls: Option<TapTls>,
+}
+
+impl Dialer {
     fn dial(&self, target: &PodTarget) -> Result<pod::GrpcObserver, String> {
-        let tls = match &self.config.tls {
+        let tls = match &self.tls {
             None => None,
             Some(t) => Some((
                 t.client.clone(),
@@ -345,9 +340,154 @@ impl Tapper {
         };
         pod::GrpcObserver::new(pod::Dial {
             addr: SocketAddr::new(target.ip, target.tap_port),
-            connect_timeout: self.config.connect_timeout,
+            connect_timeout: self.connect_timeout,
             tls,
         })
+    }
+}
+
+/// Workload names by pod IP, to name a tapped request's peers.
+fn peers_of(meshed: &[PodTarget]) -> combine::Peers {
+    Arc::new(
+        meshed
+            .iter()
+            .map(|p| {
+                (
+                    p.ip,
+                    combine::workload_name(p.workload.as_ref().unwrap_or(&p.pod)),
+                )
+            })
+            .collect::<HashMap<_, _>>(),
+    )
+}
+
+/// The pods one tap taps: a task per pod, started as pods of the target
+/// appear and aborted as they go.
+struct Fleet {
+    dialer: Dialer,
+    targets: crate::Targets,
+    target: query::Selector,
+    request: ObserveRequest,
+    /// Weak: the tap ends when no pod task holds a sender.
+    tx: mpsc::WeakSender<pod::PodMsg>,
+    /// Pods tapped now (by name and address: a pod back with another
+    /// address is another proxy), with their index in `pods` and task.
+    tapped: HashMap<(ResourceRef, IpAddr), (usize, Option<AbortHandle>)>,
+    /// Every pod this tap has tapped, by index (events name their pod so).
+    pods: Vec<combine::PodInfo>,
+    tasks: AbortOnDrop,
+    /// Whether the client was told that pods were left out.
+    said_full: bool,
+    metrics: TapMetrics,
+}
+
+impl Fleet {
+    /// Starts tapping `target`; a notice when it cannot be.
+    fn tap(&mut self, target: &PodTarget, tx: &mpsc::Sender<pod::PodMsg>) -> Option<String> {
+        let index = self.pods.len();
+        let info = combine::PodInfo {
+            pod: target.pod.clone(),
+            workload: target.workload.clone(),
+            identity: self
+                .dialer
+                .tls
+                .as_ref()
+                .and_then(|t| pod_identity(target, t).ok().map(|n| n.as_str().to_string())),
+        };
+        let label = format!(
+            "{} ({})",
+            info.label(),
+            SocketAddr::new(target.ip, target.tap_port)
+        );
+        self.pods.push(info);
+        let key = (target.pod.clone(), target.ip);
+        let observer = match self.dialer.dial(target) {
+            Ok(o) => o,
+            Err(why) => {
+                // Not retried: what is missing (a name) will not come.
+                self.tapped.insert(key, (index, None));
+                return Some(format!("pod {label}: cannot tap: {why}"));
+            }
+        };
+        let tx = tx.clone();
+        let request = self.request.clone();
+        let metrics = self.metrics.clone();
+        let task = tokio::spawn(async move {
+            metrics.pod_streams.inc();
+            let _open = GaugeGuard(metrics.pod_streams.clone());
+            pod::run(index, label, observer, request, tx).await;
+        })
+        .abort_handle();
+        self.tasks.0.retain(|t| !t.is_finished());
+        self.tasks.0.push(task.clone());
+        self.tapped.insert(key, (index, Some(task)));
+        None
+    }
+
+    /// Reads the target's pods again: taps the new ones, lets go of those
+    /// gone (what they had in flight goes to `done`, incomplete). Returns
+    /// notices for the client, and how many requests were cut short.
+    fn follow(
+        &mut self,
+        combiner: &mut combine::Combiner,
+        done: &mut Vec<TapEvent>,
+    ) -> (Vec<String>, usize) {
+        let mut notices = Vec::new();
+        let mut cut = 0;
+        // No sender left: every pod task ended; the driver is ending.
+        let Some(tx) = self.tx.upgrade() else {
+            return (notices, cut);
+        };
+        let snapshot = (self.targets)();
+        let selected: Vec<&PodTarget> = snapshot
+            .meshed
+            .iter()
+            .filter(|p| self.target.selects(p))
+            .collect();
+        let live: std::collections::HashSet<(&ResourceRef, IpAddr)> =
+            selected.iter().map(|p| (&p.pod, p.ip)).collect();
+        let gone: Vec<(ResourceRef, IpAddr)> = self
+            .tapped
+            .keys()
+            .filter(|(pod, ip)| !live.contains(&(pod, *ip)))
+            .cloned()
+            .collect();
+        for key in gone {
+            if let Some((index, task)) = self.tapped.remove(&key) {
+                if let Some(task) = task {
+                    task.abort();
+                }
+                cut += combiner.end_pod(index, "incomplete: the pod is gone", done);
+                notices.push(format!(
+                    "pod {}/{}: gone; no longer tapped",
+                    key.0.namespace, key.0.name
+                ));
+            }
+        }
+        let mut left_out = 0;
+        for target in selected {
+            if self.tapped.contains_key(&(target.pod.clone(), target.ip)) {
+                continue;
+            }
+            if self.tapped.len() >= MAX_PODS_PER_TAP || self.pods.len() >= MAX_PODS_EVER_PER_TAP {
+                left_out += 1;
+                continue;
+            }
+            notices.push(format!(
+                "pod {}/{}: new; tapping it",
+                target.pod.namespace, target.pod.name
+            ));
+            notices.extend(self.tap(target, &tx));
+        }
+        if left_out > 0 && !self.said_full {
+            self.said_full = true;
+            notices.push(format!(
+                "{left_out} new pods not tapped: at most {MAX_PODS_PER_TAP} at once and \
+                 {MAX_PODS_EVER_PER_TAP} in all per tap"
+            ));
+        }
+        combiner.set_peers(peers_of(&snapshot.meshed));
+        (notices, cut)
     }
 }
 
@@ -383,11 +523,12 @@ fn json_line<T: serde::Serialize>(value: &T) -> Bytes {
 
 /// Combines the pods' events and writes the client's lines.
 struct Driver {
-    pods: Vec<combine::PodInfo>,
+    fleet: Fleet,
     combiner: combine::Combiner,
     out: mpsc::Sender<Bytes>,
     limit: Option<u64>,
     max_rps: u32,
+    follow_interval: Duration,
     metrics: TapMetrics,
 }
 
@@ -409,6 +550,9 @@ impl Driver {
         // Says what a slow client lost even when no more events come.
         let mut flush = tokio::time::interval(pod::RATE_WINDOW);
         flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let every = self.follow_interval.max(Duration::from_millis(10));
+        let mut follow = tokio::time::interval_at(Instant::now() + every, every);
+        follow.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let msg = tokio::select! {
                 msg = rx.recv() => match msg {
@@ -421,11 +565,27 @@ impl Driver {
                     }
                     continue;
                 }
+                _ = follow.tick() => {
+                    let before = self.combiner.in_flight();
+                    let (notices, cut) = self.fleet.follow(&mut self.combiner, &mut done);
+                    self.metrics.dropped("incomplete", cut as u64);
+                    let mut stop = self.emit(&mut state, &mut done);
+                    for n in notices {
+                        if stop.is_ok() {
+                            stop = self.line(&mut state, notice_line(&n));
+                        }
+                    }
+                    self.track_in_flight(before);
+                    if stop.is_err() {
+                        break;
+                    }
+                    continue;
+                }
             };
             let before = self.combiner.in_flight();
             let stop = match msg {
                 pod::PodMsg::Event(index, event) => {
-                    let Some(info) = self.pods.get(index) else {
+                    let Some(info) = self.fleet.pods.get(index) else {
                         continue;
                     };
                     let pushed = self.combiner.push(index, info, *event, &mut done);
@@ -742,6 +902,7 @@ mod tests {
                 default_max_rps: max_rps,
                 connect_timeout: Duration::from_secs(2),
                 tls: None,
+                follow_interval: DEFAULT_FOLLOW_INTERVAL,
             },
             Arc::new(move || snapshot.clone()),
         )
@@ -828,6 +989,103 @@ mod tests {
         let lines = read_lines(&mut stream, 10).await;
         let paths: Vec<&str> = lines.iter().filter_map(|l| l["path"].as_str()).collect();
         assert_eq!(paths, ["/0", "/1"], "{lines:?}");
+    }
+
+    #[tokio::test]
+    async fn a_tap_follows_its_targets_pods_as_they_come_and_go() {
+        let tap = FakeTap {
+            requests: 2,
+            ..FakeTap::default()
+        };
+        let (port_1, port_2) = (serve(tap.clone()).await, serve(tap.clone()).await);
+        let pods = Arc::new(Mutex::new(vec![load_pod("load-1", port_1)]));
+        let read = pods.clone();
+        let tapper = Tapper::new(
+            TapConfig {
+                max_taps: 1,
+                default_max_rps: 100,
+                connect_timeout: Duration::from_secs(2),
+                tls: None,
+                follow_interval: Duration::from_millis(50),
+            },
+            Arc::new(move || Snapshot {
+                meshed: read.lock().expect("lock").clone(),
+                pods_per_workload: HashMap::new(),
+            }),
+        );
+        let mut stream = tapper
+            .open("target=deploy/load&namespace=demo")
+            .expect("open");
+        // Reads until a line `want` accepts, keeping what came before.
+        async fn until(
+            stream: &mut TapStream,
+            seen: &mut Vec<serde_json::Value>,
+            want: impl Fn(&serde_json::Value) -> bool,
+        ) {
+            loop {
+                let line = read_lines(stream, 1).await;
+                assert_eq!(line.len(), 1, "the stream ended; saw {seen:?}");
+                seen.extend(line);
+                if want(seen.last().expect("a line")) {
+                    return;
+                }
+            }
+        }
+        let from =
+            |pod: &'static str| move |l: &serde_json::Value| l["proxy"].as_str() == Some(pod);
+        let said =
+            |text: &'static str| move |l: &serde_json::Value| l["notice"].as_str() == Some(text);
+        let mut seen = Vec::new();
+        until(&mut stream, &mut seen, from("demo/load-1")).await;
+
+        pods.lock().expect("lock").push(load_pod("load-2", port_2));
+        until(
+            &mut stream,
+            &mut seen,
+            said("pod demo/load-2: new; tapping it"),
+        )
+        .await;
+        until(&mut stream, &mut seen, from("demo/load-2")).await;
+
+        pods.lock().expect("lock").remove(0);
+        until(
+            &mut stream,
+            &mut seen,
+            said("pod demo/load-1: gone; no longer tapped"),
+        )
+        .await;
+        // The aborted task is dropped by the runtime soon after.
+        let deadline = Instant::now() + DEADLINE;
+        while tapper.metrics.pod_streams.get() != 1 {
+            assert!(
+                Instant::now() < deadline,
+                "load-1's stream outlived it: {seen:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+
+        // With no pod left, the tap ends.
+        pods.lock().expect("lock").clear();
+        until(
+            &mut stream,
+            &mut seen,
+            said("pod demo/load-2: gone; no longer tapped"),
+        )
+        .await;
+        let rest = read_lines(&mut stream, 100).await;
+        assert!(
+            rest.iter().all(|l| l.get("notice").is_some()),
+            "only notices after the last pod went: {rest:?}"
+        );
+        drop(stream);
+        let deadline = Instant::now() + DEADLINE;
+        while tapper.metrics.pod_streams.get() != 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the pods' streams outlived the tap"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     #[tokio::test]
@@ -1077,6 +1335,7 @@ mod tests {
                     control_namespace: "linkerd".into(),
                     trust_domain: "cluster.local".into(),
                 }),
+                follow_interval: DEFAULT_FOLLOW_INTERVAL,
             },
             Arc::new(move || snapshot.clone()),
         );

@@ -84,6 +84,11 @@ impl Combiner {
         }
     }
 
+    /// Workload names by address, read again as pods come and go.
+    pub fn set_peers(&mut self, peers: Peers) {
+        self.peers = peers;
+    }
+
     /// Requests waiting for their response end.
     pub fn in_flight(&self) -> usize {
         self.waiting.len()
