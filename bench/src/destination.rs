@@ -15,9 +15,6 @@
 //!
 //! Controller memory per open stream is the growth of its RSS and of
 //! jemalloc's allocated bytes while the streams of each scenario open.
-//!
-//! Usage: destination-bench [--ballast PATH] [--pods N] [--services N]
-//!        [--streams N] [--cold-streams N (0: scenario 1 only)] [--rounds N]
 
 use ballast_bench::{allocated, memory, percentile, rss, start, write_atomic, Controller, Memory};
 use linkerd2_proxy_api::destination::{
@@ -29,6 +26,9 @@ use std::{
 };
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
+
+const USAGE: &str = "Usage: destination-bench [--ballast PATH] [--pods N] [--services N] \
+[--streams N] [--cold-streams N (0: scenario 1 only)] [--rounds N] [--keep DIR]";
 
 struct Opts {
     ballast: PathBuf,
@@ -52,20 +52,17 @@ fn opts() -> anyhow::Result<Opts> {
         rounds: 50,
         keep: None,
     };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let value = args
-            .next()
-            .ok_or_else(|| anyhow::anyhow!("{flag} needs a value"))?;
+    let mut args = ballast_bench::flags(USAGE);
+    while let Some(flag) = args.next_flag() {
         match flag.as_str() {
-            "--ballast" => o.ballast = value.into(),
-            "--pods" => o.pods = value.parse()?,
-            "--services" => o.services = value.parse()?,
-            "--streams" => o.streams = value.parse()?,
-            "--cold-streams" => o.cold_streams = value.parse()?,
-            "--rounds" => o.rounds = value.parse()?,
-            "--keep" => o.keep = Some(value.into()),
-            other => anyhow::bail!("unknown flag {other}"),
+            "--ballast" => o.ballast = args.value()?.into(),
+            "--pods" => o.pods = args.parse()?,
+            "--services" => o.services = args.parse()?,
+            "--streams" => o.streams = args.parse()?,
+            "--cold-streams" => o.cold_streams = args.parse()?,
+            "--rounds" => o.rounds = args.parse()?,
+            "--keep" => o.keep = Some(args.value()?.into()),
+            other => return Err(args.unknown(other)),
         }
     }
     Ok(o)

@@ -6,8 +6,6 @@
 //! Gone) and reports the peak RSS during it against the steady state. The same
 //! cluster is also written as manifests and loaded by the manifests source,
 //! side by side.
-//!
-//! Usage: kube-bench [--ballast PATH] [--pods N] [--page-size N]
 
 use ballast_bench::{pod, rss, service, start};
 use ballast_testkit::ApiServer;
@@ -16,6 +14,8 @@ use std::{
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
+
+const USAGE: &str = "Usage: kube-bench [--ballast PATH] [--pods N] [--page-size N]";
 
 struct Opts {
     ballast: PathBuf,
@@ -29,16 +29,13 @@ fn opts() -> anyhow::Result<Opts> {
         pods: 10_000,
         page_size: 500,
     };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let value = args
-            .next()
-            .ok_or_else(|| anyhow::anyhow!("{flag} needs a value"))?;
+    let mut args = ballast_bench::flags(USAGE);
+    while let Some(flag) = args.next_flag() {
         match flag.as_str() {
-            "--ballast" => o.ballast = value.into(),
-            "--pods" => o.pods = value.parse()?,
-            "--page-size" => o.page_size = value.parse()?,
-            other => anyhow::bail!("unknown flag {other}"),
+            "--ballast" => o.ballast = args.value()?.into(),
+            "--pods" => o.pods = args.parse()?,
+            "--page-size" => o.page_size = args.parse()?,
+            other => return Err(args.unknown(other)),
         }
     }
     Ok(o)

@@ -29,44 +29,163 @@ impl Controller {
 /// the time from spawn to ready.
 pub async fn start(ballast: &Path, args: &[String]) -> anyhow::Result<(Controller, Duration)> {
     let started = Instant::now();
-    let mut child = Command::new(ballast)
-        .args([
-            "destination",
-            "--addr",
-            "127.0.0.1:0",
-            "--admin-addr",
-            "127.0.0.1:0",
-            "--policy-addr",
-            "127.0.0.1:0",
-        ])
-        .args(args)
-        .env("BALLAST_LOG", "warn,ballast=info")
+    let (child, [grpc, admin]) = spawn_listening(
+        "ballast destination",
+        Command::new(ballast)
+            .args([
+                "destination",
+                "--addr",
+                "127.0.0.1:0",
+                "--admin-addr",
+                "127.0.0.1:0",
+                "--policy-addr",
+                "127.0.0.1:0",
+            ])
+            .args(args)
+            .env("BALLAST_LOG", "warn,ballast=info"),
+        ["destination gRPC listening on ", "admin listening on "],
+        is_error_line,
+    )
+    .await?;
+    wait_ready(&admin, started + Duration::from_secs(300)).await?;
+    let c = Controller { child, grpc, admin };
+    Ok((c, started.elapsed()))
+}
+
+/// Spawns a server child (no stdin, stdout dropped, killed when dropped) and
+/// reads its log (stderr) until it has named an address after each of
+/// `markers` (`admin listening on `): the first word after it, without
+/// `http://` and a trailing `/`. The addresses come in the order of
+/// `markers`. Then its log is drained for as long as it runs, so that it
+/// never blocks on a full pipe, and the lines `show` picks are printed.
+pub async fn spawn_listening<const N: usize>(
+    name: &str,
+    cmd: &mut Command,
+    markers: [&str; N],
+    show: fn(&str) -> bool,
+) -> anyhow::Result<(Child, [String; N])> {
+    let mut child = cmd
+        .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
-        .spawn()?;
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
     let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let (mut grpc, mut admin) = (None, None);
-    while grpc.is_none() || admin.is_none() {
-        let line = lines
-            .next_line()
-            .await?
-            .ok_or_else(|| anyhow::anyhow!("ballast exited early"))?;
-        let after = |m: &str| line.split(m).nth(1).map(|s| s.trim().to_string());
-        grpc = grpc.or(after("destination gRPC listening on "));
-        admin = admin.or(after("admin listening on "));
+    let mut found: [Option<String>; N] = std::array::from_fn(|_| None);
+    // What it said before exiting is the only clue to why it did.
+    let mut said = Vec::new();
+    while found.iter().any(Option::is_none) {
+        let Some(line) = lines.next_line().await? else {
+            anyhow::bail!("{name} exited early: {}", said.join(" | "));
+        };
+        for (addr, marker) in found.iter_mut().zip(markers) {
+            if addr.is_none() {
+                *addr = address_after(&line, marker);
+            }
+        }
+        said.push(line);
     }
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    let c = Controller {
-        child,
-        grpc: grpc.unwrap_or_default(),
-        admin: admin.unwrap_or_default(),
-    };
-    while http_get(&c.admin, "/ready").await.0 != 200 {
-        anyhow::ensure!(started.elapsed() < Duration::from_secs(300), "not ready");
+    let prefix = format!("  [{name}]");
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if show(&line) {
+                eprintln!("{prefix} {line}");
+            }
+        }
+    });
+    Ok((child, found.map(Option::unwrap_or_default)))
+}
+
+/// Log lines worth showing while a benchmark runs: errors and panics.
+pub fn is_error_line(line: &str) -> bool {
+    line.contains("ERROR") || line.contains("panic")
+}
+
+/// `ADDR` of `... MARKER[http://]ADDR[/] ...`.
+fn address_after(line: &str, marker: &str) -> Option<String> {
+    let (_, rest) = line.split_once(marker)?;
+    let word = rest.split_whitespace().next()?;
+    Some(
+        word.trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string(),
+    )
+}
+
+/// Waits until the admin server at `admin` answers `/ready` with 200.
+pub async fn wait_ready(admin: &str, deadline: Instant) -> anyhow::Result<()> {
+    while http_get(admin, "/ready").await.0 != 200 {
+        anyhow::ensure!(Instant::now() < deadline, "not ready");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    Ok((c, started.elapsed()))
+    Ok(())
+}
+
+/// A benchmark's command line, read flag by flag: the caller matches each
+/// flag and takes its value ([`Flags::value`]), so that switches (flags
+/// without a value) and a `--` before arguments passed on fit too.
+pub struct Flags {
+    args: std::vec::IntoIter<String>,
+    usage: &'static str,
+    /// The flag last returned, for the error when its value is missing.
+    flag: String,
+}
+
+/// The flags of this process's command line; `usage` is printed for
+/// `--help` and `-h`, and after every error about them.
+pub fn flags(usage: &'static str) -> Flags {
+    Flags::new(std::env::args().skip(1).collect(), usage)
+}
+
+impl Flags {
+    fn new(args: Vec<String>, usage: &'static str) -> Self {
+        Flags {
+            args: args.into_iter(),
+            usage,
+            flag: String::new(),
+        }
+    }
+
+    /// The next flag, or `None` at the end; `--help` and `-h` print the
+    /// usage and exit.
+    pub fn next_flag(&mut self) -> Option<String> {
+        let flag = self.args.next()?;
+        if flag == "--help" || flag == "-h" {
+            println!("{}", self.usage);
+            std::process::exit(0);
+        }
+        self.flag.clone_from(&flag);
+        Some(flag)
+    }
+
+    /// The value of the flag last returned.
+    pub fn value(&mut self) -> anyhow::Result<String> {
+        self.args
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("{} needs a value\n{}", self.flag, self.usage))
+    }
+
+    /// The value of the flag last returned, parsed.
+    pub fn parse<T: std::str::FromStr>(&mut self) -> anyhow::Result<T>
+    where
+        T::Err: std::fmt::Display,
+    {
+        let value = self.value()?;
+        value
+            .parse()
+            .map_err(|e| anyhow::anyhow!("{} {value}: {e}", self.flag))
+    }
+
+    /// All the arguments left (those after `--`), as they are.
+    pub fn rest(&mut self) -> Vec<String> {
+        self.args.by_ref().collect()
+    }
+
+    /// The error for a flag the caller does not know.
+    pub fn unknown(&self, flag: &str) -> anyhow::Error {
+        anyhow::anyhow!("unknown flag {flag}\n{}", self.usage)
+    }
 }
 
 /// A plain HTTP/1.1 GET: (status, whole response text).
@@ -195,5 +314,64 @@ pub async fn memory(c: &Controller) -> Memory {
     Memory {
         rss: rss(c.pid()).0,
         allocated: allocated(&c.admin).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_switches_values_and_rest() {
+        let args = ["--pods", "5", "--quick", "--keep", "dir", "--", "--x", "y"];
+        let mut f = Flags::new(args.map(String::from).to_vec(), "USAGE");
+        let (mut pods, mut quick, mut keep, mut extra) = (0, false, String::new(), vec![]);
+        while let Some(flag) = f.next_flag() {
+            match flag.as_str() {
+                "--pods" => pods = f.parse().unwrap(),
+                "--quick" => quick = true,
+                "--keep" => keep = f.value().unwrap(),
+                "--" => extra = f.rest(),
+                other => panic!("{}", f.unknown(other)),
+            }
+        }
+        assert_eq!((pods, quick, keep.as_str()), (5, true, "dir"));
+        assert_eq!(extra, ["--x", "y"]);
+    }
+
+    #[test]
+    fn flag_errors_name_the_flag_and_show_the_usage() {
+        let mut f = Flags::new(vec!["--pods".into()], "USAGE");
+        assert_eq!(f.next_flag().as_deref(), Some("--pods"));
+        assert_eq!(
+            f.value().unwrap_err().to_string(),
+            "--pods needs a value\nUSAGE"
+        );
+        assert_eq!(
+            f.unknown("--nope").to_string(),
+            "unknown flag --nope\nUSAGE"
+        );
+        let mut f = Flags::new(vec!["--pods".into(), "many".into()], "USAGE");
+        f.next_flag();
+        let e = f.parse::<usize>().unwrap_err().to_string();
+        assert!(e.starts_with("--pods many: "), "{e}");
+    }
+
+    #[test]
+    fn addresses_after_markers() {
+        let line = "2026-01-01T00:00:00Z  INFO viz dashboard listening on http://127.0.0.1:8084/";
+        assert_eq!(
+            address_after(line, "dashboard listening on ").as_deref(),
+            Some("127.0.0.1:8084")
+        );
+        assert_eq!(address_after(line, "admin listening on "), None);
+        assert_eq!(
+            address_after("INFO admin listening on 127.0.0.1:1", "admin listening on ").as_deref(),
+            Some("127.0.0.1:1")
+        );
+        assert_eq!(
+            address_after("admin listening on ", "admin listening on "),
+            None
+        );
     }
 }

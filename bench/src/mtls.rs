@@ -39,13 +39,13 @@ mod servers;
 #[allow(dead_code)]
 mod system;
 
+use ballast_bench::{is_error_line, spawn_listening};
 use ballast_meshtls::{certify, pem, tls, IdentityName};
 use hyper_util::rt::TokioIo;
 use load::OhaArgs;
 use servers::{BallastArgs, Server};
 use std::{
     path::{Path, PathBuf},
-    process::Stdio,
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc,
@@ -53,14 +53,15 @@ use std::{
     time::{Duration, Instant},
 };
 use system::cpu_ticks;
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::Command,
-};
+use tokio::process::Command;
 
 const NS: &str = "bench";
 const PLAIN_HOST: &str = "plain.bench.svc.cluster.local";
 const MTLS_HOST: &str = "mtls.bench.svc.cluster.local";
+
+const USAGE: &str = "Usage: mtls-bench [--ballast PATH] [--oha PATH] [--rounds N] \
+[--duration SECS] [--rates 1000,5000] [--idle-connections N] [--idle-settle SECS] \
+[--proxy-core N] [--load-core N]";
 
 struct Opts {
     ballast: PathBuf,
@@ -86,28 +87,25 @@ fn opts() -> anyhow::Result<Opts> {
         proxy_core: 1,
         load_core: 0,
     };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || {
-            args.next()
-                .ok_or_else(|| anyhow::anyhow!("{flag} needs a value"))
-        };
+    let mut args = ballast_bench::flags(USAGE);
+    while let Some(flag) = args.next_flag() {
         match flag.as_str() {
-            "--ballast" => o.ballast = value()?.into(),
-            "--oha" => o.oha = value()?.into(),
-            "--rounds" => o.rounds = value()?.parse()?,
-            "--duration" => o.duration = Duration::from_secs(value()?.parse()?),
+            "--ballast" => o.ballast = args.value()?.into(),
+            "--oha" => o.oha = args.value()?.into(),
+            "--rounds" => o.rounds = args.parse()?,
+            "--duration" => o.duration = Duration::from_secs(args.parse()?),
             "--rates" => {
-                o.rates = value()?
+                o.rates = args
+                    .value()?
                     .split(',')
                     .map(|r| r.trim().parse())
                     .collect::<Result<_, _>>()?
             }
-            "--idle-connections" => o.idle = value()?.parse()?,
-            "--idle-settle" => o.idle_settle = Duration::from_secs(value()?.parse()?),
-            "--proxy-core" => o.proxy_core = value()?.parse()?,
-            "--load-core" => o.load_core = value()?.parse()?,
-            other => anyhow::bail!("unknown flag {other}"),
+            "--idle-connections" => o.idle = args.parse()?,
+            "--idle-settle" => o.idle_settle = Duration::from_secs(args.parse()?),
+            "--proxy-core" => o.proxy_core = args.parse()?,
+            "--load-core" => o.load_core = args.parse()?,
+            other => return Err(args.unknown(other)),
         }
     }
     Ok(o)
@@ -117,42 +115,24 @@ fn identity(sa: &str) -> IdentityName {
     IdentityName::for_service_account(sa, NS, "linkerd", "cluster.local").expect("a valid name")
 }
 
-/// A `ballast` subcommand on the load core, its log lines read until
-/// `markers` are seen (their addresses returned), then drained.
+/// A `ballast` subcommand on the load core, and the address it names after
+/// `marker` in its log.
 async fn start(
     o: &Opts,
     args: &[String],
-    markers: &[&str],
-) -> anyhow::Result<(tokio::process::Child, Vec<String>)> {
-    let mut child = Command::new("taskset")
-        .args(["-c", &o.load_core.to_string()])
+    marker: &str,
+) -> anyhow::Result<(tokio::process::Child, String)> {
+    let name = format!("ballast {}", args.first().map_or("", String::as_str));
+    let mut cmd = Command::new("taskset");
+    cmd.args(["-c", &o.load_core.to_string()])
         .arg(&o.ballast)
         .args(args)
-        .env("BALLAST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let mut found = vec![String::new(); markers.len()];
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while found.iter().any(String::is_empty) {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "{args:?}: no {markers:?} in 30 s"
-        );
-        let Some(line) = lines.next_line().await? else {
-            anyhow::bail!("{args:?} exited");
-        };
-        for (i, m) in markers.iter().enumerate() {
-            if let Some(rest) = line.split(m).nth(1) {
-                found[i] = rest.split_whitespace().next().unwrap_or("").to_string();
-            }
-        }
-    }
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok((child, found))
+        .env("BALLAST_LOG", "info");
+    let listening = spawn_listening(&name, &mut cmd, [marker], is_error_line);
+    let (child, [addr]) = tokio::time::timeout(Duration::from_secs(30), listening)
+        .await
+        .map_err(|_| anyhow::anyhow!("{args:?}: no {marker:?} in 30 s"))??;
+    Ok((child, addr))
 }
 
 fn pod_yaml(name: &str, port: u16, meshed: bool) -> String {
@@ -386,10 +366,9 @@ async fn main() -> anyhow::Result<()> {
             s("--client-rate"),
             s("100000"),
         ],
-        &["identity gRPC listening on "],
+        "identity gRPC listening on ",
     )
     .await?;
-    let ca = ca[0].clone();
 
     let nginx_dir = dir.path().join("nginx");
     std::fs::create_dir_all(&nginx_dir)?;
@@ -458,11 +437,11 @@ async fn main() -> anyhow::Result<()> {
             manifests.display().to_string(),
             s("--disable-h2-upgrade"),
         ],
-        &["destination gRPC listening on "],
+        "destination gRPC listening on ",
     )
     .await?;
-    let a_plain = proxy(dst[0].clone(), None, vec![]).await?;
-    let a_mtls = proxy(dst[0].clone(), None, identity_flags("client")).await?;
+    let a_plain = proxy(dst.clone(), None, vec![]).await?;
+    let a_mtls = proxy(dst.clone(), None, identity_flags("client")).await?;
     let pairs = [
         (
             "plain",

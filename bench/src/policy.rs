@@ -41,6 +41,10 @@ use tonic::transport::Channel;
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+const USAGE: &str = "Usage: policy-bench [--ballast PATH] [--services N] \
+[--routes-per-service N] [--watchers N] [--rounds N] [--skip-proxy] [--oha PATH] [--rate N] \
+[--seconds N]";
+
 struct Opts {
     ballast: PathBuf,
     services: usize,
@@ -65,25 +69,19 @@ fn opts() -> anyhow::Result<Opts> {
         rate: 2_000,
         seconds: 10,
     };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        if flag == "--skip-proxy" {
-            o.skip_proxy = true;
-            continue;
-        }
-        let value = args
-            .next()
-            .ok_or_else(|| anyhow::anyhow!("{flag} needs a value"))?;
+    let mut args = ballast_bench::flags(USAGE);
+    while let Some(flag) = args.next_flag() {
         match flag.as_str() {
-            "--ballast" => o.ballast = value.into(),
-            "--services" => o.services = value.parse()?,
-            "--routes-per-service" => o.routes_per_service = value.parse()?,
-            "--watchers" => o.watchers = value.parse()?,
-            "--rounds" => o.rounds = value.parse()?,
-            "--oha" => o.oha = value.into(),
-            "--rate" => o.rate = value.parse()?,
-            "--seconds" => o.seconds = value.parse()?,
-            other => anyhow::bail!("unknown flag {other}"),
+            "--skip-proxy" => o.skip_proxy = true,
+            "--ballast" => o.ballast = args.value()?.into(),
+            "--services" => o.services = args.parse()?,
+            "--routes-per-service" => o.routes_per_service = args.parse()?,
+            "--watchers" => o.watchers = args.parse()?,
+            "--rounds" => o.rounds = args.parse()?,
+            "--oha" => o.oha = args.value()?.into(),
+            "--rate" => o.rate = args.parse()?,
+            "--seconds" => o.seconds = args.parse()?,
+            other => return Err(args.unknown(other)),
         }
     }
     Ok(o)

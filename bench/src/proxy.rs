@@ -209,45 +209,36 @@ fn opts() -> anyhow::Result<Opts> {
         load_core: 0,
         keep_awake: false,
     };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        if flag == "--help" || flag == "-h" {
-            println!("{USAGE}");
-            std::process::exit(0);
-        }
-        if flag == "--keep-awake" {
-            o.keep_awake = true;
-            continue;
-        }
-        let value = args
-            .next()
-            .ok_or_else(|| anyhow::anyhow!("{flag} needs a value\n{USAGE}"))?;
+    let mut args = ballast_bench::flags(USAGE);
+    while let Some(flag) = args.next_flag() {
         match flag.as_str() {
-            "--ballast" => o.ballast = value.into(),
-            "--proxy" => o.proxy = Some(value.into()),
-            "--oha" => o.oha = value.into(),
-            "--rounds" => o.rounds = value.parse()?,
-            "--duration" => o.duration = Duration::from_secs(value.parse()?),
-            "--rates" => o.rates = list(&value)?,
-            "--connections" => o.connections = value.parse()?,
-            "--wrk-connections" => o.wrk_connections = value.parse()?,
-            "--idle-settle" => o.idle_settle = Duration::from_secs(value.parse()?),
+            "--keep-awake" => o.keep_awake = true,
+            "--ballast" => o.ballast = args.value()?.into(),
+            "--proxy" => o.proxy = Some(args.value()?.into()),
+            "--oha" => o.oha = args.value()?.into(),
+            "--rounds" => o.rounds = args.parse()?,
+            "--duration" => o.duration = Duration::from_secs(args.parse()?),
+            "--rates" => o.rates = list(&args.value()?)?,
+            "--connections" => o.connections = args.parse()?,
+            "--wrk-connections" => o.wrk_connections = args.parse()?,
+            "--idle-settle" => o.idle_settle = Duration::from_secs(args.parse()?),
             "--idle-connections" => {
-                o.idle_connections = list(&value)?;
+                o.idle_connections = list(&args.value()?)?;
                 o.idle_connections.retain(|n| *n > 0);
             }
             "--targets" => {
-                o.targets = value
+                o.targets = args
+                    .value()?
                     .split(',')
                     .map(|t| Target::parse(t.trim()))
                     .collect::<Result<_, _>>()?
             }
-            "--max-foreign" => o.max_foreign = value.parse()?,
-            "--retries" => o.retries = value.parse()?,
-            "--quiet-wait" => o.quiet_wait = Duration::from_secs(value.parse()?),
-            "--proxy-core" => o.proxy_core = value.parse()?,
-            "--load-core" => o.load_core = value.parse()?,
-            other => anyhow::bail!("unknown flag {other}\n{USAGE}"),
+            "--max-foreign" => o.max_foreign = args.parse()?,
+            "--retries" => o.retries = args.parse()?,
+            "--quiet-wait" => o.quiet_wait = Duration::from_secs(args.parse()?),
+            "--proxy-core" => o.proxy_core = args.parse()?,
+            "--load-core" => o.load_core = args.parse()?,
+            other => return Err(args.unknown(other)),
         }
     }
     anyhow::ensure!(o.rounds > 0 && !o.rates.is_empty(), "nothing to measure");

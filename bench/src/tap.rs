@@ -89,24 +89,17 @@ fn opts() -> anyhow::Result<Opts> {
         proxy_core: 1,
         load_core: 0,
     };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        if flag == "--help" || flag == "-h" {
-            println!("{USAGE}");
-            std::process::exit(0);
-        }
-        let value = args
-            .next()
-            .ok_or_else(|| anyhow::anyhow!("{flag} needs a value\n{USAGE}"))?;
+    let mut args = ballast_bench::flags(USAGE);
+    while let Some(flag) = args.next_flag() {
         match flag.as_str() {
-            "--ballast" => o.ballast = value.into(),
-            "--oha" => o.oha = value.into(),
-            "--rate" => o.rate = value.parse()?,
-            "--seconds" => o.seconds = value.parse()?,
-            "--connections" => o.connections = value.parse()?,
-            "--proxy-core" => o.proxy_core = value.parse()?,
-            "--load-core" => o.load_core = value.parse()?,
-            other => anyhow::bail!("unknown flag {other}\n{USAGE}"),
+            "--ballast" => o.ballast = args.value()?.into(),
+            "--oha" => o.oha = args.value()?.into(),
+            "--rate" => o.rate = args.parse()?,
+            "--seconds" => o.seconds = args.parse()?,
+            "--connections" => o.connections = args.parse()?,
+            "--proxy-core" => o.proxy_core = args.parse()?,
+            "--load-core" => o.load_core = args.parse()?,
+            other => return Err(args.unknown(other)),
         }
     }
     Ok(o)

@@ -18,10 +18,6 @@
 //! never answers and one that answers 100 MB. Every other pod must still be
 //! scraped each cycle, the 100 MB one counted `too_large`, and RSS must stay
 //! under baseline + pods x per-pod + concurrency x max page bytes.
-//!
-//! Usage: viz-bench [--ballast PATH] [--pods N] [--deployments N]
-//!        [--cycles N] [--settle N] [--interval SECS] [--scrape-concurrency N]
-//!        [--max-page-mib N] [--keep DIR] [-- EXTRA VIZ ARGS]
 
 #[path = "viz/cluster.rs"]
 mod cluster;
@@ -33,21 +29,21 @@ mod page;
 #[allow(dead_code)]
 mod system;
 
-use ballast_bench::{http_get, rss, write_atomic};
+use ballast_bench::{http_get, is_error_line, rss, spawn_listening, wait_ready, write_atomic};
 use cluster::Cluster;
 use fakes::{Behaviour, Served};
 use std::{
     collections::HashMap,
     net::{IpAddr, Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
-    process::Stdio,
     sync::{atomic::Ordering, Arc},
     time::{Duration, Instant},
 };
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::{Child, Command},
-};
+use tokio::process::{Child, Command};
+
+const USAGE: &str = "Usage: viz-bench [--ballast PATH] [--pods N] [--deployments N] \
+[--cycles N] [--settle N] [--interval SECS] [--scrape-concurrency N] [--max-page-mib N] \
+[--keep DIR] [-- EXTRA VIZ ARGS]";
 
 struct Opts {
     ballast: PathBuf,
@@ -82,26 +78,20 @@ fn opts() -> anyhow::Result<Opts> {
         keep: None,
         extra: Vec::new(),
     };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        if flag == "--" {
-            o.extra = args.collect();
-            break;
-        }
-        let value = args
-            .next()
-            .ok_or_else(|| anyhow::anyhow!("{flag} needs a value"))?;
+    let mut args = ballast_bench::flags(USAGE);
+    while let Some(flag) = args.next_flag() {
         match flag.as_str() {
-            "--ballast" => o.ballast = value.into(),
-            "--pods" => o.pods = value.parse()?,
-            "--deployments" => o.deployments = value.parse()?,
-            "--cycles" => o.cycles = value.parse()?,
-            "--settle" => o.settle = value.parse()?,
-            "--interval" => o.interval_secs = value.parse()?,
-            "--scrape-concurrency" => o.concurrency = Some(value.parse()?),
-            "--max-page-mib" => o.max_page_mib = Some(value.parse()?),
-            "--keep" => o.keep = Some(value.into()),
-            other => anyhow::bail!("unknown flag {other}"),
+            "--" => o.extra = args.rest(),
+            "--ballast" => o.ballast = args.value()?.into(),
+            "--pods" => o.pods = args.parse()?,
+            "--deployments" => o.deployments = args.parse()?,
+            "--cycles" => o.cycles = args.parse()?,
+            "--settle" => o.settle = args.parse()?,
+            "--interval" => o.interval_secs = args.parse()?,
+            "--scrape-concurrency" => o.concurrency = Some(args.parse()?),
+            "--max-page-mib" => o.max_page_mib = Some(args.parse()?),
+            "--keep" => o.keep = Some(args.value()?.into()),
+            other => return Err(args.unknown(other)),
         }
     }
     anyhow::ensure!(o.pods >= 1 && o.deployments >= 1 && o.cycles >= 1);
@@ -124,60 +114,21 @@ impl Viz {
     /// Starts `ballast viz --manifests DIR ARGS` and waits for `/ready`.
     async fn start(ballast: &Path, dir: &Path, args: &[String]) -> anyhow::Result<Self> {
         let started = Instant::now();
-        let mut child = Command::new(ballast)
-            .arg("viz")
-            .arg("--manifests")
-            .arg(dir)
-            .args(["--addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
-            .args(args)
-            .env("BALLAST_LOG", "warn,ballast=info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()?;
-        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-        let (mut http, mut admin) = (None, None);
-        let mut said = Vec::new();
-        while http.is_none() || admin.is_none() {
-            let line = lines
-                .next_line()
-                .await?
-                .ok_or_else(|| anyhow::anyhow!("ballast viz exited early: {}", said.join(" | ")))?;
-            said.push(line.clone());
-            let Some(addr) = line.split("listening on ").nth(1) else {
-                continue;
-            };
-            // `viz dashboard listening on http://ADDR/`, `admin listening on ADDR`.
-            let addr = addr
-                .split_whitespace()
-                .next()
-                .unwrap_or_default()
-                .trim_start_matches("http://")
-                .trim_end_matches('/')
-                .to_string();
-            if line.contains("admin") {
-                admin = Some(addr);
-            } else {
-                http = Some(addr);
-            }
-        }
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                if line.contains("ERROR") || line.contains("panic") {
-                    eprintln!("viz: {line}");
-                }
-            }
-        });
-        let viz = Viz {
-            child,
-            http: http.unwrap_or_default(),
-            admin: admin.unwrap_or_default(),
-        };
-        while http_get(&viz.admin, "/ready").await.0 != 200 {
-            anyhow::ensure!(started.elapsed() < Duration::from_secs(120), "not ready");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok(viz)
+        let (child, [http, admin]) = spawn_listening(
+            "ballast viz",
+            Command::new(ballast)
+                .arg("viz")
+                .arg("--manifests")
+                .arg(dir)
+                .args(["--addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+                .args(args)
+                .env("BALLAST_LOG", "warn,ballast=info"),
+            ["viz dashboard listening on ", "admin listening on "],
+            is_error_line,
+        )
+        .await?;
+        wait_ready(&admin, started + Duration::from_secs(120)).await?;
+        Ok(Viz { child, http, admin })
     }
 }
 

@@ -2,15 +2,13 @@
 //! `ballast proxy` as the proxies under test, each pinned with `taskset`.
 
 use super::load::Conn;
+use ballast_bench::spawn_listening;
 use std::{
     path::Path,
     process::Stdio,
     time::{Duration, Instant},
 };
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::{Child, Command},
-};
+use tokio::process::{Child, Command};
 
 /// The service the Ballast proxy is asked for (explicit mode, by Host).
 pub const SERVICE_HOST: &str = "backend.bench.svc.cluster.local";
@@ -253,42 +251,21 @@ pub async fn ballast(a: &BallastArgs<'_>) -> anyhow::Result<Server> {
         cmd.args(["--inbound-forward-port", &port.to_string()]);
     }
     cmd.args(a.extra);
-    let mut child = cmd
-        .env("BALLAST_LOG", "warn,ballast=info")
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let stderr = child
-        .stderr
-        .take()
-        .ok_or_else(|| anyhow::anyhow!("no stderr"))?;
-    let mut lines = BufReader::new(stderr).lines();
-    let find_listeners = async {
-        let (mut outbound, mut inbound, mut admin) = (None, None, None);
-        while outbound.is_none() || inbound.is_none() || admin.is_none() {
-            let Some(line) = lines.next_line().await? else {
-                anyhow::bail!("ballast proxy exited before listening");
-            };
-            let after = |m: &str| line.split(m).nth(1).map(|s| s.trim().to_string());
-            outbound = outbound.or(after("outbound listening on "));
-            inbound = inbound.or(after("inbound listening on "));
-            admin = admin.or(after("admin listening on "));
-        }
-        anyhow::Ok((
-            outbound.unwrap_or_default(),
-            inbound.unwrap_or_default(),
-            admin.unwrap_or_default(),
-        ))
-    };
-    let (addr, inbound, admin) = tokio::time::timeout(Duration::from_secs(30), find_listeners)
+    cmd.env("BALLAST_LOG", "warn,ballast=info");
+    // Its log is at warn: what it says once listening is shown as it comes.
+    let listening = spawn_listening(
+        "ballast proxy",
+        &mut cmd,
+        [
+            "outbound listening on ",
+            "inbound listening on ",
+            "admin listening on ",
+        ],
+        |_| true,
+    );
+    let (child, [addr, inbound, admin]) = tokio::time::timeout(Duration::from_secs(30), listening)
         .await
         .map_err(|_| anyhow::anyhow!("ballast proxy: no listeners within 30 s"))??;
-    // Keep draining its log so that it never blocks on a full pipe; show
-    // warnings (the log level is warn) as they come.
-    tokio::spawn(async move {
-        while let Ok(Some(line)) = lines.next_line().await {
-            eprintln!("  [ballast proxy] {line}");
-        }
-    });
     Ok(Server {
         child,
         addr,
