@@ -278,6 +278,8 @@ pub struct Metrics {
     pub balancer_endpoints: RetainedFamily<BalancerLabels, Gauge>,
     /// Targets currently in failfast.
     pub balancer_failfast: Gauge,
+    /// Endpoints taken out of their balancer by failure accrual.
+    pub balancer_endpoint_penalties_total: Counter,
     /// Open resolutions (one per target in use or recently used).
     pub resolutions: Gauge,
     /// Endpoints dropped because a target exceeded its bound.
@@ -365,6 +367,7 @@ impl Metrics {
             errors_total: Family::default(),
             balancer_endpoints: RetainedFamily::new(l, d.clone(), Gauge::default),
             balancer_failfast: Gauge::default(),
+            balancer_endpoint_penalties_total: Counter::default(),
             resolutions: Gauge::default(),
             endpoints_dropped_total: Counter::default(),
             discovery_stale_seconds: Gauge::default(),
@@ -444,6 +447,11 @@ impl Metrics {
             "balancer_failfast",
             "Targets in failfast: no endpoint became ready within the failfast timeout",
             m.balancer_failfast.clone(),
+        );
+        r.register(
+            "balancer_endpoint_penalties",
+            "Endpoints taken out of their balancer for a penalty by failure accrual (the controller's balancer.linkerd.io/failure-accrual)",
+            m.balancer_endpoint_penalties_total.clone(),
         );
         r.register(
             "discovery_resolutions",
@@ -755,6 +763,8 @@ pub struct BalancerGauges {
     ready: Arc<Gauge>,
     pending: Arc<Gauge>,
     share: Mutex<Share>,
+    /// Shared with [`Metrics::balancer_endpoint_penalties_total`].
+    pub penalties: Counter,
 }
 
 /// What one balancer has added to the gauges.
@@ -777,6 +787,7 @@ impl BalancerGauges {
             ready: gauge("ready"),
             pending: gauge("pending"),
             share: Mutex::new(Share::default()),
+            penalties: metrics.balancer_endpoint_penalties_total.clone(),
         }
     }
 

@@ -1,7 +1,8 @@
 //! One endpoint of one target, with what the balancer measures of it: its
-//! latency estimate, requests outstanding, and connect backoff. Requests
-//! touch only atomics here; the backoff's lock is taken on connect failures
-//! and on the first success after one.
+//! latency estimate, requests outstanding, connect backoff, and failure
+//! accrual (consecutive failed responses, the penalty they earn). Requests
+//! touch only atomics here; the backoffs' locks are taken on connect
+//! failures, on penalties, and on the first success after either.
 
 use super::{
     ewma::{decay_for, PeakEwma},
@@ -11,7 +12,7 @@ use crate::{discovery::Endpoint, metrics::DstLabels};
 use ballast_backoff::Backoff;
 use std::{
     sync::{
-        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex,
     },
     time::Duration,
@@ -34,6 +35,16 @@ pub struct EndpointState<C> {
     /// at which the endpoint may be tried again.
     retry_at: AtomicU64,
     backoff: Mutex<Backoff>,
+    /// Failed responses in a row (failure accrual).
+    failures: AtomicU32,
+    /// 0 unless penalised by failure accrual; else 1 + the millisecond at
+    /// which the penalty ends.
+    shut_until: AtomicU64,
+    /// Penalised at least once since its last success: the next failure
+    /// earns the next penalty at once.
+    probation: AtomicBool,
+    /// The penalties' schedule, made at the first one.
+    penalty: Mutex<Option<Backoff>>,
     /// Whether the endpoint is in its target's published set (its gauge
     /// contribution is then counted).
     pub(super) in_set: AtomicBool,
@@ -51,16 +62,19 @@ impl<C> EndpointState<C> {
             pending: AtomicUsize::new(0),
             retry_at: AtomicU64::new(0),
             backoff: Mutex::new(Backoff::new(&target.config.connect_backoff)),
+            failures: AtomicU32::new(0),
+            shut_until: AtomicU64::new(0),
+            probation: AtomicBool::new(false),
+            penalty: Mutex::new(None),
             in_set: AtomicBool::new(false),
             target,
         }
     }
 
     pub(super) fn is_ready(&self, now: Instant) -> bool {
-        match self.retry_at.load(Ordering::Relaxed) {
-            0 => true,
-            at => self.target.epoch_ms(now) + 1 >= at,
-        }
+        let passed = |at: u64| at == 0 || self.target.epoch_ms(now) + 1 >= at;
+        passed(self.retry_at.load(Ordering::Relaxed))
+            && passed(self.shut_until.load(Ordering::Relaxed))
     }
 
     /// Whether the endpoint is in connect backoff (counted as pending).
@@ -68,11 +82,81 @@ impl<C> EndpointState<C> {
         self.retry_at.load(Ordering::Relaxed) != 0
     }
 
+    /// When the endpoint may be chosen again, if it is held back (connect
+    /// backoff or a failure-accrual penalty, whichever ends later).
     pub(super) fn retry_at(&self) -> Option<Instant> {
-        match self.retry_at.load(Ordering::Relaxed) {
-            0 => None,
-            at => Some(self.target.instant_of_ms(at - 1)),
+        let at = self
+            .retry_at
+            .load(Ordering::Relaxed)
+            .max(self.shut_until.load(Ordering::Relaxed));
+        (at != 0).then(|| self.target.instant_of_ms(at - 1))
+    }
+
+    /// Whether a failure-accrual penalty holds the endpoint back now.
+    pub fn is_penalised(&self, now: Instant) -> bool {
+        match self.shut_until.load(Ordering::Relaxed) {
+            0 => false,
+            at => self.target.epoch_ms(now) + 1 < at,
         }
+    }
+
+    /// A response from the endpoint ended (its status and body read):
+    /// counted for failure accrual when the target's policy has it.
+    pub fn response_ended(&self, success: bool) {
+        if success {
+            if self.failures.load(Ordering::Relaxed) != 0 {
+                self.failures.store(0, Ordering::Relaxed);
+            }
+            if self.probation.load(Ordering::Relaxed)
+                && self.probation.swap(false, Ordering::Relaxed)
+            {
+                if let Some(p) = self
+                    .penalty
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .as_mut()
+                {
+                    p.reset();
+                }
+            }
+            return;
+        }
+        let t = &self.target;
+        let Some(accrual) = t.accrual.load_full() else {
+            return;
+        };
+        let now = Instant::now();
+        // Responses to requests sent before the penalty began say nothing
+        // new; they must not lengthen it.
+        if self.is_penalised(now) {
+            return;
+        }
+        let failed = self
+            .failures
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1);
+        if failed < accrual.max_failures.max(1) && !self.probation.load(Ordering::Relaxed) {
+            return;
+        }
+        let delay = {
+            let mut penalty = self.penalty.lock().unwrap_or_else(|e| e.into_inner());
+            let schedule = penalty.get_or_insert_with(|| Backoff::new(&accrual.backoff));
+            if *schedule.config() != accrual.backoff.sanitized() {
+                *schedule = Backoff::new(&accrual.backoff);
+            }
+            schedule.next_delay()
+        };
+        self.failures.store(0, Ordering::Relaxed);
+        self.probation.store(true, Ordering::Relaxed);
+        self.shut_until
+            .store(t.epoch_ms(now + delay) + 1, Ordering::Relaxed);
+        t.gauges.penalties.inc();
+        tracing::debug!(
+            addr = %self.endpoint.addr,
+            failed,
+            penalty_ms = delay.as_millis() as u64,
+            "failure accrual: endpoint held back"
+        );
     }
 
     /// The cost P2C compares: latency (with the noise floor) times requests

@@ -26,7 +26,7 @@ use crate::{
     metrics::{BalancerGauges, BalancerProtocol, Direction, Metrics},
     own::OwnListeners,
 };
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use ballast_backoff::BackoffConfig;
 use ewma::{Epoch, Typical};
 use rand::Rng;
@@ -98,6 +98,19 @@ impl BalanceConfig {
 /// must not turn each request into a scan of them.
 pub const MAX_CONNECT_ATTEMPTS: usize = 3;
 
+/// Linkerd's consecutive-failures failure accrual, as the controller sends
+/// it for a Service (`balancer.linkerd.io/failure-accrual: consecutive`):
+/// an endpoint whose responses fail `max_failures` times in a row is not
+/// chosen for a penalty that grows with each trip (`backoff`); after the
+/// penalty, its next response decides: a success restores it, a failure
+/// gives it the next, longer penalty.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FailureAccrual {
+    /// At least 1 (the controller's 0 turns accrual off).
+    pub max_failures: u32,
+    pub backoff: BackoffConfig,
+}
+
 /// P2C takes the cheaper of its two draws only when it is cheaper by more
 /// than this factor; closer costs are a coin toss. Without it, noise-level
 /// differences made P2C send two thirds of a light load to whichever of
@@ -116,6 +129,8 @@ pub(crate) struct Target {
     /// Serialises gauge changes (connect failures, recoveries, set changes:
     /// never per request), so that the gauges never drift.
     gauges_lock: Mutex<()>,
+    /// Set by the policy of the requests that use this balancer.
+    accrual: ArcSwapOption<FailureAccrual>,
 }
 
 impl Target {
@@ -203,6 +218,7 @@ impl<C: Send + Sync + 'static> Balancer<C> {
             epoch: Epoch::now(),
             typical: Typical::default(),
             gauges_lock: Mutex::new(()),
+            accrual: ArcSwapOption::empty(),
         });
         let mut changes = resolution.watch();
         let first = rebuild(
@@ -377,6 +393,15 @@ impl<C> Balancer<C> {
     /// The failfast timeout of this balancer.
     pub fn failfast_timeout(&self) -> Duration {
         self.target.config.failfast_timeout
+    }
+
+    /// The failure accrual of the policy in force (`None`: off). Endpoint
+    /// state carries over; a changed setting applies from the next failure.
+    pub fn set_failure_accrual(&self, accrual: Option<&Arc<FailureAccrual>>) {
+        let current = self.target.accrual.load();
+        if current.as_deref() != accrual.map(|a| &**a) {
+            self.target.accrual.store(accrual.cloned());
+        }
     }
 
     /// The endpoints now.

@@ -364,3 +364,124 @@ async fn gauges_follow_the_set_and_backoff_and_leave_with_the_balancer() {
         "{lines:?}"
     );
 }
+
+fn accrual(max_failures: u32, min: Duration, max: Duration) -> Arc<FailureAccrual> {
+    Arc::new(FailureAccrual {
+        max_failures,
+        backoff: BackoffConfig {
+            initial: min,
+            max,
+            factor: 2.0,
+            jitter: 0.0,
+            reset_after: Duration::from_secs(24 * 3600),
+        },
+    })
+}
+
+/// The endpoint `select` chooses now, by index.
+async fn chosen(b: &Balancer<()>) -> Option<usize> {
+    let e = b.select(Instant::now()).await.ok()?;
+    (0..8).find(|&i| addr(i) == e.endpoint.addr)
+}
+
+#[tokio::test(start_paused = true)]
+async fn failure_accrual_holds_a_failing_endpoint_back_for_growing_penalties() {
+    let f = balancer(set(2), config(Duration::from_secs(3), 100));
+    let b = &f.balancer;
+    b.set_failure_accrual(Some(&accrual(
+        3,
+        Duration::from_secs(1),
+        Duration::from_secs(4),
+    )));
+    let endpoints = b.endpoints();
+    let bad = &endpoints[0];
+    // Two failures, a success: the count starts again.
+    bad.response_ended(false);
+    bad.response_ended(false);
+    bad.response_ended(true);
+    bad.response_ended(false);
+    bad.response_ended(false);
+    assert!(
+        !bad.is_penalised(Instant::now()),
+        "4 failures, never 3 in a row"
+    );
+    // The third in a row: held back for the first penalty (1 s).
+    bad.response_ended(false);
+    assert!(bad.is_penalised(Instant::now()));
+    for _ in 0..50 {
+        assert_eq!(
+            chosen(b).await,
+            Some(1),
+            "only the other endpoint is chosen"
+        );
+    }
+    // Answers to requests sent before the penalty do not lengthen it.
+    bad.response_ended(false);
+    tokio::time::advance(Duration::from_millis(1_001)).await;
+    assert!(
+        !bad.is_penalised(Instant::now()),
+        "the first penalty is 1 s"
+    );
+    // On probation: one failure earns the next penalty (2 s).
+    bad.response_ended(false);
+    assert!(bad.is_penalised(Instant::now()));
+    tokio::time::advance(Duration::from_millis(1_500)).await;
+    assert!(
+        bad.is_penalised(Instant::now()),
+        "the second penalty is longer"
+    );
+    tokio::time::advance(Duration::from_millis(501)).await;
+    assert!(!bad.is_penalised(Instant::now()));
+    // A success ends probation and the schedule: three failures again
+    // before the next penalty, which is the first's length.
+    bad.response_ended(true);
+    bad.response_ended(false);
+    bad.response_ended(false);
+    assert!(!bad.is_penalised(Instant::now()));
+    bad.response_ended(false);
+    assert!(bad.is_penalised(Instant::now()));
+    tokio::time::advance(Duration::from_millis(1_001)).await;
+    assert!(!bad.is_penalised(Instant::now()));
+    assert_eq!(
+        b.target.gauges.penalties.get(),
+        3,
+        "each penalty counted in balancer_endpoint_penalties_total"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_failure_accrual_failures_never_hold_an_endpoint_back() {
+    let f = balancer(set(1), config(Duration::from_secs(3), 100));
+    let b = &f.balancer;
+    let e = b.endpoints()[0].clone();
+    for _ in 0..100 {
+        e.response_ended(false);
+    }
+    assert!(!e.is_penalised(Instant::now()));
+    assert_eq!(chosen(b).await, Some(0));
+    // Turned on, then off again by a new policy: the endpoint held back by
+    // the first stays so until its penalty ends, and is not again.
+    b.set_failure_accrual(Some(&accrual(
+        1,
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+    )));
+    e.response_ended(false);
+    assert!(e.is_penalised(Instant::now()));
+    // Every endpoint held back: requests wait (up to failfast) for one.
+    let waiting = {
+        let b = b.clone();
+        tokio::spawn(async move { b.select(Instant::now() + Duration::from_secs(3)).await })
+    };
+    tokio::time::advance(Duration::from_millis(1_001)).await;
+    let got = waiting
+        .await
+        .expect("task")
+        .expect("the endpoint, after its penalty");
+    assert_eq!(got.endpoint.addr, addr(0));
+    b.set_failure_accrual(None);
+    for _ in 0..10 {
+        e.response_ended(false);
+    }
+    assert!(!e.is_penalised(Instant::now()));
+}

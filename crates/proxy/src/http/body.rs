@@ -54,7 +54,9 @@ impl Done {
         }
     }
 
-    fn finish(mut self, complete: bool) {
+    /// Settles the response; `accrue`: whether it says something of the
+    /// endpoint for failure accrual (not when the client left first).
+    fn finish(mut self, complete: bool, accrue: bool) {
         let classification = if complete {
             classify(self.status, self.grpc_status)
         } else {
@@ -65,6 +67,9 @@ impl Done {
             self.grpc_status,
             classification,
         );
+        if accrue {
+            self.endpoint.response_ended(classification == "success");
+        }
         if complete {
             if let Some((sender, pool)) = self.h1.take() {
                 self.endpoint.conns.put_h1(sender, &pool);
@@ -284,7 +289,8 @@ impl ResponseBody {
         self.limits = None;
         if let Kind::Upstream { done, .. } = &mut self.kind {
             if let Some(d) = done.take() {
-                d.finish(false);
+                // Cut by the route's timeout: the endpoint was too slow.
+                d.finish(false, true);
             }
         }
         self.kind = Kind::Full(None);
@@ -318,13 +324,13 @@ impl ResponseBody {
                     }
                     Some(Err(_)) => {
                         if let Some(d) = done.take() {
-                            d.finish(false);
+                            d.finish(false, true);
                         }
                         ended = Some(false);
                     }
                     None => {
                         if let Some(d) = done.take() {
-                            d.finish(true);
+                            d.finish(true, true);
                         }
                         ended = Some(true);
                     }
@@ -351,7 +357,9 @@ impl Drop for ResponseBody {
                 // A body known to be empty may never be polled.
                 let complete = inner.is_end_stream();
                 if let Some(d) = done.take() {
-                    d.finish(complete);
+                    // Dropped before its end: the client left, which says
+                    // nothing of the endpoint.
+                    d.finish(complete, complete);
                 }
                 complete
             }

@@ -446,6 +446,7 @@ impl Forwarder {
 
     fn upstream_failed(&self, endpoint: &Arc<Endpoint>, e: hyper::Error) -> Response<ResponseBody> {
         tracing::debug!(addr = %endpoint.endpoint.addr, error = %e, "endpoint request failed");
+        endpoint.response_ended(false);
         endpoint
             .conns
             .metrics(&endpoint.labels)

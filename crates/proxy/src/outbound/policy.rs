@@ -9,6 +9,7 @@
 //! policy stays.
 
 use crate::{
+    balance::FailureAccrual,
     discovery::Endpoint,
     metrics::route::ResourceMeta,
     route::{
@@ -16,6 +17,7 @@ use crate::{
         GrpcMatch, HttpMatch, Route, Rule,
     },
 };
+use ballast_backoff::BackoffConfig;
 use http::{HeaderName, HeaderValue, StatusCode};
 use linkerd2_proxy_api::{
     destination::WeightedAddr,
@@ -27,6 +29,8 @@ use std::{sync::Arc, time::Duration};
 /// Longest duration taken from the controller: bounds every deadline the
 /// proxy computes from a policy (`Instant + Duration` never overflows).
 pub const MAX_POLICY_DURATION: Duration = Duration::from_secs(24 * 3600);
+/// Shortest failure-accrual penalty, whatever a policy says.
+const MIN_PENALTY: Duration = Duration::from_millis(10);
 /// Most retries a policy may ask for per request.
 pub const MAX_RETRIES: u32 = 10;
 /// Most request bytes kept for retries, whatever a policy asks.
@@ -64,6 +68,8 @@ pub struct ClientPolicy {
     /// The backends of opaque connections (the first rule of the first
     /// route), and of connections that turned out not to be HTTP.
     pub opaque_backends: Distribution,
+    /// Failure accrual for the balancers of this parent's backends.
+    pub failure_accrual: Option<Arc<FailureAccrual>>,
 }
 
 /// A protocol's routes: HTTP routes, or gRPC routes (when GRPCRoutes
@@ -262,6 +268,12 @@ pub fn from_wire(policy: out::OutboundPolicy) -> Result<ClientPolicy, InvalidPol
         proxy_protocol::Kind::Detect(d) => ClientPolicy {
             parent,
             opaque: false,
+            failure_accrual: failure_accrual(
+                d.http1
+                    .as_ref()
+                    .and_then(|h| h.failure_accrual)
+                    .or_else(|| d.http2.as_ref().and_then(|h| h.failure_accrual)),
+            )?,
             http1: HttpRoutes::Http(http_routes(d.http1.map(|h| h.routes))?),
             http2: HttpRoutes::Http(http_routes(d.http2.map(|h| h.routes))?),
             opaque_backends: opaque_backends(d.opaque.map(|o| o.routes))?,
@@ -274,6 +286,7 @@ pub fn from_wire(policy: out::OutboundPolicy) -> Result<ClientPolicy, InvalidPol
                 http1: HttpRoutes::Http(routes()?),
                 http2: HttpRoutes::Http(routes()?),
                 opaque_backends: Distribution::Empty,
+                failure_accrual: failure_accrual(h.failure_accrual)?,
             }
         }
         proxy_protocol::Kind::Http2(h) => {
@@ -284,12 +297,14 @@ pub fn from_wire(policy: out::OutboundPolicy) -> Result<ClientPolicy, InvalidPol
                 http1: HttpRoutes::Http(routes()?),
                 http2: HttpRoutes::Http(routes()?),
                 opaque_backends: Distribution::Empty,
+                failure_accrual: failure_accrual(h.failure_accrual)?,
             }
         }
         proxy_protocol::Kind::Grpc(g) => ClientPolicy {
             parent,
             opaque: false,
             http1: empty(),
+            failure_accrual: failure_accrual(g.failure_accrual)?,
             http2: HttpRoutes::Grpc(grpc_routes(g.routes)?),
             opaque_backends: Distribution::Empty,
         },
@@ -299,6 +314,7 @@ pub fn from_wire(policy: out::OutboundPolicy) -> Result<ClientPolicy, InvalidPol
             http1: empty(),
             http2: empty(),
             opaque_backends: opaque_backends(Some(o.routes))?,
+            failure_accrual: None,
         },
         proxy_protocol::Kind::Tls(t) => {
             // Routes by SNI are not taken: the connection goes to the first
@@ -326,6 +342,7 @@ pub fn from_wire(policy: out::OutboundPolicy) -> Result<ClientPolicy, InvalidPol
                 http1: empty(),
                 http2: empty(),
                 opaque_backends: opaque_backends(Some(routes))?,
+                failure_accrual: None,
             }
         }
     })
@@ -745,6 +762,36 @@ fn timeouts(
     })
 }
 
+/// Linkerd's failure accrual: consecutive failures (also the consecutive
+/// part of `Unified`; its success-rate part is not acted on). A
+/// `max_failures` of 0, or no backoff, turns it off.
+fn failure_accrual(
+    f: Option<out::FailureAccrual>,
+) -> Result<Option<Arc<FailureAccrual>>, InvalidPolicy> {
+    use out::failure_accrual::Kind;
+    let (max_failures, b) = match f.and_then(|f| f.kind) {
+        Some(Kind::ConsecutiveFailures(c)) => (c.max_failures, c.backoff),
+        Some(Kind::Unified(u)) => (u.max_consecutive_failures, u.backoff),
+        None => return Ok(None),
+    };
+    if max_failures == 0 {
+        return Ok(None);
+    }
+    let Some(b) = backoff(b)? else {
+        return Ok(None);
+    };
+    Ok(Some(Arc::new(FailureAccrual {
+        max_failures,
+        backoff: BackoffConfig {
+            initial: b.min.max(MIN_PENALTY),
+            max: b.max.max(MIN_PENALTY),
+            factor: 2.0,
+            jitter: b.jitter,
+            reset_after: MAX_POLICY_DURATION,
+        },
+    })))
+}
+
 fn backoff(b: Option<out::ExponentialBackoff>) -> Result<Option<RetryBackoff>, InvalidPolicy> {
     let Some(b) = b else { return Ok(None) };
     let min = duration(b.min_backoff, "the retry backoff")?.unwrap_or_default();
@@ -1003,6 +1050,75 @@ mod tests {
             HttpRoutes::Http(r) => &r.routes[0].rules[0].policy,
             HttpRoutes::Grpc(_) => panic!("HTTP routes expected"),
         }
+    }
+
+    #[test]
+    fn failure_accrual_is_read_from_the_protocol() {
+        let consecutive = |max_failures, min, max| out::FailureAccrual {
+            ejection: None,
+            kind: Some(out::failure_accrual::Kind::ConsecutiveFailures(
+                out::failure_accrual::ConsecutiveFailures {
+                    max_failures,
+                    backoff: Some(out::ExponentialBackoff {
+                        min_backoff: dur(min),
+                        max_backoff: dur(max),
+                        jitter_ratio: 0.5,
+                        respect_retry_after_hint: false,
+                    }),
+                },
+            )),
+        };
+        let with = |accrual: Option<out::FailureAccrual>| {
+            let mut policy = default_policy(prefix_rule(first("web")));
+            if let Some(out::ProxyProtocol {
+                kind: Some(proxy_protocol::Kind::Detect(d)),
+            }) = &mut policy.protocol
+            {
+                if let Some(h) = d.http1.as_mut() {
+                    h.failure_accrual = accrual;
+                }
+            }
+            from_wire(policy)
+        };
+        let p = with(Some(consecutive(7, 1_000, 60_000))).expect("valid");
+        let a = p.failure_accrual.expect("failure accrual");
+        assert_eq!(a.max_failures, 7);
+        assert_eq!(a.backoff.initial, Duration::from_secs(1));
+        assert_eq!(a.backoff.max, Duration::from_secs(60));
+        assert_eq!(a.backoff.jitter, 0.5);
+        // Off: none, 0 failures, or no backoff.
+        assert!(with(None).expect("valid").failure_accrual.is_none());
+        assert!(with(Some(consecutive(0, 1_000, 60_000)))
+            .expect("valid")
+            .failure_accrual
+            .is_none());
+        let mut no_backoff = consecutive(3, 1, 1);
+        if let Some(out::failure_accrual::Kind::ConsecutiveFailures(c)) = &mut no_backoff.kind {
+            c.backoff = None;
+        }
+        assert!(with(Some(no_backoff))
+            .expect("valid")
+            .failure_accrual
+            .is_none());
+        // A penalty of 0 is raised to the floor; a negative one is refused.
+        let floor = with(Some(consecutive(3, 0, 0))).expect("valid");
+        assert_eq!(
+            floor.failure_accrual.expect("on").backoff.initial,
+            MIN_PENALTY
+        );
+        let mut negative = consecutive(3, 1, 1);
+        if let Some(out::failure_accrual::Kind::ConsecutiveFailures(c)) = &mut negative.kind {
+            if let Some(b) = c.backoff.as_mut() {
+                b.min_backoff = Some(prost_types::Duration {
+                    seconds: -1,
+                    nanos: 0,
+                });
+            }
+        }
+        assert!(matches!(
+            with(Some(negative)),
+            Err(InvalidPolicy::Duration(_))
+        ));
     }
 
     #[test]

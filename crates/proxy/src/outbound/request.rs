@@ -24,6 +24,7 @@ use super::{
     Outbound, Target, DIRECTION,
 };
 use crate::{
+    balance::FailureAccrual,
     http::{
         error_response, grpc_status, BodyEnd, BodyTimeout, Naming, ReplayBody, RequestBody,
         ResponseBody, PROXY_ERROR_HEADER,
@@ -113,6 +114,7 @@ pub(super) async fn serve(
         matched: &matched,
         grpc_request,
         try_timeout: retry.as_ref().and_then(|r| r.timeout).or(timeouts.response),
+        accrual: policy.failure_accrual.as_ref(),
     };
     let work = tries.run(req, retry.as_ref());
     let mut rsp = within(timeouts.request, work, |limit| {
@@ -334,6 +336,8 @@ struct Tries<'a> {
     /// The client speaks gRPC: the proxy's own answers are gRPC statuses.
     grpc_request: bool,
     try_timeout: Option<Duration>,
+    /// The parent's failure accrual, for its backends' balancers.
+    accrual: Option<&'a Arc<FailureAccrual>>,
 }
 
 impl Tries<'_> {
@@ -404,7 +408,12 @@ impl Tries<'_> {
             BackendTarget::Forward(endpoint) => Target::Endpoint(endpoint.clone()),
         };
         let balancer = match outbound.http_balancer(&target) {
-            Ok(b) => b,
+            Ok(b) => {
+                if matches!(target, Target::Logical(_)) {
+                    b.set_failure_accrual(self.accrual);
+                }
+                b
+            }
             Err(e) => {
                 outbound.too_many_targets(&e);
                 return proxy_error(StatusCode::SERVICE_UNAVAILABLE, "too_many_targets");
