@@ -231,6 +231,83 @@ async fn outbound_policy_follows_a_split_and_a_route_broken_on_purpose() {
     );
 }
 
+/// The `failure_accrual` both HTTP protocols of an answer carry (they
+/// must agree).
+fn failure_accrual(p: &OutboundPolicy) -> Option<linkerd2_proxy_api::outbound::FailureAccrual> {
+    match p.protocol.as_ref().and_then(|p| p.kind.as_ref()) {
+        Some(OutKind::Detect(d)) => {
+            let one = d.http1.as_ref().expect("http1").failure_accrual;
+            assert_eq!(one, d.http2.as_ref().expect("http2").failure_accrual);
+            one
+        }
+        other => panic!("expected protocol detection, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn outbound_policy_carries_a_services_failure_accrual() {
+    use linkerd2_proxy_api::outbound::failure_accrual::Kind;
+    let dir = tempfile::tempdir().unwrap();
+    let annotated = |annotations: &str| {
+        service("shop", "web", "127.0.0.100", 80, 8080).replace(
+            "metadata: {name: web, namespace: shop}",
+            &format!("metadata: {{name: web, namespace: shop, annotations: {{{annotations}}}}}"),
+        )
+    };
+    let write = |annotations: &str| {
+        let all = vec![
+            annotated(annotations),
+            PodSpec::new("shop", "web-a", "web", "127.0.1.1", 8080).yaml(),
+        ];
+        write_atomic(&dir.path().join("cluster.yaml"), &docs(&all));
+    };
+    write("balancer.linkerd.io/failure-accrual: consecutive");
+    let c = Controller::start(dir.path(), &[]).await;
+    let mut client = OutboundPoliciesClient::new(channel(c.policy).await);
+    let mut watch = client
+        .watch(by_addr("127.0.0.100:80"))
+        .await
+        .expect("watch")
+        .into_inner();
+    // Linkerd's defaults: 7 failures, penalties from 1 s to 1 m, jitter 0.5.
+    let first = next(&mut watch).await;
+    let Some(Kind::ConsecutiveFailures(c1)) = failure_accrual(&first).and_then(|f| f.kind) else {
+        panic!("consecutive failure accrual: {first:?}")
+    };
+    assert_eq!(c1.max_failures, 7);
+    let backoff = c1.backoff.expect("backoff");
+    assert_eq!(backoff.min_backoff.expect("min").seconds, 1);
+    assert_eq!(backoff.max_backoff.expect("max").seconds, 60);
+    assert_eq!(backoff.jitter_ratio, 0.5);
+
+    write(
+        "balancer.linkerd.io/failure-accrual: consecutive, \
+         balancer.linkerd.io/failure-accrual-consecutive-max-failures: '3', \
+         balancer.linkerd.io/failure-accrual-consecutive-min-penalty: 250ms, \
+         balancer.linkerd.io/failure-accrual-consecutive-max-penalty: 10s, \
+         balancer.linkerd.io/failure-accrual-consecutive-jitter-ratio: '0'",
+    );
+    let tuned = next(&mut watch).await;
+    let Some(Kind::ConsecutiveFailures(c2)) = failure_accrual(&tuned).and_then(|f| f.kind) else {
+        panic!("consecutive failure accrual: {tuned:?}")
+    };
+    assert_eq!(c2.max_failures, 3);
+    let backoff = c2.backoff.expect("backoff");
+    assert_eq!(backoff.min_backoff.expect("min").nanos, 250_000_000);
+    assert_eq!(backoff.max_backoff.expect("max").seconds, 10);
+    assert_eq!(backoff.jitter_ratio, 0.0);
+
+    // Unreadable annotations turn it off (as Linkerd's controller does), and
+    // the answer is otherwise the same.
+    write(
+        "balancer.linkerd.io/failure-accrual: consecutive, \
+         balancer.linkerd.io/failure-accrual-consecutive-min-penalty: soon",
+    );
+    let off = next(&mut watch).await;
+    assert_eq!(failure_accrual(&off), None);
+    assert_eq!(http_routes(&off), http_routes(&first));
+}
+
 #[tokio::test]
 async fn outbound_policy_refuses_what_it_cannot_answer() {
     let dir = tempfile::tempdir().unwrap();

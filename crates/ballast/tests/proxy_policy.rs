@@ -655,3 +655,87 @@ async fn a_body_still_streaming_at_the_request_timeout_or_idle_too_long_is_cut()
     });
     metrics.await;
 }
+
+#[tokio::test]
+async fn failure_accrual_holds_back_the_endpoint_that_keeps_failing() {
+    const MAX_FAILURES: u32 = 3;
+    let world = World::start(true).await;
+    // `web-ab` balances over both backends; `web` alone resolves to web-a,
+    // so an answer from web-b says the policy is in force.
+    world
+        .controller
+        .endpoints(&authority("web-ab"), &[world.a.addr, world.b.addr]);
+    let mut p = policy(
+        "web",
+        "breaker",
+        vec![rule(vec![prefix("/")], to("web-ab"))],
+    );
+    let accrual = out::FailureAccrual {
+        ejection: None,
+        kind: Some(out::failure_accrual::Kind::ConsecutiveFailures(
+            out::failure_accrual::ConsecutiveFailures {
+                max_failures: MAX_FAILURES,
+                // Longer than the test: once held back, web-a stays so.
+                backoff: Some(out::ExponentialBackoff {
+                    min_backoff: Some(Duration::from_secs(600).try_into().unwrap()),
+                    max_backoff: Some(Duration::from_secs(600).try_into().unwrap()),
+                    jitter_ratio: 0.0,
+                    respect_retry_after_hint: false,
+                }),
+            },
+        )),
+    };
+    if let Some(out::proxy_protocol::Kind::Detect(d)) =
+        p.protocol.as_mut().and_then(|p| p.kind.as_mut())
+    {
+        for h in [
+            d.http1.as_mut().map(|h| &mut h.failure_accrual),
+            d.http2.as_mut().map(|h| &mut h.failure_accrual),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            *h = Some(accrual);
+        }
+    }
+    world.controller.policy(&authority("web"), p);
+    let outbound = world.proxy.outbound;
+    eventually("the policy in use", || async {
+        let answer = support::proxy::get(outbound, &authority("web"), "/")
+            .await
+            .ok()?;
+        (answer.backend() == Some("web-b")).then_some(())
+    })
+    .await;
+
+    // web-a fails every request of this path, web-b none. One request at
+    // a time: web-a answers at most MAX_FAILURES before it is held back,
+    // and every request after goes to web-b.
+    let mut conn = Http1::connect(outbound).await.unwrap();
+    let (mut failed, mut ok) = (0, 0);
+    for _ in 0..100 {
+        let answer = conn.get(&authority("web"), "/fail-on/web-a").await.unwrap();
+        match answer.status {
+            StatusCode::INTERNAL_SERVER_ERROR => failed += 1,
+            StatusCode::OK => ok += 1,
+            other => panic!("{other}: {answer:?}"),
+        }
+    }
+    assert!(
+        failed <= MAX_FAILURES,
+        "{failed} answers from the failing endpoint (at most {MAX_FAILURES})"
+    );
+    assert_eq!(failed + ok, 100);
+    let penalties = world
+        .proxy
+        .metrics()
+        .await
+        .sum("balancer_endpoint_penalties_total", &[]);
+    // Held back once web-a had failed MAX_FAILURES times in a row (it may
+    // have failed fewer: P2C can prefer web-b from the start).
+    assert_eq!(
+        penalties,
+        f64::from(u8::from(failed == MAX_FAILURES)),
+        "failed {failed}"
+    );
+}

@@ -356,7 +356,8 @@ pub fn policy(parent: &str, route: &str, rules: Vec<out::http_route::Rule>) -> O
 
 /// Path-driven answers: `/slow` waits 5 s; `/trickle` sends its body's
 /// second chunk 5 s after its first; `/status/N` answers N;
-/// `/flaky/K/ID` answers 503 to the first K requests of that ID, then 200.
+/// `/flaky/K/ID` answers 503 to the first K requests of that ID, then 200;
+/// `/fail-on/NAME` answers 500 from the backend NAME, 200 from others.
 /// Every answer names the backend (`x-backend`) and echoes `x-added`.
 pub struct TestBackend {
     pub addr: SocketAddr,
@@ -392,7 +393,11 @@ impl TestBackend {
                                 .await
                                 .map(|b| b.to_bytes().len())
                                 .unwrap_or(0);
-                            let status = answer(&path, &flaky).await;
+                            let status = if path.strip_prefix("/fail-on/") == Some(name.as_str()) {
+                                StatusCode::INTERNAL_SERVER_ERROR
+                            } else {
+                                answer(&path, &flaky).await
+                            };
                             let text = Bytes::from(format!("{name} read {body}\n"));
                             let body = if path.starts_with("/trickle") {
                                 trickle(text)

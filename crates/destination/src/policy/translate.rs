@@ -202,6 +202,7 @@ fn detect(
     config: &PolicyConfig,
     opaque: outbound::OpaqueRoute,
     routes: Vec<outbound::HttpRoute>,
+    failure_accrual: Option<outbound::FailureAccrual>,
 ) -> outbound::proxy_protocol::Kind {
     use outbound::proxy_protocol::{Detect, Http1, Http2, Kind, Opaque};
     Kind::Detect(Detect {
@@ -211,12 +212,39 @@ fn detect(
         }),
         http1: Some(Http1 {
             routes: routes.clone(),
-            failure_accrual: None,
+            failure_accrual,
         }),
         http2: Some(Http2 {
             routes,
-            failure_accrual: None,
+            failure_accrual,
         }),
+    })
+}
+
+/// A Service's failure accrual as Linkerd's controller sends it (with
+/// each protocol's routes); unreadable annotations turn it off, as in
+/// Linkerd, with a warning (once per answer: answers are shared by every
+/// watch of the target and made again only when it changes).
+fn failure_accrual(svc: &ServiceOutbound) -> Option<outbound::FailureAccrual> {
+    use outbound::failure_accrual::{ConsecutiveFailures, Kind};
+    let accrual = match &svc.failure_accrual {
+        Ok(a) => (*a)?,
+        Err(error) => {
+            tracing::warn!(service = %svc.service, %error, "failure accrual is off: its annotations cannot be read");
+            return None;
+        }
+    };
+    Some(outbound::FailureAccrual {
+        ejection: None,
+        kind: Some(Kind::ConsecutiveFailures(ConsecutiveFailures {
+            max_failures: accrual.max_failures,
+            backoff: Some(outbound::ExponentialBackoff {
+                min_backoff: Some(duration(accrual.min_penalty)),
+                max_backoff: Some(duration(accrual.max_penalty)),
+                jitter_ratio: accrual.jitter_ratio,
+                respect_retry_after_hint: false,
+            }),
+        })),
     })
 }
 
@@ -235,7 +263,7 @@ fn service_policy(svc: &ServiceOutbound, config: &PolicyConfig) -> outbound::Out
                 .iter()
                 .map(|r| grpc_route(r, svc, config))
                 .collect(),
-            failure_accrual: None,
+            failure_accrual: failure_accrual(svc),
         })
     } else {
         let routes = if svc.http_routes.is_empty() {
@@ -246,7 +274,7 @@ fn service_policy(svc: &ServiceOutbound, config: &PolicyConfig) -> outbound::Out
                 .map(|r| http_route(r, svc, config))
                 .collect()
         };
-        detect(config, opaque, routes)
+        detect(config, opaque, routes, failure_accrual(svc))
     };
     outbound::OutboundPolicy {
         metadata: Some(resource_meta(
@@ -284,6 +312,7 @@ fn forward_policy(
             config,
             opaque_route,
             vec![default_http_route(backend, "forward")],
+            None,
         )
     };
     outbound::OutboundPolicy {

@@ -2,7 +2,7 @@
 
 use super::{route_order, RouteId, MAX_ROUTES_PER_PARENT};
 use crate::{
-    resource::{ObjectKey, ParentKind, Route, RouteApi},
+    resource::{FailureAccrual, InvalidObject, ObjectKey, ParentKind, Route, RouteApi},
     Endpoint, Index, Target,
 };
 use std::{net::SocketAddr, sync::Arc};
@@ -31,6 +31,9 @@ pub struct ServiceOutbound {
     pub http_routes: Vec<Arc<Route>>,
     /// Valid gRPC routes attached to this port, in Gateway API order.
     pub grpc_routes: Vec<Arc<Route>>,
+    /// The Service's failure accrual; `Err`: its annotations cannot be
+    /// read (accrual is off).
+    pub failure_accrual: Result<Option<FailureAccrual>, InvalidObject>,
 }
 
 impl Index {
@@ -66,6 +69,7 @@ impl Index {
             return OutboundView::UnknownService;
         };
         let opaque = self.service_port_is_opaque(svc, port);
+        let failure_accrual = svc.failure_accrual();
         let mut http_routes = Vec::new();
         let mut grpc_routes = Vec::new();
         let ids = self
@@ -96,6 +100,7 @@ impl Index {
             opaque,
             http_routes,
             grpc_routes,
+            failure_accrual,
         })
     }
 

@@ -34,7 +34,7 @@ pub use route::{
     RouteApi, RouteFilter, RouteMatch, RouteRetry, RouteRule, RouteTimeouts, RouteWire, ValueMatch,
     GATEWAY_GROUP, POLICY_GROUP,
 };
-pub use service::{Service, ServicePort, ServiceType, TargetPort};
+pub use service::{FailureAccrual, Service, ServicePort, ServiceType, TargetPort};
 
 pub use endpoint_slice::EndpointSliceWire;
 pub use meta::ObjectMetaWire;
@@ -59,6 +59,11 @@ pub const USED_ANNOTATIONS: &[&str] = &[
     route::TIMEOUT_REQUEST_ANNOTATION,
     route::TIMEOUT_RESPONSE_ANNOTATION,
     route::TIMEOUT_IDLE_ANNOTATION,
+    service::FAILURE_ACCRUAL_ANNOTATION,
+    service::FAILURE_ACCRUAL_MAX_FAILURES_ANNOTATION,
+    service::FAILURE_ACCRUAL_MIN_PENALTY_ANNOTATION,
+    service::FAILURE_ACCRUAL_MAX_PENALTY_ANNOTATION,
+    service::FAILURE_ACCRUAL_JITTER_ANNOTATION,
 ];
 /// Label set by Linkerd's proxy injector on meshed pods.
 pub const CONTROL_PLANE_NS_LABEL: &str = "linkerd.io/control-plane-ns";

@@ -4,7 +4,39 @@ use super::{
     InvalidObject, ObjectKey,
 };
 use serde::Deserialize;
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{collections::BTreeMap, net::IpAddr, time::Duration};
+
+/// Linkerd's failure accrual of a Service: `consecutive` turns it on.
+pub const FAILURE_ACCRUAL_ANNOTATION: &str = "balancer.linkerd.io/failure-accrual";
+pub const FAILURE_ACCRUAL_MAX_FAILURES_ANNOTATION: &str =
+    "balancer.linkerd.io/failure-accrual-consecutive-max-failures";
+pub const FAILURE_ACCRUAL_MIN_PENALTY_ANNOTATION: &str =
+    "balancer.linkerd.io/failure-accrual-consecutive-min-penalty";
+pub const FAILURE_ACCRUAL_MAX_PENALTY_ANNOTATION: &str =
+    "balancer.linkerd.io/failure-accrual-consecutive-max-penalty";
+pub const FAILURE_ACCRUAL_JITTER_ANNOTATION: &str =
+    "balancer.linkerd.io/failure-accrual-consecutive-jitter-ratio";
+
+/// Consecutive-failures failure accrual, with Linkerd's defaults: 7
+/// failures, penalties from 1 s to 1 m, jitter 0.5.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FailureAccrual {
+    pub max_failures: u32,
+    pub min_penalty: Duration,
+    pub max_penalty: Duration,
+    pub jitter_ratio: f32,
+}
+
+impl Default for FailureAccrual {
+    fn default() -> Self {
+        Self {
+            max_failures: 7,
+            min_penalty: Duration::from_secs(1),
+            max_penalty: Duration::from_secs(60),
+            jitter_ratio: 0.5,
+        }
+    }
+}
 
 /// A service, reduced to what endpoint resolution needs.
 #[derive(Clone, Debug, PartialEq)]
@@ -42,6 +74,72 @@ pub enum TargetPort {
 }
 
 impl Service {
+    /// The Service's failure accrual (`None`: off), read from its
+    /// annotations as Linkerd reads them; `Err` names the annotation that
+    /// cannot be read (Linkerd then turns accrual off, and so does the
+    /// controller).
+    pub fn failure_accrual(&self) -> Result<Option<FailureAccrual>, InvalidObject> {
+        let get = |name: &str| self.annotations.get(name).map(str::trim);
+        let field = |name: &str| format!("metadata.annotations[{name}]");
+        match get(FAILURE_ACCRUAL_ANNOTATION) {
+            None => return Ok(None),
+            Some("consecutive") => {}
+            Some(other) => {
+                let mut shown = other.to_string();
+                super::truncate(&mut shown, 40);
+                return Err(InvalidObject::invalid(
+                    field(FAILURE_ACCRUAL_ANNOTATION),
+                    format!("{shown:?}: the only mode read is \"consecutive\""),
+                ));
+            }
+        }
+        let mut accrual = FailureAccrual::default();
+        if let Some(v) = get(FAILURE_ACCRUAL_MAX_FAILURES_ANNOTATION) {
+            accrual.max_failures = v.parse().map_err(|_| {
+                InvalidObject::invalid(
+                    field(FAILURE_ACCRUAL_MAX_FAILURES_ANNOTATION),
+                    "expected a whole number of failures",
+                )
+            })?;
+        }
+        let penalty = |name: &str| {
+            get(name)
+                .map(|v| super::parse_annotation_duration(&field(name), v))
+                .transpose()
+        };
+        if let Some(d) = penalty(FAILURE_ACCRUAL_MIN_PENALTY_ANNOTATION)? {
+            accrual.min_penalty = d;
+        }
+        if let Some(d) = penalty(FAILURE_ACCRUAL_MAX_PENALTY_ANNOTATION)? {
+            accrual.max_penalty = d;
+        }
+        if let Some(v) = get(FAILURE_ACCRUAL_JITTER_ANNOTATION) {
+            accrual.jitter_ratio = v
+                .parse::<f32>()
+                .ok()
+                .filter(|j| j.is_finite() && (0.0..=100.0).contains(j))
+                .ok_or_else(|| {
+                    InvalidObject::invalid(
+                        field(FAILURE_ACCRUAL_JITTER_ANNOTATION),
+                        "expected a ratio from 0 to 100",
+                    )
+                })?;
+        }
+        if accrual.min_penalty > accrual.max_penalty {
+            return Err(InvalidObject::invalid(
+                field(FAILURE_ACCRUAL_MIN_PENALTY_ANNOTATION),
+                "the minimum penalty exceeds the maximum",
+            ));
+        }
+        if accrual.max_penalty.is_zero() {
+            return Err(InvalidObject::invalid(
+                field(FAILURE_ACCRUAL_MAX_PENALTY_ANNOTATION),
+                "the maximum penalty cannot be zero",
+            ));
+        }
+        Ok(Some(accrual))
+    }
+
     pub fn port(&self, port: u16) -> Option<&ServicePort> {
         self.ports.iter().find(|p| p.port == port)
     }
@@ -163,5 +261,72 @@ impl TryFrom<ServiceWire> for Service {
             selector: w.spec.selector.map(Labels::from),
             ports,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::Resource;
+    use serde_json::json;
+
+    fn service(annotations: serde_json::Value) -> Service {
+        let v = json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web", "namespace": "shop", "annotations": annotations},
+            "spec": {"ports": [{"port": 80}]}});
+        match Resource::from_value(v) {
+            Ok(Some(Resource::Service(s))) => (*s).clone(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn failure_accrual_reads_linkerds_annotations() {
+        assert_eq!(service(json!({})).failure_accrual(), Ok(None));
+        assert_eq!(
+            service(json!({FAILURE_ACCRUAL_ANNOTATION: "consecutive"})).failure_accrual(),
+            Ok(Some(FailureAccrual::default()))
+        );
+        let tuned = service(json!({
+            FAILURE_ACCRUAL_ANNOTATION: " consecutive ",
+            FAILURE_ACCRUAL_MAX_FAILURES_ANNOTATION: "3",
+            FAILURE_ACCRUAL_MIN_PENALTY_ANNOTATION: "100ms",
+            FAILURE_ACCRUAL_MAX_PENALTY_ANNOTATION: "2m",
+            FAILURE_ACCRUAL_JITTER_ANNOTATION: "1.5",
+        }));
+        assert_eq!(
+            tuned.failure_accrual(),
+            Ok(Some(FailureAccrual {
+                max_failures: 3,
+                min_penalty: Duration::from_millis(100),
+                max_penalty: Duration::from_secs(120),
+                jitter_ratio: 1.5,
+            }))
+        );
+        for (bad, field) in [
+            (
+                json!({FAILURE_ACCRUAL_ANNOTATION: "success-rate"}),
+                FAILURE_ACCRUAL_ANNOTATION,
+            ),
+            (
+                json!({FAILURE_ACCRUAL_ANNOTATION: "consecutive", FAILURE_ACCRUAL_MAX_FAILURES_ANNOTATION: "-1"}),
+                FAILURE_ACCRUAL_MAX_FAILURES_ANNOTATION,
+            ),
+            (
+                json!({FAILURE_ACCRUAL_ANNOTATION: "consecutive", FAILURE_ACCRUAL_MIN_PENALTY_ANNOTATION: "2m"}),
+                FAILURE_ACCRUAL_MIN_PENALTY_ANNOTATION,
+            ),
+            (
+                json!({FAILURE_ACCRUAL_ANNOTATION: "consecutive", FAILURE_ACCRUAL_MAX_PENALTY_ANNOTATION: "0s", FAILURE_ACCRUAL_MIN_PENALTY_ANNOTATION: "0s"}),
+                FAILURE_ACCRUAL_MAX_PENALTY_ANNOTATION,
+            ),
+            (
+                json!({FAILURE_ACCRUAL_ANNOTATION: "consecutive", FAILURE_ACCRUAL_JITTER_ANNOTATION: "NaN"}),
+                FAILURE_ACCRUAL_JITTER_ANNOTATION,
+            ),
+        ] {
+            let e = service(bad.clone()).failure_accrual().expect_err("refused");
+            assert_eq!(e.field, format!("metadata.annotations[{field}]"), "{bad}");
+        }
     }
 }
