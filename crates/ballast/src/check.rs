@@ -23,7 +23,7 @@ identity controllers, and of the injector and viz when installed), policy CRDs; 
 trust anchors and issuer (valid, not expiring within --expiry-warning, issuer signed by an anchor); \
 no two live pods sharing an IP, no hostNetwork port clashes on a node, every Service selector \
 matching a pod, meshed pods' proxies ready and of this version, no proxy sending traffic into its \
-own listeners; the API server's clock (cluster only).\n\
+own listeners, Services' failure accrual annotations readable; the API server's clock (cluster only).\n\
 Exit status: 0 when no check fails (warnings allowed), 1 when one fails or the cluster or \
 directory cannot be read, 2 for invalid flags.\n\
 Reads: pods and services in every namespace; Deployments, ServiceAccounts, the trust roots \

@@ -450,7 +450,7 @@ async fn human_output_has_a_line_per_check_and_a_summary() {
     assert!(
         stdout
             .trim_end()
-            .ends_with("13 checks: 12 ok, 1 warning, 0 failures"),
+            .ends_with("14 checks: 13 ok, 1 warning, 0 failures"),
         "{stdout}"
     );
     assert!(

@@ -19,6 +19,7 @@ pub const SELECTORS: &str = "every Service selector matches a pod";
 pub const PROXY_READY: &str = "meshed pods have a ready proxy";
 pub const PROXY_VERSION: &str = "proxies run this version";
 pub const LOOPS: &str = "no proxy sends traffic to its own listeners";
+pub const FAILURE_ACCRUAL: &str = "Services' failure accrual annotations are readable";
 
 /// Seed 000: a destination controller OOM-killed by two pods on one IP (one
 /// terminating). Finished and hostNetwork pods share IPs legitimately.
@@ -163,6 +164,32 @@ pub fn selectors(snap: &Snapshot) -> CheckResult {
         }
     }
     CheckResult::ran(CATEGORY, SELECTORS, findings)
+}
+
+/// A Service's `balancer.linkerd.io/failure-accrual*` annotations that
+/// cannot be read turn its circuit breaking off (as in Linkerd), which the
+/// controller only logs: said here, naming the annotation.
+pub fn failure_accrual(snap: &Snapshot) -> CheckResult {
+    use ballast_destination::resource::Resource;
+    let mut findings = Vec::new();
+    for svc in snap.of_kind("Service") {
+        // A Service the index cannot read at all is the sources' to report.
+        let Ok(Some(Resource::Service(s))) = Resource::from_value(svc.clone()) else {
+            continue;
+        };
+        if let Err(e) = s.failure_accrual() {
+            findings.push(Finding::warn(
+                format!(
+                    "{}: failure accrual is off: {}: {}",
+                    object_ref(svc),
+                    e.field,
+                    e.reason
+                ),
+                vec![object_ref(svc)],
+            ));
+        }
+    }
+    CheckResult::ran(CATEGORY, FAILURE_ACCRUAL, findings)
 }
 
 /// A running meshed pod whose proxy is not ready receives no traffic and
@@ -488,6 +515,30 @@ pub(crate) mod tests {
             .iter()
             .map(|f| f.objects.iter().map(|o| o.to_string()).collect())
             .collect()
+    }
+
+    #[test]
+    fn unreadable_failure_accrual_annotations_warn_naming_the_service() {
+        let mut objects = healthy();
+        let mut off = service("shop", "api", "web-1", json!("http"));
+        off["metadata"]["annotations"] = json!({
+            "balancer.linkerd.io/failure-accrual": "consecutive",
+            "balancer.linkerd.io/failure-accrual-consecutive-max-failures": "many",
+        });
+        let mut on = service("shop", "cart", "web-1", json!("http"));
+        on["metadata"]["annotations"] =
+            json!({"balancer.linkerd.io/failure-accrual": "consecutive"});
+        objects.extend([off, on]);
+        let c = failure_accrual(&snap(objects));
+        assert_eq!(c.status, Status::Warn);
+        assert_eq!(names(&c), [["service shop/api"]]);
+        assert!(
+            c.findings[0]
+                .message
+                .contains("failure-accrual-consecutive-max-failures"),
+            "{}",
+            c.findings[0].message
+        );
     }
 
     #[test]

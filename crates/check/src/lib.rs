@@ -89,6 +89,7 @@ pub fn checks(snap: &Snapshot, now: SystemTime, config: &Config) -> Vec<CheckRes
         data_plane::proxy_ready(snap),
         data_plane::proxy_versions(snap, config),
         data_plane::loops(snap),
+        data_plane::failure_accrual(snap),
         clock_skew(snap, now, config),
     ]
 }
@@ -180,6 +181,6 @@ mod tests {
         for c in &r.checks {
             assert_eq!(c.status, Status::Ok, "{}: {:?}", c.name, c.findings);
         }
-        assert_eq!(r.summary.ok, 13);
+        assert_eq!(r.summary.ok, 14);
     }
 }
