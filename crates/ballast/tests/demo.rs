@@ -1,10 +1,11 @@
 //! `ballast demo` end to end: the controller and the proxy as processes,
 //! the controller killed under traffic while a backend is removed.
 
-use std::process::Stdio;
+mod support;
+
 use std::time::Duration;
 
-use tokio::process::Command;
+use support::demo::Demo;
 
 /// Setup, 2 + 3 + 2 s of steps, convergence and shutdown take about 12 s;
 /// the rest is slack for a loaded machine.
@@ -12,33 +13,19 @@ const DEADLINE: Duration = Duration::from_secs(90);
 
 #[tokio::test]
 async fn demo_holds_every_step() {
-    let child = Command::new(env!("CARGO_BIN_EXE_ballast"))
-        .args([
-            "demo",
-            "--steady-for",
-            "2s",
-            "--down-for",
-            "3s",
-            "--converge-within",
-            "15s",
-            "--rps",
-            "100",
-        ])
-        .env("BALLAST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn ballast demo");
-    let output = tokio::time::timeout(DEADLINE, child.wait_with_output())
-        .await
-        .expect("ballast demo finished in time")
-        .expect("ballast demo output");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let mut demo = Demo::start(&[
+        "--steady-for",
+        "2s",
+        "--down-for",
+        "3s",
+        "--converge-within",
+        "15s",
+        "--rps",
+        "100",
+    ]);
+    let (status, stdout, stderr) = demo.finish(DEADLINE).await;
     let context = format!("stdout:\n{stdout}\nstderr:\n{stderr}");
-    assert!(output.status.success(), "exit {}; {context}", output.status);
+    assert!(status.success(), "exit {status}; {context}");
 
     // Not a terminal: plain lines, no escapes.
     assert!(!stdout.contains('\x1b'), "{context}");

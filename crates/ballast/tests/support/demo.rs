@@ -20,6 +20,8 @@ const STDERR_TAIL: usize = 40;
 pub struct Demo {
     child: Child,
     logs: DemoLogs,
+    /// The tasks reading stdout and stderr; they end at the pipes' end.
+    readers: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// What the demo printed so far; cheap to clone into another task.
@@ -63,9 +65,15 @@ impl Demo {
         };
         let stdout = child.stdout.take().expect("piped stdout");
         let stderr = child.stderr.take().expect("piped stderr");
-        collect(stdout, logs.stdout.clone(), Some(logs.printed.clone()));
-        collect(stderr, logs.stderr.clone(), None);
-        Demo { child, logs }
+        let readers = vec![
+            collect(stdout, logs.stdout.clone(), Some(logs.printed.clone())),
+            collect(stderr, logs.stderr.clone(), None),
+        ];
+        Demo {
+            child,
+            logs,
+            readers,
+        }
     }
 
     pub fn logs(&self) -> DemoLogs {
@@ -122,6 +130,21 @@ impl Demo {
             .await
     }
 
+    /// Waits at most `limit` for the demo to end by itself and for all it
+    /// printed: its exit status, stdout and stderr whole.
+    pub async fn finish(&mut self, limit: Duration) -> (ExitStatus, String, String) {
+        let deadline = tokio::time::Instant::now() + limit;
+        let status = tokio::time::timeout_at(deadline, self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("the demo did not end in {limit:?}\n{}", self.logs.text()))
+            .expect("the demo's exit status");
+        for reader in self.readers.drain(..) {
+            let _ = tokio::time::timeout_at(deadline, reader).await;
+        }
+        let whole = |lines: &Mutex<Vec<String>>| lines.lock().expect("lines lock").join("\n");
+        (status, whole(&self.logs.stdout), whole(&self.logs.stderr))
+    }
+
     /// Sends SIGTERM.
     pub fn terminate(&self) {
         if let Some(pid) = self.child.id() {
@@ -163,7 +186,7 @@ fn collect(
     stream: impl AsyncRead + Unpin + Send + 'static,
     lines: Arc<Mutex<Vec<String>>>,
     printed: Option<Arc<watch::Sender<u64>>>,
-) {
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut reader = BufReader::new(stream).lines();
         while let Ok(Some(line)) = reader.next_line().await {
@@ -175,5 +198,5 @@ fn collect(
         if let Some(p) = &printed {
             p.send_replace(u64::MAX);
         }
-    });
+    })
 }
