@@ -217,6 +217,30 @@ fn tls_of(set: usize) -> &'static str {
     }
 }
 
+/// One histogram series: `_sum` (`mean` per request), `_count` and the
+/// cumulative `_bucket`s over `bounds` (a latency with this `median`), all
+/// advancing with `rate` requests per scrape.
+fn histogram(
+    o: &mut String,
+    name: &str,
+    labels: &str,
+    rate: u64,
+    (median, mean): (f64, f64),
+    bounds: &[f64],
+) {
+    let _ = writeln!(o, "{name}_sum{{{labels}}} %s:{rate}:{mean:?}%");
+    let _ = writeln!(o, "{name}_count{{{labels}}} %c:{rate}%");
+    for b in bounds {
+        let _ = writeln!(
+            o,
+            "{name}_bucket{{le=\"{}\",{labels}}} %h:{rate}:{:.6}%",
+            le(*b),
+            share(*b, median)
+        );
+    }
+    let _ = writeln!(o, "{name}_bucket{{le=\"+Inf\",{labels}}} %c:{rate}%");
+}
+
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}.\n# TYPE {name} {kind}");
 }
@@ -254,23 +278,14 @@ pub fn proxy_page_text() -> String {
         "Time to response headers, in milliseconds",
     );
     for (labels, rate, median) in &sets {
-        let _ = writeln!(
-            o,
-            "response_latency_ms_sum{{{labels}}} %s:{rate}:{:?}%",
-            median * 1.44
-        );
-        let _ = writeln!(o, "response_latency_ms_count{{{labels}}} %c:{rate}%");
-        for b in LATENCY_MS {
-            let _ = writeln!(
-                o,
-                "response_latency_ms_bucket{{le=\"{}\",{labels}}} %h:{rate}:{:.6}%",
-                le(b),
-                share(b, *median)
-            );
-        }
-        let _ = writeln!(
-            o,
-            "response_latency_ms_bucket{{le=\"+Inf\",{labels}}} %c:{rate}%"
+        let latency = (*median, median * 1.44);
+        histogram(
+            &mut o,
+            "response_latency_ms",
+            labels,
+            *rate,
+            latency,
+            &LATENCY_MS,
         );
     }
     // TCP: the accepted side of each direction, and each destination.
@@ -326,19 +341,13 @@ pub fn proxy_page_text() -> String {
     );
     for labels in &tcp {
         let l = format!("{labels},classification=\"success\"");
-        let _ = writeln!(o, "tcp_connection_duration_ms_sum{{{l}}} %s:1:9000.0%");
-        let _ = writeln!(o, "tcp_connection_duration_ms_count{{{l}}} %c:1%");
-        for b in CONN_MS {
-            let _ = writeln!(
-                o,
-                "tcp_connection_duration_ms_bucket{{le=\"{}\",{l}}} %h:1:{:.6}%",
-                le(b),
-                share(b, 6000.0)
-            );
-        }
-        let _ = writeln!(
-            o,
-            "tcp_connection_duration_ms_bucket{{le=\"+Inf\",{l}}} %c:1%"
+        histogram(
+            &mut o,
+            "tcp_connection_duration_ms",
+            &l,
+            1,
+            (6000.0, 9000.0),
+            &CONN_MS,
         );
     }
     family(
@@ -418,26 +427,13 @@ fn routes(o: &mut String) {
             "{},hostname=\"${d}_svc$.${d}_ns$.svc.cluster.local\"",
             parent(d)
         );
-        let _ = writeln!(
+        histogram(
             o,
-            "outbound_http_route_request_duration_seconds_sum{{{l}}} %s:{rate}:{:?}%",
-            median * 1.44
-        );
-        let _ = writeln!(
-            o,
-            "outbound_http_route_request_duration_seconds_count{{{l}}} %c:{rate}%"
-        );
-        for b in ROUTE_S {
-            let _ = writeln!(
-                o,
-                "outbound_http_route_request_duration_seconds_bucket{{le=\"{}\",{l}}} %h:{rate}:{:.6}%",
-                le(b),
-                share(b, median)
-            );
-        }
-        let _ = writeln!(
-            o,
-            "outbound_http_route_request_duration_seconds_bucket{{le=\"+Inf\",{l}}} %c:{rate}%"
+            "outbound_http_route_request_duration_seconds",
+            &l,
+            rate,
+            (median, median * 1.44),
+            &ROUTE_S,
         );
     }
     family(
@@ -482,27 +478,13 @@ fn routes(o: &mut String) {
          # UNIT outbound_http_route_backend_response_duration_seconds seconds"
     );
     for (d, rate, median) in dsts {
-        let l = backend(d);
-        let _ = writeln!(
+        histogram(
             o,
-            "outbound_http_route_backend_response_duration_seconds_sum{{{l}}} %s:{rate}:{:?}%",
-            median * 1.4
-        );
-        let _ = writeln!(
-            o,
-            "outbound_http_route_backend_response_duration_seconds_count{{{l}}} %c:{rate}%"
-        );
-        for b in BACKEND_S {
-            let _ = writeln!(
-                o,
-                "outbound_http_route_backend_response_duration_seconds_bucket{{le=\"{}\",{l}}} %h:{rate}:{:.6}%",
-                le(b),
-                share(b, median)
-            );
-        }
-        let _ = writeln!(
-            o,
-            "outbound_http_route_backend_response_duration_seconds_bucket{{le=\"+Inf\",{l}}} %c:{rate}%"
+            "outbound_http_route_backend_response_duration_seconds",
+            &backend(d),
+            rate,
+            (median, median * 1.4),
+            &BACKEND_S,
         );
     }
     family(
