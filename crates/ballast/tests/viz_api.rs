@@ -5,17 +5,14 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
 use serde_json::Value;
-use support::{eventually, manifests::docs, write_atomic, DEADLINE};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use support::{eventually, manifests::docs, proxy::Logged, write_atomic, DEADLINE};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio::process::{Child, Command};
-use tokio::sync::watch;
+use tokio::process::Command;
 
 /// Scrapes after the first that advance the fakes' counters; later pages
 /// repeat the last, so the totals end at exactly STEPS × the per-step amounts.
@@ -138,68 +135,25 @@ fn pod(name: &str, deploy: &str, hash: &str, ip: &str, admin: Option<u16>) -> St
 }
 
 struct Viz {
-    child: Child,
+    process: Logged,
     addr: SocketAddr,
     admin: SocketAddr,
-    logs: Arc<Mutex<Vec<String>>>,
 }
 
 impl Viz {
     async fn start(dir: &std::path::Path) -> Viz {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
-            .args(["viz", "--manifests"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ballast"));
+        cmd.args(["viz", "--manifests"])
             .arg(dir)
             .args(["--addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
-            .args(["--scrape-interval", "2s", "--scrape-timeout", "1500ms"])
-            .env("BALLAST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn ballast viz");
-        let stderr = child.stderr.take().unwrap();
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let (tx, mut rx) = watch::channel((None, None));
-        let sink = logs.clone();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let after = |marker: &str| {
-                    line.split(marker)
-                        .nth(1)
-                        .and_then(|rest| rest.split(['/', ' ']).next())
-                        .and_then(|a| a.parse::<SocketAddr>().ok())
-                };
-                if let Some(a) = after("viz dashboard listening on http://") {
-                    tx.send_modify(|(d, _)| *d = Some(a));
-                }
-                if let Some(a) = after("admin listening on ") {
-                    tx.send_modify(|(_, m)| *m = Some(a));
-                }
-                sink.lock().unwrap().push(line);
-            }
-        });
-        let found = tokio::time::timeout(DEADLINE, async {
-            let r = rx
-                .wait_for(|(d, m)| d.is_some() && m.is_some())
-                .await
-                .ok()?;
-            Some((r.0?, r.1?))
-        })
-        .await;
-        let Ok(Some((addr, admin))) = found else {
-            let _ = tokio::time::timeout(Duration::from_secs(2), child.wait()).await;
-            panic!(
-                "ballast viz did not start; its log:\n{}",
-                logs.lock().unwrap().join("\n")
-            );
-        };
+            .args(["--scrape-interval", "2s", "--scrape-timeout", "1500ms"]);
+        let mut process = Logged::spawn(cmd);
+        let addr = process.listening("viz dashboard listening on ", 1).await[0];
+        let admin = process.listening("admin listening on ", 1).await[0];
         Viz {
-            child,
+            process,
             addr,
             admin,
-            logs,
         }
     }
 
@@ -449,21 +403,17 @@ async fn the_api_shows_what_the_proxies_counted() {
     assert_eq!(sample("viz_pods_over_limit"), 0.0);
 
     // SIGTERM: a clean exit.
-    let pid = viz.child.id().expect("running");
+    let pid = viz.process.pid();
     let status = std::process::Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status()
         .unwrap();
     assert!(status.success());
-    let exit = tokio::time::timeout(DEADLINE, viz.child.wait())
+    let exit = tokio::time::timeout(DEADLINE, viz.process.child.wait())
         .await
         .expect("viz exits after SIGTERM")
         .unwrap();
-    assert!(
-        exit.success(),
-        "{exit}; log:\n{}",
-        viz.logs.lock().unwrap().join("\n")
-    );
+    assert!(exit.success(), "{exit}; log:\n{}", viz.process.log());
 }
 
 async fn bad_queries(viz: &Viz) {

@@ -66,10 +66,12 @@ impl Logged {
         tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
+                // `... listening on ADDR`, or `http://ADDR/` (viz's dashboard).
                 if let Some(addr) = line
                     .split(" listening on ")
                     .nth(1)
                     .and_then(|rest| rest.split_whitespace().next())
+                    .map(|a| a.trim_start_matches("http://").trim_end_matches('/'))
                     .and_then(|a| a.parse::<SocketAddr>().ok())
                 {
                     tx.send_modify(|all| all.push((line.clone(), addr)));
