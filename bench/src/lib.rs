@@ -1,6 +1,15 @@
 //! What the benchmarks share: the controller under test as a process, and
 //! the probes that read it from outside (HTTP, /proc).
 
+// What the proxy benchmarks share (proxy, mtls, policy, tap; viz reads
+// processes' CPU): load generators, the servers under test, /proc probes.
+#[path = "proxy/load.rs"]
+pub mod load;
+#[path = "proxy/servers.rs"]
+pub mod servers;
+#[path = "proxy/system.rs"]
+pub mod system;
+
 use serde_json::json;
 use std::{
     path::Path,

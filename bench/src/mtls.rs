@@ -29,15 +29,7 @@
 //!   cargo run --release -p ballast-bench --bin mtls-bench -- [--ballast target/release/ballast]
 //!       [--rounds 3] [--duration 10] [--rates 1000,5000] [--idle-connections 1000]
 
-#[path = "proxy/load.rs"]
-#[allow(dead_code)]
-mod load;
-#[path = "proxy/servers.rs"]
-#[allow(dead_code)]
-mod servers;
-#[path = "proxy/system.rs"]
-#[allow(dead_code)]
-mod system;
+use ballast_bench::{load, servers, system};
 
 use ballast_bench::{is_error_line, spawn_listening};
 use ballast_meshtls::{certify, pem, tls, IdentityName};

@@ -15,15 +15,7 @@
 //! Build first: `cargo build --release -p ballast -p ballast-bench`. The
 //! routes section needs nginx, wrk and oha (`--skip-proxy` leaves it out).
 
-#[allow(dead_code)]
-#[path = "proxy/load.rs"]
-mod load;
-#[allow(dead_code)]
-#[path = "proxy/servers.rs"]
-mod servers;
-#[allow(dead_code)]
-#[path = "proxy/system.rs"]
-mod system;
+use ballast_bench::{load, servers};
 
 use ballast_bench::{memory, percentile, start, write_atomic, Controller, Memory};
 use linkerd2_proxy_api::{

@@ -61,14 +61,9 @@
 //!        [--max-foreign CORES] [--retries N] [--quiet-wait SECS]
 //!        [--proxy-core N] [--load-core N] [--keep-awake]
 
-#[path = "proxy/load.rs"]
-mod load;
+use ballast_bench::{load, servers, system};
 #[path = "proxy/report.rs"]
 mod report;
-#[path = "proxy/servers.rs"]
-mod servers;
-#[path = "proxy/system.rs"]
-mod system;
 
 use ballast_bench::rss;
 use load::{Conn, Fixed, Max, OhaArgs};

@@ -29,15 +29,7 @@
 //! Usage: tap-bench [--ballast PATH] [--oha PATH] [--rate N] [--seconds N]
 //!        [--connections N] [--proxy-core N] [--load-core N]
 
-#[allow(dead_code)]
-#[path = "proxy/load.rs"]
-mod load;
-#[allow(dead_code)]
-#[path = "proxy/servers.rs"]
-mod servers;
-#[allow(dead_code)]
-#[path = "proxy/system.rs"]
-mod system;
+use ballast_bench::{load, servers, system};
 
 use linkerd2_proxy_api::tap::{
     observe_request::{self, r#match},

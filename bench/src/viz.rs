@@ -25,9 +25,7 @@ mod cluster;
 mod fakes;
 #[path = "viz/page.rs"]
 mod page;
-#[path = "proxy/system.rs"]
-#[allow(dead_code)]
-mod system;
+use ballast_bench::system;
 
 use ballast_bench::{http_get, is_error_line, rss, spawn_listening, wait_ready, write_atomic};
 use cluster::Cluster;

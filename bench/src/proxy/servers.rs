@@ -2,7 +2,7 @@
 //! `ballast proxy` as the proxies under test, each pinned with `taskset`.
 
 use super::load::Conn;
-use ballast_bench::spawn_listening;
+use crate::spawn_listening;
 use std::{
     path::Path,
     process::Stdio,

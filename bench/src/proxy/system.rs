@@ -303,7 +303,7 @@ fn nofile_limit() -> (u64, u64) {
 
 /// One unlabelled sample from a Prometheus text page at `admin`/metrics.
 pub async fn metric(admin: &str, name: &str) -> Option<f64> {
-    let (status, text) = ballast_bench::http_get(admin, "/metrics").await;
+    let (status, text) = crate::http_get(admin, "/metrics").await;
     if status != 200 {
         return None;
     }
