@@ -398,8 +398,15 @@ impl<C> Balancer<C> {
     /// The failure accrual of the policy in force (`None`: off). Endpoint
     /// state carries over; a changed setting applies from the next failure.
     pub fn set_failure_accrual(&self, accrual: Option<&Arc<FailureAccrual>>) {
+        // Called per request: the policy's own `Arc` is usually the one in
+        // force already, which a pointer comparison says.
         let current = self.target.accrual.load();
-        if current.as_deref() != accrual.map(|a| &**a) {
+        let same = match (current.as_ref(), accrual) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+            _ => false,
+        };
+        if !same {
             self.target.accrual.store(accrual.cloned());
         }
     }
