@@ -77,14 +77,10 @@ pub struct Feed<V> {
     readers: Mutex<Readers>,
 }
 
-/// The readers of one feed, one slot each (reused once freed), and when
-/// the recent versions were published.
+/// The readers of one feed, one slot each (reused once freed).
 struct Readers {
     slots: Vec<Slot>,
     free: Vec<usize>,
-    /// `(version, published at)`, oldest first, for the versions in the
-    /// history and the latest.
-    published: VecDeque<(u64, Instant)>,
 }
 
 #[derive(Default)]
@@ -93,6 +89,10 @@ struct Slot {
     seen: Option<u64>,
     /// Set while the reader waits for a version newer than `seen`.
     waker: Option<Waker>,
+    /// When the first version it lacks was published: kept per reader, so
+    /// a reader that fell behind the history is still cut in time however
+    /// fast versions come.
+    lacking_since: Option<Instant>,
     state: SlotState,
 }
 
@@ -166,7 +166,6 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
             readers: Mutex::new(Readers {
                 slots: Vec::new(),
                 free: Vec::new(),
-                published: VecDeque::from([(0, Instant::now())]),
             }),
             encoder,
             tx: watch::Sender::new(Arc::new(Head {
@@ -230,24 +229,18 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
     fn wake_readers(&self, version: u64) -> usize {
         let now = Instant::now();
         let mut readers = self.lock_readers();
-        let Readers {
-            slots, published, ..
-        } = &mut *readers;
-        published.push_back((version, now));
-        while published.len() > self.limits.history + 1 {
-            published.pop_front();
-        }
         let mut cut = 0;
-        for slot in slots.iter_mut().filter(|s| s.state == SlotState::Open) {
-            if let Some(seen) = slot.seen.filter(|seen| seen + 1 < version) {
-                // When the oldest version it lacks was published (or,
-                // past the kept times, the oldest kept: later, so never an
-                // early cut).
-                let since = published
-                    .iter()
-                    .find(|(v, _)| *v > seen)
-                    .map_or(now, |(_, at)| *at);
-                if now.duration_since(since) > self.limits.send_wait {
+        for slot in readers
+            .slots
+            .iter_mut()
+            .filter(|s| s.state == SlotState::Open)
+        {
+            if let Some(seen) = slot.seen.filter(|seen| *seen < version) {
+                // Its time starts at the first publication it lacks; one
+                // whose take raced a publication starts again at the next
+                // one: a late cut, never an early one.
+                let since = *slot.lacking_since.get_or_insert(now);
+                if seen + 1 < version && now.duration_since(since) > self.limits.send_wait {
                     slot.state = SlotState::Cut;
                     cut += 1;
                 }
@@ -332,6 +325,7 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
         cursor.seen = Some(head.version);
         if let Some(slot) = self.lock_readers().slots.get_mut(cursor.slot) {
             slot.seen = Some(head.version);
+            slot.lacking_since = None;
         }
         CatchUp { head, kind }
     }
@@ -753,5 +747,45 @@ mod tests {
         tokio::time::advance(10 * wait).await;
         assert_eq!(f.publish(set(&[6])).cut, 0);
         assert_eq!(f.leave(&fresh), Left::Open);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reader_behind_a_short_history_is_still_cut_when_versions_come_fast() {
+        let wait = Duration::from_secs(1);
+        let f = Feed::new(
+            set(&[0]),
+            Arc::new(Sets),
+            Gauge::default(),
+            FeedLimits {
+                history: 2,
+                send_wait: wait,
+            },
+        );
+        let (mut reader, mut idle) = (f.cursor(), f.cursor());
+        let w = Arc::new(Wakes::default());
+        let _ = (poll(&f, &mut reader, &w), poll(&f, &mut idle, &w));
+        // A version every 300 ms: the history spans less than the wait, so
+        // only the time the reader itself fell behind can cut it.
+        let step = Duration::from_millis(300);
+        let mut cut_at = None;
+        for n in 1..20u32 {
+            tokio::time::advance(step).await;
+            let published = f.publish(set(&[n]));
+            let _ = poll(&f, &mut reader, &w);
+            if published.cut > 0 {
+                assert_eq!(published.cut, 1, "only the idle reader");
+                cut_at = Some(n);
+                break;
+            }
+        }
+        // Lacking version 1 since its publication: past the wait at the
+        // fifth (1.2 s later), not before.
+        assert_eq!(cut_at, Some(5));
+        assert_eq!(
+            poll(&f, &mut idle, &w),
+            Poll::Ready(vec![msg("cut".into())])
+        );
+        assert_eq!(f.leave(&idle), Left::WasCut);
+        assert_eq!(f.leave(&reader), Left::Open);
     }
 }
