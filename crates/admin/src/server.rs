@@ -5,7 +5,6 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,10 +18,10 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinSet;
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, Semaphore};
 
+use crate::accept::{drive_http1, serve_bounded, AcceptBounds, AtCapacity};
 use crate::Readiness;
 
 /// `Content-Type` of `/metrics`: the OpenMetrics text format that
@@ -40,9 +39,6 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Largest request head (request line and headers) read from a client.
 const MAX_REQUEST_HEAD_BYTES: usize = 16 * 1024;
-/// Pause after an accept error that is not about one connection (for example
-/// running out of file descriptors), so the loop does not spin.
-const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
 
@@ -201,69 +197,30 @@ impl AdminServer {
             .header_read_timeout(self.header_read_timeout)
             .max_buf_size(MAX_REQUEST_HEAD_BYTES)
             .keep_alive(true);
-        let bounds = ConnectionBounds {
-            http,
-            max_age: self.max_connection_age,
-            grace: self.shutdown_grace,
+        let bounds = AcceptBounds {
+            max_connections: self.max_connections,
+            at_capacity: AtCapacity::Close(service.rejected.clone()),
+            shutdown_grace: self.shutdown_grace,
+            open: service.open.clone(),
         };
-        let permits = Arc::new(Semaphore::new(self.max_connections));
-        let (stop, stopped) = watch::channel(false);
-        let mut connections = JoinSet::new();
-        let mut shutdown = pin!(shutdown);
-
-        loop {
-            tokio::select! {
-                biased;
-                () = &mut shutdown => break,
-                Some(ended) = connections.join_next() => log_task_end(ended),
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, peer)) => {
-                        let Ok(permit) = permits.clone().try_acquire_owned() else {
-                            service.rejected.inc();
-                            tracing::debug!(%peer, "admin connection limit reached; closing the new connection");
-                            drop(stream);
-                            continue;
-                        };
-                        let guard = OpenConnection::new(permit, service.open.clone());
-                        connections.spawn(serve_connection(
-                            stream,
-                            peer,
-                            service.clone(),
-                            bounds.clone(),
-                            stopped.clone(),
-                            guard,
-                        ));
-                    }
-                    Err(error) if is_connection_error(&error) => {
-                        tracing::debug!(%error, "admin connection failed before it was accepted");
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "admin server cannot accept connections; retrying shortly");
-                        tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
-                    }
-                },
+        let (max_age, grace) = (self.max_connection_age, self.shutdown_grace);
+        serve_bounded("admin", listener, bounds, shutdown, |stream, peer, stopping| {
+            let service = service.clone();
+            let http = http.clone();
+            async move {
+                if let Err(error) = stream.set_nodelay(true) {
+                    tracing::debug!(%peer, %error, "cannot set TCP_NODELAY on an admin connection");
+                }
+                let connection = http.serve_connection(
+                    TokioIo::new(stream),
+                    service_fn(move |request: Request<Incoming>| {
+                        std::future::ready(Ok::<_, Infallible>(service.respond(&request, peer)))
+                    }),
+                );
+                drive_http1("admin", peer, connection, stopping, Some(max_age), grace).await;
             }
-        }
-
-        drop(listener);
-        stop.send_replace(true);
-        let in_flight = connections.len();
-        tracing::debug!(in_flight, "admin server shutting down");
-        // Each connection bounds its own drain by the grace period; this
-        // outer bound only guards against a connection task that overstays.
-        let drain = async {
-            while let Some(ended) = connections.join_next().await {
-                log_task_end(ended);
-            }
-        };
-        let outer = self.shutdown_grace.saturating_add(Duration::from_secs(1));
-        if tokio::time::timeout(outer, drain).await.is_err() {
-            tracing::warn!(
-                remaining = connections.len(),
-                "admin connections outlived the shutdown grace period; closing them"
-            );
-            connections.shutdown().await;
-        }
+        })
+        .await;
         tracing::info!(%local, "admin server stopped");
         Ok(())
     }
@@ -277,80 +234,6 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     AdminServer::new(state).serve(listener, shutdown).await
-}
-
-/// Per-connection settings, cloned into each connection task.
-#[derive(Clone)]
-struct ConnectionBounds {
-    http: http1::Builder,
-    max_age: Duration,
-    grace: Duration,
-}
-
-async fn serve_connection(
-    stream: TcpStream,
-    peer: SocketAddr,
-    service: Arc<AdminService>,
-    bounds: ConnectionBounds,
-    mut stopped: watch::Receiver<bool>,
-    _open: OpenConnection,
-) {
-    if let Err(error) = stream.set_nodelay(true) {
-        tracing::debug!(%peer, %error, "cannot set TCP_NODELAY on an admin connection");
-    }
-    let connection = bounds.http.serve_connection(
-        TokioIo::new(stream),
-        service_fn(move |request: Request<Incoming>| {
-            std::future::ready(Ok::<_, Infallible>(service.respond(&request, peer)))
-        }),
-    );
-    let mut connection = pin!(connection);
-    tokio::select! {
-        ended = connection.as_mut() => {
-            log_connection_end(peer, ended);
-            return;
-        }
-        // An error means the server is gone: shut down all the same.
-        _ = stopped.wait_for(|stopped| *stopped) => {}
-        () = tokio::time::sleep(bounds.max_age) => {
-            tracing::debug!(%peer, "admin connection reached its maximum age; closing it");
-        }
-    }
-    connection.as_mut().graceful_shutdown();
-    match tokio::time::timeout(bounds.grace, connection).await {
-        Ok(ended) => log_connection_end(peer, ended),
-        Err(_) => {
-            tracing::debug!(%peer, "admin connection still busy after the grace period; closing it")
-        }
-    }
-}
-
-fn log_connection_end(peer: SocketAddr, ended: Result<(), hyper::Error>) {
-    if let Err(error) = ended {
-        // Garbage, timeouts and hang-ups land here; they are the client's business.
-        tracing::debug!(%peer, %error, "admin connection ended with an error");
-    }
-}
-
-fn log_task_end(ended: Result<(), tokio::task::JoinError>) {
-    if let Err(error) = ended {
-        if error.is_panic() {
-            tracing::error!(%error, "admin connection task panicked");
-        }
-    }
-}
-
-/// Errors of `accept` that concern only the connection being accepted.
-fn is_connection_error(error: &io::Error) -> bool {
-    matches!(
-        error.kind(),
-        io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::ConnectionReset
-            | io::ErrorKind::ConnectionRefused
-            | io::ErrorKind::Interrupted
-            | io::ErrorKind::WouldBlock
-            | io::ErrorKind::TimedOut
-    )
 }
 
 /// What a request gets, decided from its method, path and peer alone.
@@ -440,29 +323,6 @@ mod route_tests {
                 "{method} {path} from {peer} (shutdown enabled: {enabled})"
             );
         }
-    }
-}
-
-/// Holds a connection slot, and keeps `admin_connections_open` counting it,
-/// until the connection task ends (or is aborted).
-struct OpenConnection {
-    _permit: OwnedSemaphorePermit,
-    open: Gauge,
-}
-
-impl OpenConnection {
-    fn new(permit: OwnedSemaphorePermit, open: Gauge) -> Self {
-        open.inc();
-        Self {
-            _permit: permit,
-            open,
-        }
-    }
-}
-
-impl Drop for OpenConnection {
-    fn drop(&mut self) {
-        self.open.dec();
     }
 }
 
@@ -592,7 +452,7 @@ mod tests {
     /// Whether `request` has been made, without waiting.
     fn made(request: &ShutdownRequest) -> bool {
         let waiting = request.requested();
-        let mut waiting = pin!(waiting);
+        let mut waiting = std::pin::pin!(waiting);
         let waker = std::task::Waker::noop();
         let mut cx = std::task::Context::from_waker(waker);
         waiting.as_mut().poll(&mut cx).is_ready()

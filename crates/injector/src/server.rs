@@ -3,6 +3,7 @@
 //! once in number (the rest wait, briefly, before any body is read).
 
 use crate::decide::{Answer, Decider};
+use ballast_admin::accept::{drive_http1, serve_bounded, AcceptBounds, AtCapacity};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
@@ -14,12 +15,8 @@ use prometheus_client::{
     registry::Registry,
 };
 use rustls::ServerConfig;
-use std::{future::Future, pin::pin, sync::Arc, time::Duration};
-use tokio::{
-    net::TcpListener,
-    sync::{watch, Semaphore},
-    task::JoinSet,
-};
+use std::{future::Future, sync::Arc, time::Duration};
+use tokio::{net::TcpListener, sync::Semaphore};
 
 /// The path the webhook configuration names.
 pub const WEBHOOK_PATH: &str = "/inject";
@@ -248,99 +245,63 @@ pub async fn serve(
         metrics: metrics.clone(),
     });
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut connections = JoinSet::new();
-    let mut shutdown = pin!(shutdown);
-    loop {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .keep_alive(true);
+    let bounds = AcceptBounds {
+        max_connections: limits.max_connections,
         // At the connection bound, stop accepting: the backlog holds the rest.
-        let permit = tokio::select! {
-            () = &mut shutdown => break,
-            Some(_) = connections.join_next() => continue,
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-        };
-        let (stream, peer) = tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::debug!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        metrics.connections.inc();
-        metrics.connections_open.inc();
-        let open = InFlight(metrics.connections_open.clone());
-        let acceptor = acceptor.clone();
-        let shared = shared.clone();
-        let mut stop = stop_rx.clone();
-        connections.spawn(async move {
-            let _permit = permit;
-            let _open = open;
-            let tls = match tokio::time::timeout(
-                shared.limits.handshake_timeout,
-                acceptor.accept(stream),
-            )
-            .await
-            {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    shared
-                        .metrics
-                        .tls_errors
-                        .get_or_create(&TlsErrorLabels { error: "handshake" })
-                        .inc();
-                    return;
-                }
-                Err(_) => {
-                    shared
-                        .metrics
-                        .tls_errors
-                        .get_or_create(&TlsErrorLabels { error: "timeout" })
-                        .inc();
-                    return;
-                }
-            };
-            let service = hyper::service::service_fn({
-                let shared = shared.clone();
-                move |req| {
+        at_capacity: AtCapacity::Wait,
+        shutdown_grace: limits.shutdown_grace,
+        open: metrics.connections_open.clone(),
+    };
+    serve_bounded(
+        "injector",
+        listener,
+        bounds,
+        shutdown,
+        |stream, peer, stopping| {
+            metrics.connections.inc();
+            let acceptor = acceptor.clone();
+            let shared = shared.clone();
+            let http = http.clone();
+            async move {
+                let tls = match tokio::time::timeout(
+                    shared.limits.handshake_timeout,
+                    acceptor.accept(stream),
+                )
+                .await
+                {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        shared
+                            .metrics
+                            .tls_errors
+                            .get_or_create(&TlsErrorLabels { error: "handshake" })
+                            .inc();
+                        return;
+                    }
+                    Err(_) => {
+                        shared
+                            .metrics
+                            .tls_errors
+                            .get_or_create(&TlsErrorLabels { error: "timeout" })
+                            .inc();
+                        return;
+                    }
+                };
+                let grace = shared.limits.shutdown_grace;
+                let service = hyper::service::service_fn(move |req| {
                     let shared = shared.clone();
                     async move { Ok::<_, std::convert::Infallible>(handle(shared, req).await) }
-                }
-            });
-            let mut http = hyper::server::conn::http1::Builder::new();
-            http.timer(TokioTimer::new())
-                .header_read_timeout(shared.limits.header_read_timeout)
-                .max_buf_size(MAX_HEAD_BYTES)
-                .keep_alive(true);
-            let conn = http.serve_connection(TokioIo::new(tls), service);
-            let mut conn = pin!(conn);
-            tokio::select! {
-                r = conn.as_mut() => {
-                    if let Err(e) = r {
-                        tracing::debug!(%peer, error = %e, "connection ended");
-                    }
-                }
-                _ = async { let _ = stop.wait_for(|s| *s).await; } => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(shared.limits.shutdown_grace, conn).await;
-                }
+                });
+                let connection = http.serve_connection(TokioIo::new(tls), service);
+                drive_http1("injector", peer, connection, stopping, None, grace).await;
             }
-        });
-    }
-    drop(listener);
-    let _ = stop_tx.send(true);
-    let drain = async { while connections.join_next().await.is_some() {} };
-    if tokio::time::timeout(limits.shutdown_grace + Duration::from_secs(1), drain)
-        .await
-        .is_err()
-    {
-        connections.shutdown().await;
-    }
+        },
+    )
+    .await;
 }

@@ -14,12 +14,13 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
-use std::pin::{pin, Pin};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use ballast_admin::accept::{drive_http1, serve_bounded, AcceptBounds, AtCapacity};
 use ballast_vizcore::api::ResourceRef;
 use ballast_vizcore::mesh::{canonical_kind, Mesh, QueryError, StatQuery};
 use bytes::Bytes;
@@ -35,12 +36,10 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
-use tokio::task::JoinSet;
 use tokio::time::Sleep;
 
 use crate::collector::{lock, Clock};
-use crate::metrics::{GaugeGuard, PathLabels, VizMetrics};
+use crate::metrics::{PathLabels, VizMetrics};
 use crate::tap::{TapError, Tapper};
 
 pub const DEFAULT_MAX_CONNECTIONS: usize = 128;
@@ -102,74 +101,33 @@ pub async fn serve(
         .header_read_timeout(config.header_read_timeout)
         .max_buf_size(MAX_HEAD_BYTES)
         .keep_alive(true);
-    let permits = Arc::new(Semaphore::new(config.max_connections.max(1)));
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut connections = JoinSet::new();
-    let mut shutdown = pin!(shutdown);
-    loop {
+    let bounds = AcceptBounds {
+        max_connections: config.max_connections,
         // At the bound, stop accepting: the listen backlog holds the rest.
-        let permit = tokio::select! {
-            biased;
-            () = &mut shutdown => break,
-            Some(_) = connections.join_next() => continue,
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-        };
-        let (stream, peer) = tokio::select! {
-            biased;
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(error) => {
-                    tracing::debug!(%error, "viz server accept failed");
-                    // Out of descriptors, say: do not spin.
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = stream.set_nodelay(true);
-        let open = GaugeGuard::new(&viz.metrics.http_connections);
-        let viz = viz.clone();
-        let http = http.clone();
-        let mut stop = stop_rx.clone();
-        let (grace, stall) = (config.shutdown_grace, config.write_stall_timeout);
-        connections.spawn(async move {
-            let _permit = permit;
-            let _open = open;
-            let io = TokioIo::new(StallGuard::new(stream, stall));
+        at_capacity: AtCapacity::Wait,
+        shutdown_grace: config.shutdown_grace,
+        open: viz.metrics.http_connections.clone(),
+    };
+    let (grace, stall) = (config.shutdown_grace, config.write_stall_timeout);
+    serve_bounded(
+        "viz",
+        listener,
+        bounds,
+        shutdown,
+        |stream, peer, stopping| {
+            let _ = stream.set_nodelay(true);
+            let viz = viz.clone();
             let connection = http.serve_connection(
-                io,
+                TokioIo::new(StallGuard::new(stream, stall)),
                 service_fn(move |request: Request<Incoming>| {
                     let viz = viz.clone();
                     async move { Ok::<_, Infallible>(respond(&viz, &request)) }
                 }),
             );
-            let mut connection = pin!(connection);
-            tokio::select! {
-                ended = connection.as_mut() => {
-                    if let Err(error) = ended {
-                        tracing::debug!(%peer, %error, "viz connection ended with an error");
-                    }
-                    return;
-                }
-                _ = stop.wait_for(|s| *s) => {}
-            }
-            connection.as_mut().graceful_shutdown();
-            let _ = tokio::time::timeout(grace, connection).await;
-        });
-    }
-    drop(listener);
-    stop_tx.send_replace(true);
-    let drain = async { while connections.join_next().await.is_some() {} };
-    if tokio::time::timeout(config.shutdown_grace + Duration::from_secs(1), drain)
-        .await
-        .is_err()
-    {
-        connections.shutdown().await;
-    }
+            drive_http1("viz", peer, connection, stopping, None, grace)
+        },
+    )
+    .await;
 }
 
 /// What a request path is, for routing and the `path` label.

@@ -31,6 +31,8 @@ use std::time::Duration;
 use ballast_meshtls::IdentityName;
 use ballast_vizcore::api::{ResourceRef, TapEvent, TapNotice};
 use ballast_vizcore::targets::PodTarget;
+
+use crate::metrics::GaugeGuard;
 use bytes::Bytes;
 use linkerd2_proxy_api::tap::ObserveRequest;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -413,8 +415,7 @@ impl Fleet {
         let request = self.request.clone();
         let metrics = self.metrics.clone();
         let task = tokio::spawn(async move {
-            metrics.pod_streams.inc();
-            let _open = GaugeGuard(metrics.pod_streams.clone());
+            let _open = GaugeGuard::new(&metrics.pod_streams);
             pod::run(index, label, observer, request, tx).await;
         })
         .abort_handle();
@@ -745,14 +746,6 @@ impl Drop for Slot {
     fn drop(&mut self) {
         self.open.fetch_sub(1, Ordering::AcqRel);
         self.gauge.dec();
-    }
-}
-
-struct GaugeGuard(Gauge);
-
-impl Drop for GaugeGuard {
-    fn drop(&mut self) {
-        self.0.dec();
     }
 }
 

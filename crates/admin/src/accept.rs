@@ -1,0 +1,442 @@
+//! One bounded accept loop for Ballast's small HTTP/1 servers (the admin
+//! server, viz's dashboard and the injector's webhook): at most
+//! `max_connections` served at once, accept errors that never end the
+//! server, and a shutdown that stops accepting and gives open connections
+//! a grace period before closing them.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::{Body, Incoming};
+use hyper::rt::{Read, Write};
+use hyper::server::conn::http1;
+use hyper::service::HttpService;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+/// Pause after an accept error that is not about one connection (running
+/// out of file descriptors, say), so the loop does not spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+/// Such errors are logged at most this often (with how many came between).
+const ACCEPT_ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// What happens to a connection arriving while `max_connections` are open.
+#[derive(Clone, Debug)]
+pub enum AtCapacity {
+    /// It is not accepted until one ends: the listen backlog holds it.
+    Wait,
+    /// It is accepted and closed at once, unanswered, and counted here (a
+    /// probe fails fast instead of timing out).
+    Close(Counter),
+}
+
+/// The bounds of one server's accept loop.
+#[derive(Clone, Debug)]
+pub struct AcceptBounds {
+    /// Most connections served at once (at least 1).
+    pub max_connections: usize,
+    /// What a connection past the bound gets.
+    pub at_capacity: AtCapacity,
+    /// Counts the connections open (kept by the loop).
+    pub open: Gauge,
+    /// How long open connections may take to finish once shutdown starts
+    /// (each is told at once; the loop waits this long and a second more,
+    /// then closes what is left).
+    pub shutdown_grace: Duration,
+}
+
+/// Tells a connection that the server is stopping.
+#[derive(Clone, Debug)]
+pub struct Stopping(watch::Receiver<bool>);
+
+impl Stopping {
+    /// Resolves once the server stops (or is gone).
+    pub async fn wait(&mut self) {
+        // An error means the server is gone: stopping all the same.
+        let _ = self.0.wait_for(|stopped| *stopped).await;
+    }
+}
+
+/// Serves connections from `listener` until `shutdown` resolves: each
+/// accepted connection, within `bounds`, is handed to `connection` and the
+/// future it returns runs as its own task, holding its slot until it ends.
+/// Then stops accepting, tells every connection ([`Stopping`]) and waits
+/// for them within the shutdown grace. `server` names it in logs.
+pub async fn serve_bounded<F, Fut>(
+    server: &'static str,
+    listener: TcpListener,
+    bounds: AcceptBounds,
+    shutdown: impl Future<Output = ()>,
+    mut connection: F,
+) where
+    F: FnMut(TcpStream, SocketAddr, Stopping) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let permits = Arc::new(Semaphore::new(
+        bounds.max_connections.clamp(1, Semaphore::MAX_PERMITS),
+    ));
+    let (stop, stopping) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    let mut shutdown = pin!(shutdown);
+    let mut errors = AcceptErrors::default();
+    loop {
+        let waited = match bounds.at_capacity {
+            AtCapacity::Wait => tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                Some(ended) = connections.join_next() => {
+                    log_task_end(server, ended);
+                    continue;
+                }
+                p = permits.clone().acquire_owned() => match p {
+                    Ok(p) => Some(p),
+                    Err(_) => break,
+                },
+            },
+            AtCapacity::Close(_) => None,
+        };
+        let accepted = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            Some(ended) = connections.join_next(), if waited.is_none() => {
+                log_task_end(server, ended);
+                continue;
+            }
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(error) if is_connection_error(&error) => {
+                tracing::debug!(server, %error, "a connection failed before it was accepted");
+                continue;
+            }
+            Err(error) => {
+                errors.log(server, &error);
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        let permit = match (waited, &bounds.at_capacity) {
+            (Some(p), _) => p,
+            (None, AtCapacity::Close(rejected)) => match permits.clone().try_acquire_owned() {
+                Ok(p) => p,
+                Err(_) => {
+                    rejected.inc();
+                    tracing::debug!(server, %peer, "connection limit reached; closing the new connection");
+                    continue;
+                }
+            },
+            (None, AtCapacity::Wait) => unreachable!("a waiting loop holds its permit"),
+        };
+        let served = connection(stream, peer, Stopping(stopping.clone()));
+        let open = Open::new(&bounds.open);
+        connections.spawn(async move {
+            let _held = (permit, open);
+            served.await;
+        });
+    }
+    drop(listener);
+    stop.send_replace(true);
+    tracing::debug!(server, in_flight = connections.len(), "shutting down");
+    let drain = async {
+        while let Some(ended) = connections.join_next().await {
+            log_task_end(server, ended);
+        }
+    };
+    let outer = bounds.shutdown_grace.saturating_add(Duration::from_secs(1));
+    if tokio::time::timeout(outer, drain).await.is_err() {
+        tracing::warn!(
+            server,
+            remaining = connections.len(),
+            "connections outlived the shutdown grace period; closing them"
+        );
+        connections.shutdown().await;
+    }
+}
+
+/// Serves one HTTP/1 connection until it ends, the server stops or
+/// `max_age` passes; then shuts it down gracefully: the request in flight
+/// gets `grace` to finish.
+pub async fn drive_http1<I, S, B>(
+    server: &'static str,
+    peer: SocketAddr,
+    connection: http1::Connection<I, S>,
+    mut stopping: Stopping,
+    max_age: Option<Duration>,
+    grace: Duration,
+) where
+    S: HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: Read + Write + Unpin + 'static,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut connection = pin!(connection);
+    let aged = async {
+        match max_age {
+            Some(age) => tokio::time::sleep(age).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        ended = connection.as_mut() => {
+            log_connection_end(server, peer, ended);
+            return;
+        }
+        () = stopping.wait() => {}
+        () = aged => {
+            tracing::debug!(server, %peer, "connection reached its maximum age; closing it");
+        }
+    }
+    connection.as_mut().graceful_shutdown();
+    match tokio::time::timeout(grace, connection).await {
+        Ok(ended) => log_connection_end(server, peer, ended),
+        Err(_) => {
+            tracing::debug!(server, %peer, "connection still busy after the grace period; closing it")
+        }
+    }
+}
+
+/// Counts one open connection until its task ends (or is aborted).
+struct Open(Gauge);
+
+impl Open {
+    fn new(gauge: &Gauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+fn log_connection_end(server: &'static str, peer: SocketAddr, ended: Result<(), hyper::Error>) {
+    if let Err(error) = ended {
+        // Garbage, timeouts and hang-ups land here; they are the client's business.
+        tracing::debug!(server, %peer, %error, "connection ended with an error");
+    }
+}
+
+fn log_task_end(server: &'static str, ended: Result<(), tokio::task::JoinError>) {
+    if let Err(error) = ended {
+        if error.is_panic() {
+            tracing::error!(server, %error, "connection task panicked");
+        }
+    }
+}
+
+/// Errors of `accept` that concern only the connection being accepted.
+fn is_connection_error(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+            | io::ErrorKind::TimedOut
+    )
+}
+
+/// Logs accept errors at most every [`ACCEPT_ERROR_LOG_EVERY`].
+#[derive(Default)]
+struct AcceptErrors {
+    last: Option<Instant>,
+    since: u64,
+}
+
+impl AcceptErrors {
+    fn log(&mut self, server: &'static str, error: &io::Error) {
+        self.since += 1;
+        let now = Instant::now();
+        if self
+            .last
+            .is_some_and(|last| now.duration_since(last) < ACCEPT_ERROR_LOG_EVERY)
+        {
+            return;
+        }
+        tracing::warn!(
+            server,
+            %error,
+            errors = self.since,
+            "cannot accept connections; retrying shortly"
+        );
+        self.last = Some(now);
+        self.since = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const SERVED: Duration = Duration::from_secs(10);
+
+    async fn listener() -> (TcpListener, SocketAddr) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a = l.local_addr().unwrap();
+        (l, a)
+    }
+
+    /// A connection that answers one byte, then holds until the client
+    /// hangs up or the server stops.
+    async fn held(mut stream: TcpStream, _peer: SocketAddr, mut stopping: Stopping) {
+        let _ = stream.write_all(b"+").await;
+        let mut rest = Vec::new();
+        tokio::select! {
+            _ = stream.read_to_end(&mut rest) => {}
+            () = stopping.wait() => {}
+        }
+    }
+
+    /// A new connection, if served within `wait`.
+    async fn answered(addr: SocketAddr, wait: Duration) -> Option<TcpStream> {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let mut b = [0u8; 1];
+        match tokio::time::timeout(wait, s.read(&mut b)).await {
+            Ok(Ok(1)) => Some(s),
+            _ => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn past_the_bound_a_waiting_loop_leaves_connections_in_the_backlog() {
+        let (l, addr) = listener().await;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let open = Gauge::default();
+        let bounds = AcceptBounds {
+            max_connections: 2,
+            at_capacity: AtCapacity::Wait,
+            shutdown_grace: Duration::from_secs(1),
+            open: open.clone(),
+        };
+        let server = tokio::spawn(serve_bounded(
+            "test",
+            l,
+            bounds,
+            async {
+                let _ = rx.await;
+            },
+            held,
+        ));
+        let a = answered(addr, SERVED).await.expect("first served");
+        let _b = answered(addr, SERVED).await.expect("second served");
+        assert_eq!(open.get(), 2);
+        // Never served while the two are open, so any wait shows it.
+        assert!(
+            answered(addr, Duration::from_millis(300)).await.is_none(),
+            "third waits"
+        );
+        // One ends: the waiting connection is taken from the backlog.
+        drop(a);
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(10), third.read(&mut byte)).await;
+        assert!(
+            matches!(read, Ok(Ok(1))),
+            "a freed slot serves the next: {read:?}"
+        );
+        let _ = tx.send(());
+        tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("stops within the grace")
+            .unwrap();
+        assert_eq!(open.get(), 0, "every connection counted out");
+    }
+
+    #[tokio::test]
+    async fn past_the_bound_a_closing_loop_closes_and_counts() {
+        let (l, addr) = listener().await;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let rejected = Counter::default();
+        let bounds = AcceptBounds {
+            max_connections: 1,
+            at_capacity: AtCapacity::Close(rejected.clone()),
+            shutdown_grace: Duration::from_secs(1),
+            open: Gauge::default(),
+        };
+        let server = tokio::spawn(serve_bounded(
+            "test",
+            l,
+            bounds,
+            async {
+                let _ = rx.await;
+            },
+            held,
+        ));
+        let _a = answered(addr, SERVED).await.expect("first served");
+        let mut b = TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(10), b.read(&mut buf)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "closed unanswered: {read:?}"
+        );
+        assert_eq!(rejected.get(), 1);
+        let _ = tx.send(());
+        tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("stops within the grace")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_ignores_the_stop_is_closed_after_the_grace() {
+        let (l, addr) = listener().await;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let open = Gauge::default();
+        let bounds = AcceptBounds {
+            max_connections: 4,
+            at_capacity: AtCapacity::Wait,
+            shutdown_grace: Duration::from_millis(200),
+            open: open.clone(),
+        };
+        let (ended_tx, mut ended_rx) = tokio::sync::mpsc::channel::<()>(1);
+        let server = tokio::spawn(serve_bounded(
+            "test",
+            l,
+            bounds,
+            async {
+                let _ = rx.await;
+            },
+            move |mut stream: TcpStream, _, _| {
+                let ended = ended_tx.clone();
+                async move {
+                    // Dropped (the task aborted) rather than finished.
+                    let _ended = ended;
+                    let _ = stream.write_all(b"+").await;
+                    std::future::pending::<()>().await;
+                }
+            },
+        ));
+        let _a = answered(addr, SERVED).await.expect("served");
+        let _ = tx.send(());
+        let started = Instant::now();
+        tokio::time::timeout(Duration::from_secs(30), server)
+            .await
+            .expect("the loop ends although the connection does not")
+            .unwrap();
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(1200),
+            "it waited the grace and a second more: {took:?}"
+        );
+        assert!(
+            ended_rx.recv().await.is_none(),
+            "the connection was dropped"
+        );
+        assert_eq!(open.get(), 0, "and counted out");
+    }
+}
