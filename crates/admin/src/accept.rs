@@ -15,6 +15,7 @@ use hyper::body::{Body, Incoming};
 use hyper::rt::{Read, Write};
 use hyper::server::conn::http1;
 use hyper::service::HttpService;
+use hyper_util::rt::TokioTimer;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::{TcpListener, TcpStream};
@@ -162,6 +163,18 @@ pub async fn serve_bounded<F, Fut>(
     }
 }
 
+/// An HTTP/1 server with the bounds each small server sets: a request head
+/// within `header_read_timeout` (also how long an idle keep-alive
+/// connection stays) and `max_head_bytes`.
+pub fn http1_server(header_read_timeout: Duration, max_head_bytes: usize) -> http1::Builder {
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout)
+        .max_buf_size(max_head_bytes)
+        .keep_alive(true);
+    http
+}
+
 /// Serves one HTTP/1 connection until it ends, the server stops or
 /// `max_age` passes; then shuts it down gracefully: the request in flight
 /// gets `grace` to finish.
@@ -281,13 +294,67 @@ impl AcceptErrors {
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::task::JoinHandle;
 
     const SERVED: Duration = Duration::from_secs(10);
 
-    async fn listener() -> (TcpListener, SocketAddr) {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let a = l.local_addr().unwrap();
-        (l, a)
+    /// A running loop on 127.0.0.1, stopped by [`Server::stop`].
+    struct Server {
+        addr: SocketAddr,
+        stop: tokio::sync::oneshot::Sender<()>,
+        task: JoinHandle<()>,
+    }
+
+    impl Server {
+        async fn start<F, Fut>(bounds: AcceptBounds, connection: F) -> Self
+        where
+            F: FnMut(TcpStream, SocketAddr, Stopping) -> Fut + Send + 'static,
+            Fut: Future<Output = ()> + Send + 'static,
+        {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            let task = tokio::spawn(serve_bounded(
+                "test", listener, bounds, shutdown, connection,
+            ));
+            Self { addr, stop, task }
+        }
+
+        /// Stops it; returns how long it took to end.
+        async fn stop(self) -> Duration {
+            let _ = self.stop.send(());
+            let started = Instant::now();
+            tokio::time::timeout(Duration::from_secs(30), self.task)
+                .await
+                .expect("the loop ends")
+                .unwrap();
+            started.elapsed()
+        }
+
+        /// A new connection's first read within `wait`: `Some(1)` when
+        /// served, `Some(0)` when closed, `None` when nothing came.
+        async fn connect(&self, wait: Duration) -> (TcpStream, Option<usize>) {
+            let mut s = TcpStream::connect(self.addr).await.unwrap();
+            let mut b = [0u8; 1];
+            let read = match tokio::time::timeout(wait, s.read(&mut b)).await {
+                Ok(Ok(n)) => Some(n),
+                Ok(Err(_)) => Some(0),
+                Err(_) => None,
+            };
+            (s, read)
+        }
+    }
+
+    fn bounds(max_connections: usize, at_capacity: AtCapacity, open: &Gauge) -> AcceptBounds {
+        AcceptBounds {
+            max_connections,
+            at_capacity,
+            shutdown_grace: Duration::from_millis(200),
+            open: open.clone(),
+        }
     }
 
     /// A connection that answers one byte, then holds until the client
@@ -301,134 +368,56 @@ mod tests {
         }
     }
 
-    /// A new connection, if served within `wait`.
-    async fn answered(addr: SocketAddr, wait: Duration) -> Option<TcpStream> {
-        let mut s = TcpStream::connect(addr).await.unwrap();
-        let mut b = [0u8; 1];
-        match tokio::time::timeout(wait, s.read(&mut b)).await {
-            Ok(Ok(1)) => Some(s),
-            _ => None,
-        }
-    }
-
     #[tokio::test]
     async fn past_the_bound_a_waiting_loop_leaves_connections_in_the_backlog() {
-        let (l, addr) = listener().await;
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let open = Gauge::default();
-        let bounds = AcceptBounds {
-            max_connections: 2,
-            at_capacity: AtCapacity::Wait,
-            shutdown_grace: Duration::from_secs(1),
-            open: open.clone(),
-        };
-        let server = tokio::spawn(serve_bounded(
-            "test",
-            l,
-            bounds,
-            async {
-                let _ = rx.await;
-            },
-            held,
-        ));
-        let a = answered(addr, SERVED).await.expect("first served");
-        let _b = answered(addr, SERVED).await.expect("second served");
+        let server = Server::start(bounds(2, AtCapacity::Wait, &open), held).await;
+        let (a, first) = server.connect(SERVED).await;
+        let (_b, second) = server.connect(SERVED).await;
+        assert_eq!((first, second), (Some(1), Some(1)), "two served");
         assert_eq!(open.get(), 2);
         // Never served while the two are open, so any wait shows it.
-        assert!(
-            answered(addr, Duration::from_millis(300)).await.is_none(),
-            "third waits"
-        );
-        // One ends: the waiting connection is taken from the backlog.
+        let (_, third) = server.connect(Duration::from_millis(300)).await;
+        assert_eq!(third, None, "the third waits");
+        // One ends: the next is taken from the backlog.
         drop(a);
-        let mut third = TcpStream::connect(addr).await.unwrap();
-        let mut byte = [0u8; 1];
-        let read = tokio::time::timeout(Duration::from_secs(10), third.read(&mut byte)).await;
-        assert!(
-            matches!(read, Ok(Ok(1))),
-            "a freed slot serves the next: {read:?}"
-        );
-        let _ = tx.send(());
-        tokio::time::timeout(Duration::from_secs(10), server)
-            .await
-            .expect("stops within the grace")
-            .unwrap();
+        let (_c, next) = server.connect(SERVED).await;
+        assert_eq!(next, Some(1), "a freed slot serves the next");
+        server.stop().await;
         assert_eq!(open.get(), 0, "every connection counted out");
     }
 
     #[tokio::test]
     async fn past_the_bound_a_closing_loop_closes_and_counts() {
-        let (l, addr) = listener().await;
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let rejected = Counter::default();
-        let bounds = AcceptBounds {
-            max_connections: 1,
-            at_capacity: AtCapacity::Close(rejected.clone()),
-            shutdown_grace: Duration::from_secs(1),
-            open: Gauge::default(),
-        };
-        let server = tokio::spawn(serve_bounded(
-            "test",
-            l,
-            bounds,
-            async {
-                let _ = rx.await;
-            },
-            held,
-        ));
-        let _a = answered(addr, SERVED).await.expect("first served");
-        let mut b = TcpStream::connect(addr).await.unwrap();
-        let mut buf = [0u8; 1];
-        let read = tokio::time::timeout(Duration::from_secs(10), b.read(&mut buf)).await;
-        assert!(
-            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
-            "closed unanswered: {read:?}"
-        );
+        let (open, rejected) = (Gauge::default(), Counter::default());
+        let at_capacity = AtCapacity::Close(rejected.clone());
+        let server = Server::start(bounds(1, at_capacity, &open), held).await;
+        let (_a, first) = server.connect(SERVED).await;
+        assert_eq!(first, Some(1));
+        let (_b, second) = server.connect(SERVED).await;
+        assert_eq!(second, Some(0), "closed unanswered");
         assert_eq!(rejected.get(), 1);
-        let _ = tx.send(());
-        tokio::time::timeout(Duration::from_secs(10), server)
-            .await
-            .expect("stops within the grace")
-            .unwrap();
+        assert_eq!(open.get(), 1);
+        server.stop().await;
     }
 
     #[tokio::test]
     async fn a_connection_that_ignores_the_stop_is_closed_after_the_grace() {
-        let (l, addr) = listener().await;
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let open = Gauge::default();
-        let bounds = AcceptBounds {
-            max_connections: 4,
-            at_capacity: AtCapacity::Wait,
-            shutdown_grace: Duration::from_millis(200),
-            open: open.clone(),
-        };
         let (ended_tx, mut ended_rx) = tokio::sync::mpsc::channel::<()>(1);
-        let server = tokio::spawn(serve_bounded(
-            "test",
-            l,
-            bounds,
-            async {
-                let _ = rx.await;
-            },
-            move |mut stream: TcpStream, _, _| {
-                let ended = ended_tx.clone();
-                async move {
-                    // Dropped (the task aborted) rather than finished.
-                    let _ended = ended;
-                    let _ = stream.write_all(b"+").await;
-                    std::future::pending::<()>().await;
-                }
-            },
-        ));
-        let _a = answered(addr, SERVED).await.expect("served");
-        let _ = tx.send(());
-        let started = Instant::now();
-        tokio::time::timeout(Duration::from_secs(30), server)
-            .await
-            .expect("the loop ends although the connection does not")
-            .unwrap();
-        let took = started.elapsed();
+        let stubborn = move |mut stream: TcpStream, _, _| {
+            let ended = ended_tx.clone();
+            async move {
+                // Dropped (the task aborted) rather than finished.
+                let _ended = ended;
+                let _ = stream.write_all(b"+").await;
+                std::future::pending::<()>().await;
+            }
+        };
+        let server = Server::start(bounds(4, AtCapacity::Wait, &open), stubborn).await;
+        let (_a, first) = server.connect(SERVED).await;
+        assert_eq!(first, Some(1));
+        let took = server.stop().await;
         assert!(
             took >= Duration::from_millis(1200),
             "it waited the grace and a second more: {took:?}"

@@ -12,16 +12,15 @@ use http::header::{HeaderValue, ALLOW, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, Semaphore};
 
-use crate::accept::{drive_http1, serve_bounded, AcceptBounds, AtCapacity};
+use crate::accept::{drive_http1, http1_server, serve_bounded, AcceptBounds, AtCapacity};
 use crate::Readiness;
 
 /// `Content-Type` of `/metrics`: the OpenMetrics text format that
@@ -192,11 +191,7 @@ impl AdminServer {
         tracing::info!(%local, "admin server listening");
 
         let service = Arc::new(AdminService::new(self.state));
-        let mut http = http1::Builder::new();
-        http.timer(TokioTimer::new())
-            .header_read_timeout(self.header_read_timeout)
-            .max_buf_size(MAX_REQUEST_HEAD_BYTES)
-            .keep_alive(true);
+        let http = http1_server(self.header_read_timeout, MAX_REQUEST_HEAD_BYTES);
         let bounds = AcceptBounds {
             max_connections: self.max_connections,
             at_capacity: AtCapacity::Close(service.rejected.clone()),

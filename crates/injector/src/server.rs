@@ -3,12 +3,12 @@
 //! once in number (the rest wait, briefly, before any body is read).
 
 use crate::decide::{Answer, Decider};
-use ballast_admin::accept::{drive_http1, serve_bounded, AcceptBounds, AtCapacity};
+use ballast_admin::accept::{drive_http1, http1_server, serve_bounded, AcceptBounds, AtCapacity};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge},
@@ -245,11 +245,7 @@ pub async fn serve(
         metrics: metrics.clone(),
     });
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(MAX_HEAD_BYTES)
-        .keep_alive(true);
+    let http = http1_server(limits.header_read_timeout, MAX_HEAD_BYTES);
     let bounds = AcceptBounds {
         max_connections: limits.max_connections,
         // At the connection bound, stop accepting: the backlog holds the rest.

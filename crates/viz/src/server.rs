@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use ballast_admin::accept::{drive_http1, serve_bounded, AcceptBounds, AtCapacity};
+use ballast_admin::accept::{drive_http1, http1_server, serve_bounded, AcceptBounds, AtCapacity};
 use ballast_vizcore::api::ResourceRef;
 use ballast_vizcore::mesh::{canonical_kind, Mesh, QueryError, StatQuery};
 use bytes::Bytes;
@@ -30,9 +30,8 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
@@ -96,11 +95,7 @@ pub async fn serve(
     config: ServerConfig,
     shutdown: impl Future<Output = ()>,
 ) {
-    let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(config.header_read_timeout)
-        .max_buf_size(MAX_HEAD_BYTES)
-        .keep_alive(true);
+    let http = http1_server(config.header_read_timeout, MAX_HEAD_BYTES);
     let bounds = AcceptBounds {
         max_connections: config.max_connections,
         // At the bound, stop accepting: the listen backlog holds the rest.
