@@ -22,6 +22,9 @@ use tokio::time::Instant;
 /// Latency differences below this are noise, not signal: on a busy host a
 /// loopback round trip varies by about this much from scheduling alone.
 pub const LATENCY_FLOOR: Duration = Duration::from_millis(1);
+/// How often a request waiting for an endpoint looks again while the only
+/// candidates are on probation with their probe out.
+pub const PROBE_RECHECK: Duration = Duration::from_millis(10);
 
 #[derive(Debug)]
 pub struct EndpointState<C> {
@@ -75,6 +78,18 @@ impl<C> EndpointState<C> {
         let passed = |at: u64| at == 0 || self.target.epoch_ms(now) + 1 >= at;
         passed(self.retry_at.load(Ordering::Relaxed))
             && passed(self.shut_until.load(Ordering::Relaxed))
+            && !self.is_probing()
+    }
+
+    /// On probation after a penalty, one request at a time probes the
+    /// endpoint (as Linkerd's failure accrual): while one is out, it is not
+    /// chosen. Two picks racing on two threads may both send; the bound is
+    /// that the burst after a penalty is a probe, not the whole rate.
+    fn is_probing(&self) -> bool {
+        self.probation.load(Ordering::Relaxed)
+            && self.pending.load(Ordering::Relaxed) > 0
+            // Accrual turned off since: no probing.
+            && self.target.accrual.load().is_some()
     }
 
     /// Whether the endpoint is in connect backoff (counted as pending).
@@ -89,7 +104,13 @@ impl<C> EndpointState<C> {
             .retry_at
             .load(Ordering::Relaxed)
             .max(self.shut_until.load(Ordering::Relaxed));
-        (at != 0).then(|| self.target.instant_of_ms(at - 1))
+        let held = (at != 0).then(|| self.target.instant_of_ms(at - 1));
+        if self.is_probing() {
+            // Nothing announces a probe's end: look again shortly.
+            let soon = Instant::now() + PROBE_RECHECK;
+            return Some(held.map_or(soon, |at| at.max(soon)));
+        }
+        held
     }
 
     /// Whether a failure-accrual penalty holds the endpoint back now.

@@ -17,7 +17,7 @@
 mod endpoint;
 mod ewma;
 
-pub use endpoint::{EndpointState, InFlight, LATENCY_FLOOR};
+pub use endpoint::{EndpointState, InFlight, LATENCY_FLOOR, PROBE_RECHECK};
 pub use ewma::{decay_for, PeakEwma};
 
 use crate::{

@@ -450,6 +450,62 @@ async fn failure_accrual_holds_a_failing_endpoint_back_for_growing_penalties() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn after_a_penalty_one_probe_at_a_time_goes_to_the_endpoint() {
+    let f = balancer(set(2), config(Duration::from_secs(3), 100));
+    let b = &f.balancer;
+    b.set_failure_accrual(Some(&accrual(
+        1,
+        Duration::from_secs(1),
+        Duration::from_secs(4),
+    )));
+    let endpoints = b.endpoints();
+    let (bad, good) = (endpoints[0].clone(), endpoints[1].clone());
+    bad.response_ended(false);
+    tokio::time::advance(Duration::from_millis(1_001)).await;
+    assert!(!bad.is_penalised(Instant::now()));
+    // The other is busier, so cost alone would choose the probed one.
+    let _busy = (0..4).map(|_| good.start()).collect::<Vec<_>>();
+    // The penalty is over: the endpoint may be chosen, for one request.
+    let probe = bad.start();
+    for _ in 0..50 {
+        assert_eq!(chosen(b).await, Some(1), "not while the probe is out");
+    }
+    // The probe succeeds: probation ends and so does the limit.
+    drop(probe);
+    bad.response_ended(true);
+    let (_one, _two) = (bad.start(), bad.start());
+    assert_eq!(
+        chosen(b).await,
+        Some(0),
+        "the cheaper again, two requests out"
+    );
+
+    // Alone and probing: a waiting request gets it when the probe ends.
+    let f = balancer(set(1), config(Duration::from_secs(3), 100));
+    let b = f.balancer.clone();
+    b.set_failure_accrual(Some(&accrual(
+        1,
+        Duration::from_secs(1),
+        Duration::from_secs(4),
+    )));
+    let e = b.endpoints()[0].clone();
+    e.response_ended(false);
+    tokio::time::advance(Duration::from_millis(1_001)).await;
+    let probe = e.start();
+    let waiting = {
+        let b = b.clone();
+        tokio::spawn(async move { b.select(Instant::now() + Duration::from_secs(3)).await })
+    };
+    tokio::time::advance(Duration::from_millis(100)).await;
+    assert!(!waiting.is_finished(), "waits while the probe is out");
+    drop(probe);
+    e.response_ended(true);
+    tokio::time::advance(PROBE_RECHECK * 2).await;
+    let got = waiting.await.expect("task").expect("the endpoint");
+    assert_eq!(got.endpoint.addr, addr(0));
+}
+
+#[tokio::test(start_paused = true)]
 async fn without_failure_accrual_failures_never_hold_an_endpoint_back() {
     let f = balancer(set(1), config(Duration::from_secs(3), 100));
     let b = &f.balancer;
