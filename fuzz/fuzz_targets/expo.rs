@@ -25,7 +25,7 @@ const LIMITS: Limits = Limits {
 };
 
 fuzz_target!(|data: &[u8]| {
-    let page = parse(data, &LIMITS);
+    let page = parse(data, &LIMITS, Some(4191));
     if let Ok(p) = &page {
         assert!(p.len() <= LIMITS.max_series);
     }
@@ -34,10 +34,10 @@ fuzz_target!(|data: &[u8]| {
     if let Some(p) = page.as_ref().ok().filter(|p| !p.is_empty()) {
         let mut more = data.to_vec();
         more.extend_from_slice(b"\nresponse_total{direction=\"inbound\" \xff\"garbage\n");
-        let again = parse(&more, &LIMITS).expect("a garbage line more is still a page");
+        let again = parse(&more, &LIMITS, Some(4191)).expect("a garbage line more is still a page");
         assert_eq!(again.len(), p.len());
     }
-    let federated = parse_federated(data, &LIMITS);
+    let federated = parse_federated(data, &LIMITS, &|_, _| Some(4191));
     if let Ok(pods) = &federated {
         assert!(pods.iter().map(|(_, p)| p.len()).sum::<usize>() <= LIMITS.max_series);
     }
@@ -79,7 +79,7 @@ fuzz_target!(|data: &[u8]| {
         mesh.end_cycle(at, 1.0);
     };
     cycle(&mut mesh, page.ok());
-    cycle(&mut mesh, parse(data, &LIMITS).ok());
+    cycle(&mut mesh, parse(data, &LIMITS, Some(4191)).ok());
     if let Ok(pods) = federated {
         for (_, p) in pods {
             cycle(&mut mesh, Some(p));

@@ -286,7 +286,7 @@ impl Collector {
                 self.scrape_all(&fetch, &snapshot.meshed).await;
             }
             Source::Prometheus(federation) => {
-                let result = federation.fetch(&self.metrics).await;
+                let result = federation.fetch(&self.metrics, &snapshot.meshed).await;
                 self.record_federation(&snapshot.meshed, result);
             }
         }
@@ -472,15 +472,17 @@ async fn scrape_one(
         Ok(Ok(body)) => body,
     };
     metrics.scrape_bytes.inc_by(body.len() as u64);
-    (pod, parse(body, config.limits).await)
+    (pod, parse(body, config.limits, target.admin_port).await)
 }
 
-/// Parses `body`: inline when small, on the blocking pool when large.
-pub async fn parse(body: Bytes, limits: Limits) -> Result<Page, ScrapeError> {
+/// Parses `body`, the page of a proxy whose admin port is `admin_port`:
+/// inline when small, on the blocking pool when large.
+pub async fn parse(body: Bytes, limits: Limits, admin_port: u16) -> Result<Page, ScrapeError> {
+    let admin = Some(admin_port);
     if body.len() <= INLINE_PARSE_BYTES {
-        return expo::parse(&body, &limits).map_err(ScrapeError::from);
+        return expo::parse(&body, &limits, admin).map_err(ScrapeError::from);
     }
-    match tokio::task::spawn_blocking(move || expo::parse(&body, &limits)).await {
+    match tokio::task::spawn_blocking(move || expo::parse(&body, &limits, admin)).await {
         Ok(parsed) => parsed.map_err(ScrapeError::from),
         Err(error) => {
             tracing::error!(%error, "page parser task failed");

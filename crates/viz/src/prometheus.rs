@@ -10,10 +10,12 @@
 //! pods) and parsed on the blocking pool with its own series bound
 //! (`--max-federate-series`, 2,000,000).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use ballast_vizcore::api::ResourceRef;
 use ballast_vizcore::expo::{self, Limits, Page};
+use ballast_vizcore::targets::PodTarget;
 use http::Uri;
 use tokio::time::Instant;
 
@@ -132,10 +134,13 @@ pub struct Federation {
 }
 
 impl Federation {
-    /// The page, split by pod. Counted in `viz_scrapes_total` by the caller.
+    /// The page, split by pod (`meshed` says each pod's admin port, whose
+    /// inbound series are Prometheus' scrapes, not traffic). Counted in
+    /// `viz_scrapes_total` by the caller.
     pub async fn fetch(
         &self,
         metrics: &VizMetrics,
+        meshed: &[PodTarget],
     ) -> Result<Vec<(ResourceRef, Page)>, ScrapeError> {
         let _in_flight = GaugeGuard::new(&metrics.scrapes_in_flight);
         let started = Instant::now();
@@ -155,7 +160,19 @@ impl Federation {
         };
         metrics.scrape_bytes.inc_by(body.len() as u64);
         let limits = self.limits;
-        match tokio::task::spawn_blocking(move || expo::parse_federated(&body, &limits)).await {
+        let admin_ports: HashMap<(String, String), u16> = meshed
+            .iter()
+            .map(|t| {
+                let key = (t.pod.namespace.clone(), t.pod.name.clone());
+                (key, t.admin_port)
+            })
+            .collect();
+        let parse = move || {
+            let admin_port =
+                |ns: &str, pod: &str| admin_ports.get(&(ns.to_string(), pod.to_string())).copied();
+            expo::parse_federated(&body, &limits, &admin_port)
+        };
+        match tokio::task::spawn_blocking(parse).await {
             Ok(parsed) => parsed.map_err(ScrapeError::from),
             Err(error) => {
                 tracing::error!(%error, "federation parser task failed");

@@ -242,10 +242,15 @@ pub enum ParseError {
     NotExposition { line: usize, reason: &'static str },
 }
 
-/// Parses one proxy's page.
-pub fn parse(text: &[u8], limits: &Limits) -> Result<Page, ParseError> {
+/// Parses one proxy's page. Inbound series to `admin_port` (the proxy's
+/// own admin port, when known) are dropped: Linkerd's proxy counts the
+/// scrapes of its `/metrics` as inbound traffic.
+pub fn parse(text: &[u8], limits: &Limits, admin_port: Option<u16>) -> Result<Page, ParseError> {
     let mut strings = Strings::default();
-    let mut page = Builder::default();
+    let mut page = Builder {
+        admin_port,
+        ..Builder::default()
+    };
     let stats = scan(text, limits, |parsed| {
         page.add(&mut strings, parsed);
         over_limit(page.kept, limits)
@@ -256,10 +261,12 @@ pub fn parse(text: &[u8], limits: &Limits) -> Result<Page, ParseError> {
 /// Prometheus /federate output: series split by their `namespace` and `pod` labels.
 ///
 /// Series without both labels are dropped. The bounds apply to the whole
-/// answer, not per pod. Sorted by pod.
+/// answer, not per pod. Sorted by pod. `admin_port` says a pod's admin port
+/// by namespace and name, as for [`parse`].
 pub fn parse_federated(
     text: &[u8],
     limits: &Limits,
+    admin_port: &dyn Fn(&str, &str) -> Option<u16>,
 ) -> Result<Vec<(ResourceRef, Page)>, ParseError> {
     let mut strings = Strings::default();
     let mut pods: HashMap<(Arc<str>, Arc<str>), Builder> = HashMap::new();
@@ -272,7 +279,10 @@ pub fn parse_federated(
             return Ok(());
         }
         let key = (strings.get(&ns), strings.get(&pod));
-        let builder = pods.entry(key).or_default();
+        let builder = pods.entry(key).or_insert_with_key(|(ns, pod)| Builder {
+            admin_port: admin_port(ns, pod),
+            ..Builder::default()
+        });
         if parsed.family == Family::Up {
             builder.up = Some(builder.up == Some(true) || parsed.value > 0.0);
             return Ok(());
@@ -669,6 +679,9 @@ struct Builder {
     buckets: Vec<RawBucket>,
     kept: usize,
     up: Option<bool>,
+    /// The exporting proxy's admin port, when known: inbound series to it
+    /// are dropped.
+    admin_port: Option<u16>,
 }
 
 fn intern<T: Clone + Eq + Hash>(table: &mut Vec<T>, index: &mut HashMap<T, u32>, t: T) -> u32 {
@@ -695,9 +708,18 @@ impl Builder {
         if value.is_nan() || value.is_infinite() || value < 0.0 || (value == 0.0 && !bucket) {
             return;
         }
+        let admin_port = self.admin_port;
         let dir = || {
             if p.is(b"direction", b"inbound") {
-                Some(Direction::Inbound)
+                // Linkerd's proxy counts requests to its own admin port (the
+                // collector's scrapes, Prometheus') as inbound traffic: not
+                // the workload's.
+                let to_admin = admin_port.is_some_and(|port| {
+                    p.raw(b"target_port")
+                        .and_then(|v| std::str::from_utf8(v.raw).ok()?.parse::<u16>().ok())
+                        == Some(port)
+                });
+                (!to_admin).then_some(Direction::Inbound)
             } else if p.is(b"direction", b"outbound") {
                 Some(Direction::Outbound)
             } else {
@@ -933,7 +955,7 @@ mod tests {
     use super::*;
 
     fn page(text: &str) -> Page {
-        parse(text.as_bytes(), &Limits::default()).expect("parses")
+        parse(text.as_bytes(), &Limits::default(), None).expect("parses")
     }
 
     fn responses(p: &Page) -> Vec<(Direction, bool, f64)> {
@@ -1127,7 +1149,7 @@ mod tests {
             let mut text = b"response_total{direction=\"inbound\"} 5\n".to_vec();
             text.extend_from_slice(line);
             text.push(b'\n');
-            let p = parse(&text, &Limits::default()).expect("the good line is read");
+            let p = parse(&text, &Limits::default(), None).expect("the good line is read");
             let shown = String::from_utf8_lossy(&line[..line.len().min(60)]).to_string();
             assert_eq!(responses(&p).len(), 1, "{shown}");
             // `1e999999999999` parses as +Inf, which counts nothing but
@@ -1144,12 +1166,14 @@ mod tests {
         let p = parse(
             b"response_total{direction=\"outbound\",dst_namespace=\"d\xffmo\"} 1\n",
             &Limits::default(),
+            None,
         )
         .expect("parses");
         assert_eq!(&*p.dsts[0].namespace, "d\u{fffd}mo");
         let p = parse(
             b"response_total{direction=\"outbound\",dst_pod=\"\xc3\"} 1\n",
             &Limits::default(),
+            None,
         )
         .expect("parses");
         assert_eq!(&*p.dsts[0].pod, "\u{fffd}");
@@ -1160,17 +1184,18 @@ mod tests {
         assert!(matches!(
             parse(
                 b"<html><body>502 Bad Gateway</body></html>\n",
-                &Limits::default()
+                &Limits::default(),
+                None
             ),
             Err(ParseError::NotExposition { line: 1, .. })
         ));
         assert!(matches!(
-            parse(&[0u8, 159, 146, 150, 10, 255], &Limits::default()),
+            parse(&[0u8, 159, 146, 150, 10, 255], &Limits::default(), None),
             Err(ParseError::NotExposition { .. })
         ));
-        let p = parse(b"", &Limits::default()).expect("empty is fine");
+        let p = parse(b"", &Limits::default(), None).expect("empty is fine");
         assert!(p.is_empty());
-        let p = parse(b"# HELP x y\n# TYPE x counter\n", &Limits::default()).expect("ok");
+        let p = parse(b"# HELP x y\n# TYPE x counter\n", &Limits::default(), None).expect("ok");
         assert!(p.is_empty());
     }
 
@@ -1184,7 +1209,7 @@ mod tests {
             );
         }
         let limits = Limits::default();
-        match parse(&text, &limits) {
+        match parse(&text, &limits, None) {
             Err(ParseError::TooManySeries { limit }) => assert_eq!(limit, 50_000),
             other => panic!("expected TooManySeries, got {other:?}"),
         }
@@ -1202,10 +1227,10 @@ mod tests {
                 l
             })
             .collect();
-        assert_eq!(parse(&ten, &small).expect("10 fit").len(), 10);
+        assert_eq!(parse(&ten, &small, None).expect("10 fit").len(), 10);
         let mut eleven = ten.clone();
         eleven.extend_from_slice(b"response_total{direction=\"inbound\",status_code=\"x\"} 1\n");
-        assert!(parse(&eleven, &small).is_err());
+        assert!(parse(&eleven, &small, None).is_err());
     }
 
     #[test]
@@ -1273,6 +1298,51 @@ mod tests {
     }
 
     #[test]
+    fn inbound_series_to_the_proxys_admin_port_are_not_traffic() {
+        // As Linkerd's proxy exports them: the scrapes of its /metrics
+        // counted as inbound requests and connections on port 4191.
+        let text = "response_total{direction=\"inbound\",target_port=\"4191\",classification=\"success\"} 13\n\
+            response_total{direction=\"inbound\",target_port=\"8080\",classification=\"success\"} 200\n\
+            response_latency_ms_bucket{direction=\"inbound\",target_port=\"4191\",le=\"1\"} 13\n\
+            tcp_open_total{direction=\"inbound\",peer=\"src\",target_port=\"4191\",tls=\"no_identity\"} 1\n\
+            response_total{direction=\"outbound\",target_port=\"4191\",classification=\"success\"} 2\n";
+        let all = parse(text.as_bytes(), &Limits::default(), None).expect("parses");
+        assert_eq!(all.len(), 5);
+        let traffic = parse(text.as_bytes(), &Limits::default(), Some(4191)).expect("parses");
+        assert_eq!(
+            traffic.len(),
+            2,
+            "inbound to 8080 and outbound to 4191 stay"
+        );
+        let inbound: Vec<f64> = traffic
+            .samples
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s.what,
+                    What::Response {
+                        dir: Direction::Inbound,
+                        ..
+                    }
+                )
+            })
+            .map(|s| s.value)
+            .collect();
+        assert_eq!(inbound, vec![200.0]);
+        // From Prometheus, by each pod's own admin port.
+        let federated = "response_total{direction=\"inbound\",namespace=\"demo\",pod=\"a\",target_port=\"4191\"} 3\n\
+            response_total{direction=\"inbound\",namespace=\"demo\",pod=\"b\",target_port=\"4191\"} 3\n";
+        let ports = |_: &str, pod: &str| (pod == "a").then_some(4191);
+        let pods =
+            parse_federated(federated.as_bytes(), &Limits::default(), &ports).expect("parses");
+        let lens: Vec<(&str, usize)> = pods
+            .iter()
+            .map(|(r, p)| (r.name.as_str(), p.len()))
+            .collect();
+        assert_eq!(lens, vec![("a", 0), ("b", 1)]);
+    }
+
+    #[test]
     fn federated_series_split_by_namespace_and_pod() {
         let text = "# TYPE response_total untyped\n\
             response_total{direction=\"inbound\",namespace=\"demo\",pod=\"web-1\",instance=\"1.2.3.4:4191\"} 3 1700000000000\n\
@@ -1280,7 +1350,8 @@ mod tests {
             response_total{direction=\"inbound\",namespace=\"demo\",pod=\"web-1\",status_code=\"500\",classification=\"failure\"} 1 1700000000000\n\
             response_total{direction=\"inbound\",pod=\"nons\"} 9\n\
             response_total{direction=\"inbound\",namespace=\"demo\",pod=\"\"} 9\n";
-        let pods = parse_federated(text.as_bytes(), &Limits::default()).expect("parses");
+        let pods =
+            parse_federated(text.as_bytes(), &Limits::default(), &|_, _| None).expect("parses");
         let names: Vec<(&str, usize)> = pods
             .iter()
             .map(|(r, p)| (r.name.as_str(), p.len()))
@@ -1294,7 +1365,7 @@ mod tests {
             ..Limits::default()
         };
         assert!(matches!(
-            parse_federated(text.as_bytes(), &small),
+            parse_federated(text.as_bytes(), &small, &|_, _| None),
             Err(ParseError::TooManySeries { .. })
         ));
     }
@@ -1307,7 +1378,8 @@ mod tests {
             up{job=\"linkerd-proxy\",namespace=\"demo\",pod=\"web-3\"} 0\n\
             up{job=\"linkerd-proxy\",namespace=\"demo\",pod=\"web-3\"} 1\n\
             response_total{direction=\"inbound\",namespace=\"demo\",pod=\"web-4\"} 3\n";
-        let pods = parse_federated(text.as_bytes(), &Limits::default()).expect("parses");
+        let pods =
+            parse_federated(text.as_bytes(), &Limits::default(), &|_, _| None).expect("parses");
         let ups: Vec<(&str, Option<bool>, usize)> = pods
             .iter()
             .map(|(r, p)| (r.name.as_str(), p.prometheus_up(), p.len()))
@@ -1322,7 +1394,7 @@ mod tests {
             ]
         );
         // A proxy's own page has no `up`, and one there is no traffic.
-        let page = parse(b"up 1\n", &Limits::default()).expect("parses");
+        let page = parse(b"up 1\n", &Limits::default(), None).expect("parses");
         assert_eq!((page.prometheus_up(), page.len()), (None, 0));
     }
 }

@@ -120,7 +120,7 @@ impl Proxy {
             text.push_str(&format!("{s} {v}\n"));
         }
         text.push_str("# EOF\n");
-        parse(text.as_bytes(), &Limits::default()).expect("a proxy's page parses")
+        parse(text.as_bytes(), &Limits::default(), None).expect("a proxy's page parses")
     }
 }
 
