@@ -213,7 +213,7 @@ pub struct TapArgs {
 
 #[derive(ClapArgs)]
 #[command(
-    after_help = "On a terminal the table is redrawn every second; otherwise (or with --plain) it is printed every --interval. Stops after --duration, or when the tap ends (--limit)."
+    after_help = "On a terminal the table is redrawn every second; otherwise (or with --plain, or -o json: one JSON document a line) it is printed every --interval. Stops after --duration, or when the tap ends (--limit)."
 )]
 pub struct TopArgs {
     #[command(flatten)]
@@ -233,6 +233,16 @@ pub struct TopArgs {
     /// Rows shown at most (the busiest).
     #[arg(long, default_value_t = 40, value_parser = ballast_flags::count(1, 10_000))]
     max_rows: usize,
+    /// Output format: the table, or the same rows as one JSON document a
+    /// line (printed every --interval, never redrawn).
+    #[arg(short = 'o', long, value_enum, default_value_t = TopFormat::Table)]
+    output: TopFormat,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum TopFormat {
+    Table,
+    Json,
 }
 
 pub async fn stat(args: StatArgs) -> anyhow::Result<()> {
@@ -285,6 +295,7 @@ pub async fn top(args: TopArgs) -> anyhow::Result<()> {
         duration: args.duration,
         plain: args.plain,
         max_rows: args.max_rows,
+        json: matches!(args.output, TopFormat::Json),
     };
     let mut out = std::io::stdout();
     finish(cli::top(&o, &mut out).await)

@@ -335,6 +335,54 @@ async fn the_cli_reads_a_running_demo() {
     );
     assert!(last[4].parse::<u64>().expect("count") > 0, "{}", run.stdout);
 
+    // The same as JSON: one document a line.
+    let run = ballast(&with(
+        &[
+            "top",
+            "deploy/load",
+            "-n",
+            "demo",
+            "-o",
+            "json",
+            "--interval",
+            "1s",
+            "--duration",
+            "3s",
+        ],
+        &viz,
+    ))
+    .await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let tables: Vec<serde_json::Value> = run
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let last = tables.last().expect("a table");
+    let row = &last["rows"][0];
+    assert_eq!(
+        (
+            &row["source"],
+            &row["destination"],
+            &row["method"],
+            &row["path"]
+        ),
+        (
+            &serde_json::json!("deployment/load"),
+            &serde_json::json!("deployment/web"),
+            &serde_json::json!("GET"),
+            &serde_json::json!("/")
+        ),
+        "{}",
+        run.stdout
+    );
+    let count = row["count"].as_u64().expect("count");
+    assert!(
+        count > 0 && last["requests"].as_u64() >= Some(count),
+        "{}",
+        run.stdout
+    );
+
     // The server's refusals: one line, exit 1.
     let run = ballast(&with(&["tap", "deploy/nothing", "-n", "demo"], &viz)).await;
     assert_eq!(run.code, 1, "{}", run.stderr);

@@ -249,6 +249,8 @@ pub struct TopOptions {
     /// Plain tables even on a terminal.
     pub plain: bool,
     pub max_rows: usize,
+    /// One JSON document a line instead of tables (never redrawn).
+    pub json: bool,
 }
 
 /// Redraws of the live table.
@@ -257,7 +259,7 @@ const LIVE_EVERY: Duration = Duration::from_secs(1);
 const LIVE_NOTICES: usize = 3;
 
 pub async fn top(o: &TopOptions, out: &mut dyn Write) -> Result<(), CliError> {
-    let live = !o.plain && std::io::stdout().is_terminal();
+    let live = !o.plain && !o.json && std::io::stdout().is_terminal();
     let client = VizClient::new(&o.filter.viz_addr);
     let mut lines = client.tap(&o.filter.query()).await?;
     let mut counts = top::Top::new(top::MAX_KEYS);
@@ -283,6 +285,12 @@ pub async fn top(o: &TopOptions, out: &mut dyn Write) -> Result<(), CliError> {
     );
     let draw =
         |counts: &top::Top, notices: &[String], out: &mut dyn Write| -> std::io::Result<()> {
+            if o.json {
+                let mut line = serde_json::to_vec(&counts.json(view))?;
+                line.push(b'\n');
+                out.write_all(&line)?;
+                return out.flush();
+            }
             let mut text = String::new();
             if live {
                 // Home and clear, then the frame.

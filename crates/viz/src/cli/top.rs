@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use ballast_vizcore::api::TapEvent;
+use serde::Serialize;
 
 use super::render::{latency, percent, Table};
 
@@ -106,10 +107,9 @@ impl Top {
             ("LAST", true),
             ("SUCCESS_RATE", true),
         ]);
-        let mut rows: Vec<(&Key, &Row)> = self.rows.iter().collect();
-        rows.sort_by(|(ka, a), (kb, b)| b.count.cmp(&a.count).then_with(|| ka.cmp(kb)));
+        let (rows, hidden) = self.shown(view);
         let mut table = Table::new(&columns);
-        for (key, row) in rows.iter().take(view.max_rows) {
+        for (key, row) in &rows {
             let mut cells = Vec::new();
             if !view.hide_sources {
                 cells.push(key.source.clone());
@@ -127,11 +127,8 @@ impl Top {
             table.push(cells);
         }
         let mut out = table.render();
-        if rows.len() > view.max_rows {
-            out.push_str(&format!(
-                "({} more rows not shown)\n",
-                rows.len() - view.max_rows
-            ));
+        if hidden > 0 {
+            out.push_str(&format!("({hidden} more rows not shown)\n"));
         }
         if self.uncounted > 0 {
             out.push_str(&format!(
@@ -140,6 +137,67 @@ impl Top {
             ));
         }
         out
+    }
+}
+
+/// The table as one JSON document (`-o json`): the same rows, busiest
+/// first, with figures in milliseconds.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct TopJson {
+    /// Requests counted.
+    pub requests: u64,
+    /// Requests not counted because the bound on rows was reached.
+    pub not_counted: u64,
+    /// Rows beyond `--max-rows`, left out.
+    pub rows_not_shown: usize,
+    pub rows: Vec<TopJsonRow>,
+}
+
+#[derive(Debug, Serialize, PartialEq)]
+pub struct TopJsonRow {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    pub destination: String,
+    pub method: String,
+    pub path: String,
+    pub count: u64,
+    pub success_rate: f64,
+    pub best_ms: Option<f64>,
+    pub worst_ms: Option<f64>,
+    pub last_ms: Option<f64>,
+}
+
+impl Top {
+    /// The rows `render` shows, busiest first.
+    fn shown(&self, view: TopView) -> (Vec<(&Key, &Row)>, usize) {
+        let mut rows: Vec<(&Key, &Row)> = self.rows.iter().collect();
+        rows.sort_by(|(ka, a), (kb, b)| b.count.cmp(&a.count).then_with(|| ka.cmp(kb)));
+        let hidden = rows.len().saturating_sub(view.max_rows);
+        rows.truncate(view.max_rows);
+        (rows, hidden)
+    }
+
+    pub fn json(&self, view: TopView) -> TopJson {
+        let (rows, hidden) = self.shown(view);
+        TopJson {
+            requests: self.total(),
+            not_counted: self.uncounted,
+            rows_not_shown: hidden,
+            rows: rows
+                .into_iter()
+                .map(|(key, row)| TopJsonRow {
+                    source: (!view.hide_sources).then(|| key.source.clone()),
+                    destination: key.destination.clone(),
+                    method: key.method.clone(),
+                    path: key.path.clone(),
+                    count: row.count,
+                    success_rate: row.successes as f64 / row.count.max(1) as f64,
+                    best_ms: row.best_ms,
+                    worst_ms: row.worst_ms,
+                    last_ms: row.last_ms,
+                })
+                .collect(),
+        }
     }
 }
 
@@ -207,6 +265,28 @@ mod tests {
         });
         assert!(hidden.starts_with("DESTINATION "), "{hidden}");
         assert!(hidden.ends_with("(2 more rows not shown)\n"), "{hidden}");
+
+        // The same rows as JSON.
+        let json = serde_json::to_value(top.json(TopView {
+            hide_sources: false,
+            max_rows: 2,
+        }))
+        .expect("serializes");
+        assert_eq!(json["requests"], 5);
+        assert_eq!(json["rows_not_shown"], 1);
+        assert_eq!(json["rows"][0]["source"], "deployment/load");
+        assert_eq!(json["rows"][0]["path"], "/");
+        assert_eq!(json["rows"][0]["count"], 3);
+        assert_eq!(json["rows"][0]["best_ms"], 1.0);
+        assert_eq!(json["rows"][0]["worst_ms"], 30.0);
+        let rate = json["rows"][0]["success_rate"].as_f64().expect("a rate");
+        assert!((rate - 2.0 / 3.0).abs() < 1e-9, "{rate}");
+        assert_eq!(json["rows"][1]["source"], "127.0.0.1:1");
+        let hidden = top.json(TopView {
+            hide_sources: true,
+            max_rows: 10,
+        });
+        assert!(hidden.rows.iter().all(|r| r.source.is_none()));
     }
 
     #[test]
