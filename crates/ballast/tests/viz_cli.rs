@@ -288,20 +288,22 @@ async fn the_cli_reads_a_running_demo() {
     }
 
     // top, not on a terminal: the table every interval, then it stops.
-    let run = ballast(&with(
-        &[
+    let top = |output: &'static str| -> Vec<&str> {
+        let args = [
             "top",
             "deploy/load",
             "-n",
             "demo",
+            "-o",
+            output,
             "--interval",
             "1s",
             "--duration",
             "3s",
-        ],
-        &viz,
-    ))
-    .await;
+        ];
+        with(&args, &viz)
+    };
+    let run = ballast(&top("table")).await;
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(!run.stdout.contains('\x1b'), "{}", run.stdout);
     let header = run.stdout.lines().next().expect("header");
@@ -336,22 +338,7 @@ async fn the_cli_reads_a_running_demo() {
     assert!(last[4].parse::<u64>().expect("count") > 0, "{}", run.stdout);
 
     // The same as JSON: one document a line.
-    let run = ballast(&with(
-        &[
-            "top",
-            "deploy/load",
-            "-n",
-            "demo",
-            "-o",
-            "json",
-            "--interval",
-            "1s",
-            "--duration",
-            "3s",
-        ],
-        &viz,
-    ))
-    .await;
+    let run = ballast(&top("json")).await;
     assert_eq!(run.code, 0, "{}", run.stderr);
     let tables: Vec<serde_json::Value> = run
         .stdout

@@ -104,6 +104,17 @@ fn snapshot() -> Snapshot {
     }
 }
 
+/// The row of `kind`/`name` in namespace demo over the last 10 s (to 1010).
+fn stat_row(mesh: &Mesh, kind: &str, name: &str) -> ballast_vizcore::api::StatRow {
+    let q = StatQuery {
+        kind: kind.into(),
+        namespace: Some("demo".into()),
+        name: Some(name.into()),
+        window_secs: Some(10),
+    };
+    mesh.stat(&q, 1010).expect("stat").rows.remove(0)
+}
+
 fn close(got: Option<f64>, want: f64) {
     let got = got.expect("a figure");
     assert!((got - want).abs() < 1e-6, "got {got}, want {want}");
@@ -127,15 +138,7 @@ fn two_real_pages_give_the_proxys_own_figures() {
     mesh.record_page(&pod, 1010, t10);
     mesh.end_cycle(1010, 3.0);
 
-    let stat = |kind: &str, name: &str| {
-        let q = StatQuery {
-            kind: kind.into(),
-            namespace: Some("demo".into()),
-            name: Some(name.into()),
-            window_secs: Some(10),
-        };
-        mesh.stat(&q, 1010).expect("stat").rows.remove(0)
-    };
+    let stat = |kind: &str, name: &str| stat_row(&mesh, kind, name);
 
     let web = stat("svc", "web");
     let requests = delta(
@@ -262,15 +265,7 @@ fn two_linkerd2_proxies_pages_give_their_own_figures() {
         mesh.record_page(&web.pod, at, page(web_page));
         mesh.end_cycle(at, 3.0);
     }
-    let stat = |kind: &str, name: &str| {
-        let q = StatQuery {
-            kind: kind.into(),
-            namespace: Some("demo".into()),
-            name: Some(name.into()),
-            window_secs: Some(10),
-        };
-        mesh.stat(&q, 1010).expect("stat").rows.remove(0)
-    };
+    let stat = |kind: &str, name: &str| stat_row(&mesh, kind, name);
 
     // The server's own inbound: the client's requests, not the scrapes of
     // its admin port, which linkerd2-proxy counts as inbound too.

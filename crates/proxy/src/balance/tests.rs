@@ -378,6 +378,18 @@ fn accrual(max_failures: u32, min: Duration, max: Duration) -> Arc<FailureAccrua
     })
 }
 
+/// `n` endpoints under failure accrual: `max_failures` in a row earn a
+/// penalty of 1 s, doubling up to 4 s.
+fn accruing(n: usize, max_failures: u32) -> Fixture {
+    let f = balancer(set(n), config(Duration::from_secs(3), 100));
+    f.balancer.set_failure_accrual(Some(&accrual(
+        max_failures,
+        Duration::from_secs(1),
+        Duration::from_secs(4),
+    )));
+    f
+}
+
 /// The endpoint `select` chooses now, by index.
 async fn chosen(b: &Balancer<()>) -> Option<usize> {
     let e = b.select(Instant::now()).await.ok()?;
@@ -386,13 +398,8 @@ async fn chosen(b: &Balancer<()>) -> Option<usize> {
 
 #[tokio::test(start_paused = true)]
 async fn failure_accrual_holds_a_failing_endpoint_back_for_growing_penalties() {
-    let f = balancer(set(2), config(Duration::from_secs(3), 100));
+    let f = accruing(2, 3);
     let b = &f.balancer;
-    b.set_failure_accrual(Some(&accrual(
-        3,
-        Duration::from_secs(1),
-        Duration::from_secs(4),
-    )));
     let endpoints = b.endpoints();
     let bad = &endpoints[0];
     // Two failures, a success: the count starts again.
@@ -451,13 +458,8 @@ async fn failure_accrual_holds_a_failing_endpoint_back_for_growing_penalties() {
 
 #[tokio::test(start_paused = true)]
 async fn after_a_penalty_one_probe_at_a_time_goes_to_the_endpoint() {
-    let f = balancer(set(2), config(Duration::from_secs(3), 100));
+    let f = accruing(2, 1);
     let b = &f.balancer;
-    b.set_failure_accrual(Some(&accrual(
-        1,
-        Duration::from_secs(1),
-        Duration::from_secs(4),
-    )));
     let endpoints = b.endpoints();
     let (bad, good) = (endpoints[0].clone(), endpoints[1].clone());
     bad.response_ended(false);
@@ -481,13 +483,8 @@ async fn after_a_penalty_one_probe_at_a_time_goes_to_the_endpoint() {
     );
 
     // Alone and probing: a waiting request gets it when the probe ends.
-    let f = balancer(set(1), config(Duration::from_secs(3), 100));
+    let f = accruing(1, 1);
     let b = f.balancer.clone();
-    b.set_failure_accrual(Some(&accrual(
-        1,
-        Duration::from_secs(1),
-        Duration::from_secs(4),
-    )));
     let e = b.endpoints()[0].clone();
     e.response_ended(false);
     tokio::time::advance(Duration::from_millis(1_001)).await;
