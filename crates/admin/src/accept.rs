@@ -23,6 +23,8 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::GaugeGuard;
+
 /// Pause after an accept error that is not about one connection (running
 /// out of file descriptors, say), so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
@@ -125,20 +127,16 @@ pub async fn serve_bounded<F, Fut>(
                 continue;
             }
         };
-        let permit = match (waited, &bounds.at_capacity) {
-            (Some(p), _) => p,
-            (None, AtCapacity::Close(rejected)) => match permits.clone().try_acquire_owned() {
-                Ok(p) => p,
-                Err(_) => {
-                    rejected.inc();
-                    tracing::debug!(server, %peer, "connection limit reached; closing the new connection");
-                    continue;
-                }
-            },
-            (None, AtCapacity::Wait) => unreachable!("a waiting loop holds its permit"),
+        // A waiting loop holds its permit already; a closing one takes it now.
+        let Some(permit) = waited.or_else(|| permits.clone().try_acquire_owned().ok()) else {
+            if let AtCapacity::Close(rejected) = &bounds.at_capacity {
+                rejected.inc();
+            }
+            tracing::debug!(server, %peer, "connection limit reached; closing the new connection");
+            continue;
         };
         let served = connection(stream, peer, Stopping(stopping.clone()));
-        let open = Open::new(&bounds.open);
+        let open = GaugeGuard::new(&bounds.open);
         connections.spawn(async move {
             let _held = (permit, open);
             served.await;
@@ -215,22 +213,6 @@ pub async fn drive_http1<I, S, B>(
         Err(_) => {
             tracing::debug!(server, %peer, "connection still busy after the grace period; closing it")
         }
-    }
-}
-
-/// Counts one open connection until its task ends (or is aborted).
-struct Open(Gauge);
-
-impl Open {
-    fn new(gauge: &Gauge) -> Self {
-        gauge.inc();
-        Self(gauge.clone())
-    }
-}
-
-impl Drop for Open {
-    fn drop(&mut self) {
-        self.0.dec();
     }
 }
 

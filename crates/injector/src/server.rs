@@ -4,6 +4,7 @@
 
 use crate::decide::{Answer, Decider};
 use ballast_admin::accept::{drive_http1, http1_server, serve_bounded, AcceptBounds, AtCapacity};
+use ballast_admin::GaugeGuard;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
@@ -177,8 +178,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             "too many reviews at once (--max-concurrent-reviews)".into(),
         );
     };
-    shared.metrics.reviews_in_flight.inc();
-    let _in_flight = InFlight(shared.metrics.reviews_in_flight.clone());
+    let _in_flight = GaugeGuard::new(&shared.metrics.reviews_in_flight);
     let body = match tokio::time::timeout(
         shared.limits.body_read_timeout,
         Limited::new(req.into_body(), max).collect(),
@@ -217,14 +217,6 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
             r
         }
         Answer::BadRequest(message) => plain(StatusCode::BAD_REQUEST, message),
-    }
-}
-
-struct InFlight(Gauge);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.dec();
     }
 }
 

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use ballast_admin::GaugeGuard;
 use ballast_vizcore::api::ResourceRef;
 use ballast_vizcore::expo::{self, Limits, Page};
 use ballast_vizcore::mesh::Mesh;
@@ -28,7 +29,7 @@ use bytes::Bytes;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::metrics::{GaugeGuard, VizMetrics};
+use crate::metrics::VizMetrics;
 use crate::prometheus::Federation;
 use crate::scrape::{self, FetchError};
 use crate::Targets;

@@ -146,20 +146,3 @@ impl VizMetrics {
             .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 }
-
-/// Decrements a gauge when dropped: in-flight counts stay right whatever
-/// way a task ends.
-pub(crate) struct GaugeGuard(Gauge);
-
-impl GaugeGuard {
-    pub(crate) fn new(gauge: &Gauge) -> Self {
-        gauge.inc();
-        Self(gauge.clone())
-    }
-}
-
-impl Drop for GaugeGuard {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}

@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use ballast_admin::GaugeGuard;
 use ballast_vizcore::api::ResourceRef;
 use ballast_vizcore::expo::{self, Limits, Page};
 use ballast_vizcore::targets::PodTarget;
@@ -20,7 +21,7 @@ use http::Uri;
 use tokio::time::Instant;
 
 use crate::collector::ScrapeError;
-use crate::metrics::{GaugeGuard, VizMetrics};
+use crate::metrics::VizMetrics;
 use crate::scrape::{self, FetchError};
 
 pub const DEFAULT_MAX_FEDERATE_BYTES: usize = 256 * 1024 * 1024;

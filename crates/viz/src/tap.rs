@@ -28,11 +28,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use ballast_admin::GaugeGuard;
 use ballast_meshtls::IdentityName;
 use ballast_vizcore::api::{ResourceRef, TapEvent, TapNotice};
 use ballast_vizcore::targets::PodTarget;
-
-use crate::metrics::GaugeGuard;
 use bytes::Bytes;
 use linkerd2_proxy_api::tap::ObserveRequest;
 use prometheus_client::encoding::EncodeLabelSet;

@@ -1314,21 +1314,16 @@ mod tests {
             2,
             "inbound to 8080 and outbound to 4191 stay"
         );
-        let inbound: Vec<f64> = traffic
-            .samples
-            .iter()
-            .filter(|s| {
-                matches!(
-                    s.what,
-                    What::Response {
-                        dir: Direction::Inbound,
-                        ..
-                    }
-                )
-            })
-            .map(|s| s.value)
-            .collect();
-        assert_eq!(inbound, vec![200.0]);
+        let mut kept = responses(&traffic);
+        // Samples come in series-id order: inbound first here.
+        kept.sort_by_key(|(dir, ..)| *dir == Direction::Outbound);
+        assert_eq!(
+            kept,
+            vec![
+                (Direction::Inbound, true, 200.0),
+                (Direction::Outbound, true, 2.0)
+            ]
+        );
         // From Prometheus, by each pod's own admin port.
         let federated = "response_total{direction=\"inbound\",namespace=\"demo\",pod=\"a\",target_port=\"4191\"} 3\n\
             response_total{direction=\"inbound\",namespace=\"demo\",pod=\"b\",target_port=\"4191\"} 3\n";
