@@ -2,6 +2,7 @@
 //! sidecar added (or removed, `--uninject`); also the proxy configuration
 //! flags `ballast injector` shares.
 
+use ballast_flags::{dns_label, dns_name, host_port};
 use ballast_inject::{config as defaults, values, Action, Config, Format, Mode};
 use clap::Args as ClapArgs;
 use std::{
@@ -40,6 +41,12 @@ pub struct Args {
     #[arg(short, long, value_enum)]
     pub output: Option<OutputFormat>,
 
+    /// A kubeconfig, to read the trust anchors from the control plane's
+    /// ConfigMap when no flag gives them (default: KUBECONFIG,
+    /// ~/.kube/config, else in-cluster).
+    #[arg(long, env = "BALLAST_INJECT_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
     #[command(flatten)]
     pub proxy: ProxyConfigFlags,
 }
@@ -77,31 +84,43 @@ pub struct ProxyConfigFlags {
           value_parser = ["Always", "IfNotPresent", "Never"])]
     pub image_pull_policy: String,
 
-    /// The destination controller, as proxies dial it (HOST:PORT).
-    #[arg(long, env = "BALLAST_INJECT_DESTINATION_ADDR", default_value = defaults::DEFAULT_DESTINATION_ADDR,
-          value_parser = host_port)]
-    pub destination_addr: String,
+    /// The control plane's namespace: the `linkerd.io/control-plane-ns`
+    /// label, part of every identity name, and the namespace of the
+    /// controllers proxies dial (as `ballast install --namespace`).
+    #[arg(long, env = "BALLAST_INJECT_CONTROL_PLANE_NAMESPACE",
+          default_value = ballast_controlplane::DEFAULT_NAMESPACE, value_parser = dns_label)]
+    pub control_plane_namespace: String,
 
-    /// The identity controller, as proxies dial it (HOST:PORT).
-    #[arg(long, env = "BALLAST_INJECT_IDENTITY_ADDR", default_value = defaults::DEFAULT_IDENTITY_ADDR,
-          value_parser = host_port)]
-    pub identity_addr: String,
+    /// The cluster's DNS domain (as `ballast install --cluster-domain`).
+    #[arg(long, env = "BALLAST_INJECT_CLUSTER_DOMAIN",
+          default_value = ballast_controlplane::DEFAULT_CLUSTER_DOMAIN, value_parser = dns_name)]
+    pub cluster_domain: String,
+
+    /// The identity trust domain (as `ballast install --trust-domain`).
+    #[arg(long, env = "BALLAST_INJECT_IDENTITY_TRUST_DOMAIN",
+          default_value = ballast_controlplane::DEFAULT_TRUST_DOMAIN, value_parser = dns_name)]
+    pub identity_trust_domain: String,
+
+    /// The destination controller, as proxies dial it (HOST:PORT; default:
+    /// ballast-dst-headless.NAMESPACE.svc.CLUSTER_DOMAIN:8086).
+    #[arg(long, env = "BALLAST_INJECT_DESTINATION_ADDR", value_parser = host_port)]
+    pub destination_addr: Option<String>,
+
+    /// The identity controller, as proxies dial it (HOST:PORT; default:
+    /// ballast-identity-headless.NAMESPACE.svc.CLUSTER_DOMAIN:8080).
+    #[arg(long, env = "BALLAST_INJECT_IDENTITY_ADDR", value_parser = host_port)]
+    pub identity_addr: Option<String>,
 
     /// Inject proxies without mesh identity (no certificates, plaintext):
     /// no trust anchors or token are mounted.
     #[arg(long, env = "BALLAST_INJECT_IDENTITY_DISABLED")]
     pub identity_disabled: bool,
 
-    /// The ConfigMap, in each injected pod's namespace, holding the trust
-    /// anchors mounted into the proxy (identity on).
-    #[arg(long, env = "BALLAST_INJECT_TRUST_ANCHORS_CONFIG_MAP",
-          default_value = defaults::DEFAULT_TRUST_ANCHORS_CONFIG_MAP, value_parser = not_empty)]
-    pub trust_anchors_config_map: String,
-
-    /// The trust anchors (PEM bundle) to give each proxy inline, in its
-    /// environment (as Linkerd does), instead of mounting the ConfigMap above:
-    /// then meshed namespaces need no copy of it. `ballast injector` reads
-    /// the control plane's copy, mounted by `ballast install`.
+    /// The trust anchors (PEM bundle) given to each proxy inline, in its
+    /// environment (as Linkerd does). Without it (and without
+    /// --trust-anchors-config-map), `ballast inject` reads the control
+    /// plane's ConfigMap linkerd-identity-trust-roots from the cluster;
+    /// `ballast injector` is given the file by `ballast install`.
     #[arg(
         long,
         env = "BALLAST_INJECT_IDENTITY_TRUST_ANCHORS_FILE",
@@ -109,15 +128,17 @@ pub struct ProxyConfigFlags {
     )]
     pub identity_trust_anchors_file: Option<std::path::PathBuf>,
 
+    /// Mount the trust anchors from this ConfigMap, which must exist in every
+    /// injected pod's own namespace (a pod mounts no other namespace's),
+    /// instead of giving them inline.
+    #[arg(long, env = "BALLAST_INJECT_TRUST_ANCHORS_CONFIG_MAP", value_parser = not_empty,
+          conflicts_with = "identity_trust_anchors_file")]
+    pub trust_anchors_config_map: Option<String>,
+
     /// The key of the PEM bundle in that ConfigMap.
     #[arg(long, env = "BALLAST_INJECT_TRUST_ANCHORS_KEY",
           default_value = defaults::DEFAULT_TRUST_ANCHORS_KEY, value_parser = not_empty)]
     pub trust_anchors_key: String,
-
-    /// The control plane's namespace (the `linkerd.io/control-plane-ns` label).
-    #[arg(long, env = "BALLAST_INJECT_CONTROL_PLANE_NAMESPACE",
-          default_value = defaults::DEFAULT_CONTROL_PLANE_NAMESPACE, value_parser = not_empty)]
-    pub control_plane_namespace: String,
 
     /// The proxy's uid (not 0), exempted from redirection; `config.linkerd.io/proxy-uid` overrides.
     #[arg(long, env = "BALLAST_INJECT_PROXY_UID", default_value_t = defaults::DEFAULT_PROXY_UID,
@@ -162,25 +183,57 @@ pub struct ProxyConfigFlags {
 }
 
 impl ProxyConfigFlags {
+    /// The control plane these flags name.
+    pub fn control_plane(&self) -> ballast_controlplane::ControlPlane {
+        ballast_controlplane::ControlPlane {
+            namespace: self.control_plane_namespace.clone(),
+            cluster_domain: self.cluster_domain.clone(),
+            trust_domain: self.identity_trust_domain.clone(),
+        }
+    }
+
+    /// Whether proxies need trust anchors that no flag gives.
+    pub fn needs_anchors(&self) -> bool {
+        !self.identity_disabled
+            && self.identity_trust_anchors_file.is_none()
+            && self.trust_anchors_config_map.is_none()
+    }
+
     /// The injection configuration these flags describe (reads
-    /// --identity-trust-anchors-file).
-    pub fn config(&self) -> anyhow::Result<Config> {
+    /// --identity-trust-anchors-file; `anchors` are used when no flag gives any).
+    pub fn config(&self, anchors: Option<String>) -> anyhow::Result<Config> {
         let optional = |s: &str| (!s.is_empty()).then(|| s.to_string());
         let trust_anchors_pem = match &self.identity_trust_anchors_file {
-            Some(path) if !self.identity_disabled => Some(read_anchors(path)?),
-            _ => None,
+            _ if self.identity_disabled => None,
+            Some(path) => Some(read_anchors(path)?),
+            None => anchors,
         };
+        if self.needs_anchors() && trust_anchors_pem.is_none() {
+            anyhow::bail!(
+                "proxies need the mesh's trust anchors: pass --identity-trust-anchors-file \
+                 (the ca-bundle.crt of `ballast install`'s ConfigMap {}), or \
+                 --identity-disabled for proxies without mTLS",
+                ballast_controlplane::object::TRUST_ROOTS_CONFIG_MAP
+            );
+        }
+        let control_plane = self.control_plane();
         Ok(Config {
             proxy_image: self.proxy_image.clone(),
             init_image: self.init_image.clone(),
             image_pull_policy: self.image_pull_policy.clone(),
-            destination_addr: self.destination_addr.clone(),
+            destination_addr: self
+                .destination_addr
+                .clone()
+                .unwrap_or_else(|| control_plane.destination_addr()),
             identity_disabled: self.identity_disabled,
-            identity_addr: self.identity_addr.clone(),
+            identity_addr: self
+                .identity_addr
+                .clone()
+                .unwrap_or_else(|| control_plane.identity_addr()),
             trust_anchors_config_map: self.trust_anchors_config_map.clone(),
             trust_anchors_key: self.trust_anchors_key.clone(),
             trust_anchors_pem,
-            control_plane_namespace: self.control_plane_namespace.clone(),
+            control_plane,
             proxy_uid: self.proxy_uid,
             log_level: self.proxy_log_level.clone(),
             cpu_request: optional(&self.proxy_cpu_request),
@@ -225,13 +278,42 @@ fn not_empty(s: &str) -> Result<String, &'static str> {
     Ok(s.to_string())
 }
 
-fn host_port(s: &str) -> Result<String, String> {
-    match s.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => {
-            Ok(s.to_string())
-        }
-        _ => Err(format!("{s:?} is not HOST:PORT")),
-    }
+/// The trust anchors of the installed control plane: the `ca-bundle.crt`
+/// of its ConfigMap `linkerd-identity-trust-roots`.
+async fn anchors_from_cluster(
+    flags: &ProxyConfigFlags,
+    kubeconfig: Option<&Path>,
+) -> anyhow::Result<String> {
+    use ballast_controlplane::object::{TRUST_ROOTS_CONFIG_MAP, TRUST_ROOTS_KEY};
+    let ns = &flags.control_plane_namespace;
+    let what = format!("ConfigMap {ns}/{TRUST_ROOTS_CONFIG_MAP}");
+    let hint =
+        "pass --identity-trust-anchors-file (or --identity-disabled for proxies without mTLS)";
+    let config = ballast_kubeconfig::load(kubeconfig)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot read the trust anchors from {what}: {e}; {hint}"))?;
+    let client = kube::Client::try_from(config)
+        .map_err(|e| anyhow::anyhow!("cannot read the trust anchors from {what}: {e}; {hint}"))?;
+    let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(client, ns);
+    let config_map = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        api.get(TRUST_ROOTS_CONFIG_MAP),
+    )
+    .await
+    .map_err(|_| {
+        anyhow::anyhow!("cannot read the trust anchors from {what}: no answer within 30s; {hint}")
+    })?
+    .map_err(|e| {
+        let e = ballast_kubeconfig::first_line(&e.to_string());
+        anyhow::anyhow!("cannot read the trust anchors from {what}: {e}; {hint}")
+    })?;
+    let pem = config_map
+        .data
+        .and_then(|mut d| d.remove(TRUST_ROOTS_KEY))
+        .ok_or_else(|| anyhow::anyhow!("{what} has no {TRUST_ROOTS_KEY}; {hint}"))?;
+    ballast_meshtls::pem::certificates(pem.as_bytes())
+        .map_err(|e| anyhow::anyhow!("{what}: {TRUST_ROOTS_KEY}: {e}; {hint}"))?;
+    Ok(pem)
 }
 
 /// Largest input read (a file or stdin): manifests are far smaller, and
@@ -239,8 +321,15 @@ fn host_port(s: &str) -> Result<String, String> {
 const MAX_INPUT_BYTES: u64 = 64 * 1024 * 1024;
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    // As `linkerd inject` does: what no flag says is read from the
+    // installed control plane. Uninjecting needs no anchors.
+    let anchors = if args.proxy.needs_anchors() && !args.uninject {
+        Some(anchors_from_cluster(&args.proxy, args.kubeconfig.as_deref()).await?)
+    } else {
+        None
+    };
     // Reading and rewriting is synchronous and quick; no task needs the runtime.
-    let config = args.proxy.config()?;
+    let config = args.proxy.config(anchors)?;
     let action = if args.uninject {
         Action::Uninject
     } else {

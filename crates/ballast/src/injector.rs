@@ -118,6 +118,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "Fail" => FailurePolicy::Fail,
         _ => FailurePolicy::Ignore,
     };
+    // What proxies it injects get, checked first: without trust anchors
+    // they would never start.
+    let proxy_config = args.proxy.config(None)?;
     let cert = ReloadingCert::load(CertFiles {
         cert: args.tls_cert.clone(),
         key: args.tls_key.clone(),
@@ -147,7 +150,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         cert.register(r);
     });
     let decider = Arc::new(Decider {
-        config: args.proxy.config()?,
+        config: proxy_config,
         namespaces: NamespaceCache::new(
             KubeLookup { client },
             args.namespace_cache_ttl,

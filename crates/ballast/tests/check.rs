@@ -106,26 +106,33 @@ fn pod_of(deployment: &Value, n: usize) -> Value {
     })
 }
 
+/// A meshed pod as `ballast inject` renders it for deploy/'s control plane.
 fn web_pod(name: &str, ip: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "shop", "labels": {"app": "web"},
+        "metadata": {"name": name, "namespace": "shop",
+                     "labels": {"app": "web", "linkerd.io/control-plane-ns": "ballast"},
                      "annotations": {"linkerd.io/proxy-version": VERSION}},
         "spec": {
             "nodeName": "node-1",
-            "initContainers": [{"name": "ballast-init", "image": "ballast-init:latest",
+            "initContainers": [{"name": "linkerd-init", "image": "ballast-init:latest",
                 "args": ["init", "--incoming-proxy-port=4143", "--outgoing-proxy-port=4140", "--proxy-uid=2102"]}],
             "containers": [
                 {"name": "web", "image": "nginx", "ports": [{"name": "http", "containerPort": 8080}]},
-                {"name": "ballast-proxy", "image": "ballast-proxy:latest",
-                 "args": ["--outbound-addr=127.0.0.1:4140", "--inbound-addr=0.0.0.0:4143", "--admin-addr=0.0.0.0:4191"],
+                {"name": "linkerd-proxy", "image": "ballast-proxy:latest",
+                 "args": ["--destination-addr=ballast-dst-headless.ballast.svc.cluster.local:8086",
+                          "--outbound-addr=127.0.0.1:4140", "--inbound-addr=0.0.0.0:4143", "--admin-addr=0.0.0.0:4191",
+                          "--identity-addr=ballast-identity-headless.ballast.svc.cluster.local:8080",
+                          "--identity-controller-namespace=ballast", "--identity-trust-domain=cluster.local",
+                          "--identity-server-name=linkerd-identity.ballast.serviceaccount.identity.ballast.cluster.local",
+                          "--destination-server-name=ballast-destination.ballast.serviceaccount.identity.ballast.cluster.local"],
                  "securityContext": {"runAsUser": 2102},
-                 "ports": [{"name": "proxy-admin", "containerPort": 4191}]}
+                 "ports": [{"name": "linkerd-admin", "containerPort": 4191}]}
             ]
         },
         "status": {"phase": "Running", "podIP": ip,
                    "conditions": [{"type": "Ready", "status": "True"}],
-                   "containerStatuses": [{"name": "web", "ready": true}, {"name": "ballast-proxy", "ready": true}]}
+                   "containerStatuses": [{"name": "web", "ready": true}, {"name": "linkerd-proxy", "ready": true}]}
     })
 }
 
@@ -289,12 +296,72 @@ async fn a_healthy_cluster_passes_and_each_planted_fault_is_named() {
                "status": {"phase": "Running", "podIP": "192.168.0.7"}})
     };
     let mut unready = web_pod("web-2", "10.0.0.8");
-    unready["status"]["containerStatuses"][1] = json!({"name": "ballast-proxy", "ready": false, "restartCount": 4,
+    unready["status"]["containerStatuses"][1] = json!({"name": "linkerd-proxy", "ready": false, "restartCount": 4,
                "state": {"waiting": {"reason": "CrashLoopBackOff"}}});
     let (anchor_pem, anchor) = ca("root", 3650, None);
     let (soon_pem, _) = ca("issuer", 10, Some(&anchor));
 
+    // deploy/'s destination controller, with its namespace or its TLS changed.
+    let destination = base
+        .iter()
+        .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "ballast-destination")
+        .expect("deploy/ has the destination controller")
+        .clone();
+    let with_args = |f: &dyn Fn(&str) -> Option<String>| {
+        let mut d = destination.clone();
+        let args = d["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array_mut()
+            .expect("args");
+        *args = args
+            .iter()
+            .filter_map(|a| f(a.as_str().unwrap_or("")))
+            .map(Value::from)
+            .collect();
+        d
+    };
+    let elsewhere = with_args(&|a| {
+        Some(match a {
+            "--controller-namespace=ballast" => "--controller-namespace=nowhere".into(),
+            a => a.into(),
+        })
+    });
+    let plaintext = with_args(&|a| (!a.starts_with("--identity-trust-anchors")).then(|| a.into()));
+    let mut relabelled = web_pod("web-1", "10.0.0.7");
+    relabelled["metadata"]["labels"]["linkerd.io/control-plane-ns"] = json!("linkerd");
+
     let faults = vec![
+        Fault {
+            what: "the destination controller watching for another control plane namespace",
+            plant: vec![elsewhere],
+            remove: vec![],
+            check: "control plane and proxies agree",
+            status: "fail",
+            // Its identity names that namespace too: no proxy verifies it.
+            names: vec![
+                "Deployment ballast/ballast-destination",
+                "Pod shop/web-1",
+                "Pod shop/web-2",
+            ],
+            exit: 1,
+        },
+        Fault {
+            what: "the destination controller serving plaintext to proxies dialling TLS",
+            plant: vec![plaintext],
+            remove: vec![],
+            check: "control plane and proxies agree",
+            status: "fail",
+            names: vec!["Deployment ballast/ballast-destination"],
+            exit: 1,
+        },
+        Fault {
+            what: "a meshed pod labelled for another control plane",
+            plant: vec![relabelled],
+            remove: vec![],
+            check: "control plane and proxies agree",
+            status: "fail",
+            names: vec!["Pod shop/web-1"],
+            exit: 1,
+        },
         Fault {
             what: "two live pods share an IP",
             plant: vec![terminating],
@@ -450,7 +517,7 @@ async fn human_output_has_a_line_per_check_and_a_summary() {
     assert!(
         stdout
             .trim_end()
-            .ends_with("14 checks: 13 ok, 1 warning, 0 failures"),
+            .ends_with("15 checks: 14 ok, 1 warning, 0 failures"),
         "{stdout}"
     );
     assert!(

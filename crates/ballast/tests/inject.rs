@@ -96,10 +96,42 @@ const DB: &str = r#"{
 }
 "#;
 
+/// Trust anchors made once for every run (`ballast identity generate`).
+fn anchors_file() -> &'static Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let generated = Command::new(env!("CARGO_BIN_EXE_ballast"))
+            .args(["identity", "generate", "--out"])
+            .arg(dir.path().join("pki"))
+            .output()
+            .expect("ballast runs");
+        assert!(generated.status.success(), "{generated:?}");
+        dir
+    });
+    // Leaked on purpose: the directory lives as long as the test binary.
+    Box::leak(dir.path().join("pki/ca.crt").into_boxed_path())
+}
+
+/// `ballast inject ARGS`, given trust anchors by its environment (a flag wins).
 fn ballast(args: &[&str], stdin: Option<&str>) -> Output {
+    ballast_env(
+        args,
+        stdin,
+        &[(
+            "BALLAST_INJECT_IDENTITY_TRUST_ANCHORS_FILE",
+            anchors_file().to_str().expect("UTF-8 path"),
+        )],
+    )
+}
+
+fn ballast_env(args: &[&str], stdin: Option<&str>, env: &[(&str, &str)]) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
         .arg("inject")
         .args(args)
+        .envs(env.iter().copied())
+        .env_remove("KUBECONFIG")
+        .env("HOME", "/nonexistent")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -195,11 +227,11 @@ fn a_directory_is_injected_and_what_is_not_a_workload_passes_through_unchanged()
     ] {
         let pod = find(&docs, kind, name).pointer(pod).unwrap();
         assert_eq!(
-            pod["spec"]["containers"][0]["name"], "ballast-proxy",
+            pod["spec"]["containers"][0]["name"], "linkerd-proxy",
             "{kind}"
         );
         assert_eq!(
-            pod["spec"]["initContainers"][0]["name"], "ballast-init",
+            pod["spec"]["initContainers"][0]["name"], "linkerd-init",
             "{kind}"
         );
         assert_eq!(
@@ -232,8 +264,8 @@ fn annotations_reach_the_sidecar_and_its_flags_parse_with_the_real_parsers() {
     ));
     let docs = docs(&text);
     let pod = &find(&docs, "Deployment", "web")["spec"]["template"];
-    let proxy = container(pod, "containers", "ballast-proxy");
-    let init = container(pod, "initContainers", "ballast-init");
+    let proxy = container(pod, "containers", "linkerd-proxy");
+    let init = container(pod, "initContainers", "linkerd-init");
     assert!(args(proxy).contains(&"--inbound-opaque-ports=3306,4000,4001,4002".to_string()));
     assert!(args(proxy).contains(&"--workers=1".to_string()));
     assert!(args(init).contains(&"--outbound-ports-to-ignore=4567,4568,5432".to_string()));
@@ -300,7 +332,7 @@ fn injection_is_idempotent_and_uninject_restores_the_input() {
     assert!(back.starts_with(NAMESPACE), "{back}");
     assert!(back.contains("  # keep me\n  mode: \"on\"\n"), "{back}");
     assert!(
-        !back.contains("ballast-proxy") && !back.contains("linkerd.io/proxy-version"),
+        !back.contains("linkerd-proxy") && !back.contains("linkerd.io/proxy-version"),
         "{back}"
     );
 }
@@ -311,7 +343,7 @@ fn stdin_works_and_json_stays_json() {
     let value: Value = serde_json::from_str(&text).expect("JSON out");
     assert_eq!(
         value["spec"]["template"]["spec"]["containers"][0]["name"],
-        "ballast-proxy"
+        "linkerd-proxy"
     );
     let text = stdout(&ballast(&["-"], Some(NAMESPACE)));
     assert_eq!(text, NAMESPACE);
@@ -328,7 +360,7 @@ fn stdin_works_and_json_stays_json() {
     assert_eq!(values.len(), 6, "{text}");
     assert_eq!(
         find(&values, "Deployment", "web")["spec"]["template"]["spec"]["containers"][0]["name"],
-        "ballast-proxy"
+        "linkerd-proxy"
     );
     let text = stdout(&ballast(&["-o", "yaml", "-"], Some(DB)));
     assert!(
@@ -394,7 +426,7 @@ fn trust_anchors_from_a_file_travel_inline_and_a_bad_file_is_refused() {
     let out = ballast(&[&anchors_flag, "-"], Some(WEB));
     let docs = docs(&stdout(&out));
     let pod = &find(&docs, "Deployment", "web")["spec"]["template"];
-    let proxy = container(pod, "containers", "ballast-proxy");
+    let proxy = container(pod, "containers", "linkerd-proxy");
     let env = proxy["env"].as_array().expect("env");
     assert!(
         env.iter().any(|e| {
@@ -422,4 +454,131 @@ fn trust_anchors_from_a_file_travel_inline_and_a_bad_file_is_refused() {
     assert!(out.stdout.is_empty());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--identity-trust-anchors-file"), "{err}");
+}
+
+/// Defect: without anchors, injected pods mounted a ConfigMap of their own
+/// namespace that `install` never creates there, and never started. Now the
+/// anchors come from the flag, else the installed control plane's
+/// ConfigMap (as `linkerd inject` reads its config), else a clear error.
+#[tokio::test]
+async fn trust_anchors_come_from_the_installed_control_plane_or_injection_refuses() {
+    let api = ballast_testkit::ApiServer::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = api.write_kubeconfig(dir.path());
+    let kubeconfig = kubeconfig.to_str().expect("UTF-8 path").to_string();
+    let pem = std::fs::read_to_string(anchors_file()).expect("anchors");
+
+    // No ConfigMap yet: refused, naming it and the flags that help.
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            ballast_env(&args, Some(WEB), &[])
+        })
+    };
+    let out = run(vec![format!("--kubeconfig={kubeconfig}"), "-".into()])
+        .await
+        .expect("ran");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ballast/linkerd-identity-trust-roots")
+            && err.contains("--identity-trust-anchors-file")
+            && err.lines().count() == 1,
+        "{err}"
+    );
+
+    api.apply(serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "linkerd-identity-trust-roots", "namespace": "ballast"},
+        "data": {"ca-bundle.crt": pem},
+    }));
+    let out = run(vec![format!("--kubeconfig={kubeconfig}"), "-".into()])
+        .await
+        .expect("ran");
+    let docs = docs(&stdout(&out));
+    let pod = &find(&docs, "Deployment", "web")["spec"]["template"];
+    let proxy = container(pod, "containers", "linkerd-proxy");
+    assert!(
+        proxy["env"].as_array().expect("env").iter().any(|e| {
+            e["name"] == "BALLAST_PROXY_IDENTITY_TRUST_ANCHORS_PEM" && e["value"] == pem.as_str()
+        }),
+        "{proxy}"
+    );
+    assert!(
+        !pod["spec"]["volumes"]
+            .as_array()
+            .expect("volumes")
+            .iter()
+            .any(|v| v.get("configMap").is_some()),
+        "no ConfigMap is mounted: {pod}"
+    );
+
+    // Without a cluster at all: the same one-line refusal.
+    let out = run(vec!["-".into()]).await.expect("ran");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--identity-trust-anchors-file"), "{err}");
+    // Proxies without identity need no anchors.
+    let out = run(vec!["--identity-disabled".into(), "-".into()])
+        .await
+        .expect("ran");
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// Defect: the injected proxy dialled the controllers in TLS verifying
+/// names the installed ones do not hold, and labelled pods for another
+/// namespace than the controllers'. Both now follow from one namespace.
+#[test]
+fn injected_proxies_name_the_installed_control_planes_identities() {
+    let text = stdout(&ballast(
+        &["--control-plane-namespace=mesh", "-"],
+        Some(WEB),
+    ));
+    let docs = docs(&text);
+    let pod = &find(&docs, "Deployment", "web")["spec"]["template"];
+    assert_eq!(
+        pod["metadata"]["labels"]["linkerd.io/control-plane-ns"],
+        "mesh"
+    );
+    let proxy = container(pod, "containers", "linkerd-proxy");
+    for arg in [
+        "--destination-addr=ballast-dst-headless.mesh.svc.cluster.local:8086",
+        "--identity-addr=ballast-identity-headless.mesh.svc.cluster.local:8080",
+        "--identity-controller-namespace=mesh",
+        "--destination-server-name=ballast-destination.mesh.serviceaccount.identity.mesh.cluster.local",
+        "--identity-server-name=linkerd-identity.mesh.serviceaccount.identity.mesh.cluster.local",
+    ] {
+        assert!(args(proxy).contains(&arg.to_string()), "{arg}: {:?}", args(proxy));
+    }
+    // And they are what `ballast install --namespace mesh` serves.
+    let install = Command::new(env!("CARGO_BIN_EXE_ballast"))
+        .args(["install", "--namespace", "mesh"])
+        .output()
+        .expect("ballast runs");
+    assert!(install.status.success(), "{install:?}");
+    let installed = String::from_utf8_lossy(&install.stdout);
+    for arg in [
+        "--controller-namespace=mesh",
+        "--service-account=ballast-destination",
+        "--identity-trust-anchors=",
+    ] {
+        assert!(installed.contains(arg), "install renders {arg}");
+    }
+    assert!(!installed.contains("--controller-namespace=linkerd"));
+}
+
+/// Another mesh's pod is left alone, as Linkerd's injector does.
+#[test]
+fn a_pod_with_another_meshs_sidecar_is_not_injected() {
+    let istio = WEB.replace(
+        "        - name: web\n          image: nginx:1.27\n",
+        "        - name: web\n          image: nginx:1.27\n        - name: istio-proxy\n          image: istio/proxyv2\n",
+    );
+    assert_ne!(istio, WEB);
+    let out = ballast(&["-"], Some(&istio));
+    let text = stdout(&out);
+    assert!(!text.contains("linkerd-proxy"), "{text}");
+    let report = String::from_utf8_lossy(&out.stderr);
+    assert!(report.contains("istio-proxy"), "{report}");
 }

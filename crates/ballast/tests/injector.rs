@@ -92,6 +92,8 @@ struct Webhook {
     addr: SocketAddr,
     admin: SocketAddr,
     tls: tokio_rustls::TlsConnector,
+    /// The trust anchors it gives injected proxies.
+    anchors_pem: String,
     _dir: tempfile::TempDir,
 }
 
@@ -107,6 +109,8 @@ impl Webhook {
         .unwrap();
         std::fs::write(dir.path().join("tls.crt"), &certs.cert_pem).unwrap();
         std::fs::write(dir.path().join("tls.key"), &certs.key_pem).unwrap();
+        // Any certificate makes trust anchors for the proxies it injects.
+        std::fs::write(dir.path().join("anchors.crt"), &certs.ca_pem).unwrap();
         let kubeconfig = namespace_api(
             HashMap::from([
                 namespace("shop", json!({"linkerd.io/inject": "enabled"})),
@@ -125,7 +129,9 @@ impl Webhook {
             .arg(dir.path().join("tls.key"))
             .arg("--kubeconfig")
             .arg(&kubeconfig)
-            .args(["--max-body-bytes", "64KiB"]);
+            .args(["--max-body-bytes", "64KiB"])
+            .arg("--identity-trust-anchors-file")
+            .arg(dir.path().join("anchors.crt"));
         let mut process = Logged::spawn(cmd);
         let addr = process.listening("injector listening on ", 1).await[0];
         let admin = process.listening("admin listening on ", 1).await[0];
@@ -146,6 +152,7 @@ impl Webhook {
             addr,
             admin,
             tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            anchors_pem: certs.ca_pem.clone(),
             _dir: dir,
         }
     }
@@ -275,7 +282,10 @@ async fn pods_are_injected_as_their_namespace_or_annotation_says() {
         &mut expected,
         annotations.as_object(),
         ballast_inject::Mode::Webhook,
-        &ballast_inject::Config::default(),
+        &ballast_inject::Config {
+            trust_anchors_pem: Some(hook.anchors_pem.clone()),
+            ..ballast_inject::Config::default()
+        },
     )
     .unwrap();
     assert_eq!(injected, expected);
@@ -402,4 +412,29 @@ fn sigterm(pid: i32) -> i32 {
         .status()
         .map(|s| s.code().unwrap_or(1))
         .unwrap_or(1)
+}
+
+/// An injector with identity on and no trust anchors would inject pods
+/// that never start: it refuses to start instead, saying what to pass.
+#[test]
+fn an_injector_without_trust_anchors_refuses_to_start() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ballast"))
+        .args([
+            "injector",
+            "--addr",
+            "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
+        ])
+        .args([
+            "--tls-cert",
+            "/nonexistent/tls.crt",
+            "--tls-key",
+            "/nonexistent/tls.key",
+        ])
+        .output()
+        .expect("ballast runs");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--identity-trust-anchors-file"), "{err}");
 }

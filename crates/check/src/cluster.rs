@@ -26,6 +26,8 @@ pub const DEFAULT_PAGE_SIZE: u32 = 500;
 /// Default cap on the objects read in all.
 pub const DEFAULT_MAX_OBJECTS: usize = 200_000;
 /// Default time each request has to complete, body included.
+/// Trust anchors ConfigMaps of meshed pods read by name, at most.
+const MAX_MOUNTED_CONFIG_MAPS: usize = 100;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How to reach the cluster and how much to read.
@@ -374,7 +376,33 @@ pub async fn gather(opts: &ClusterOptions) -> Result<Snapshot, ClusterError> {
         );
     }
     objects.extend(api.list("v1", "Service", "/api/v1/services").await?);
-    objects.extend(api.list("v1", "Pod", "/api/v1/pods").await?);
+    let pods = api.list("v1", "Pod", "/api/v1/pods").await?;
+    // The trust anchors ConfigMaps meshed pods mount, by name (no
+    // ConfigMap is listed): a missing one keeps its pods from starting.
+    let mut mounted: Vec<(String, String)> = pods
+        .iter()
+        .flat_map(|p| {
+            crate::agreement::trust_anchor_config_maps(p)
+                .into_iter()
+                .map(|cm| (crate::snapshot::namespace(p).to_string(), cm.to_string()))
+        })
+        .collect();
+    mounted.sort();
+    mounted.dedup();
+    for (pod_ns, cm) in mounted.into_iter().take(MAX_MOUNTED_CONFIG_MAPS) {
+        if pod_ns == ns && cm == pki.trust_roots_configmap {
+            continue;
+        }
+        objects.extend(
+            api.get(
+                "v1",
+                "ConfigMap",
+                &format!("/api/v1/namespaces/{pod_ns}/configmaps/{cm}"),
+            )
+            .await?,
+        );
+    }
+    objects.extend(pods);
     let mut snap = Snapshot::new(Source::Cluster, objects);
     snap.server_time = server_time;
     Ok(snap)

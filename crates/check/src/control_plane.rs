@@ -288,11 +288,21 @@ pub(crate) mod tests {
     use serde_json::json;
 
     pub fn deployment(name: &str, sa: &str) -> Value {
+        // The flags `ballast install` gives each controller that name the mesh.
+        let mut args = vec!["--controller-namespace=ballast".to_string()];
+        if name == DESTINATION {
+            args.extend([
+                "--service-account=ballast-destination".into(),
+                "--namespace=ballast".into(),
+                "--identity-trust-anchors=/var/run/linkerd/identity/trust-roots/ca-bundle.crt"
+                    .into(),
+            ]);
+        }
         json!({"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": name, "namespace": "ballast"},
             "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": name}},
                      "template": {"metadata": {"labels": {"app.kubernetes.io/name": name}},
-                                  "spec": {"serviceAccountName": sa, "containers": [{"name": "c"}]}}}})
+                                  "spec": {"serviceAccountName": sa, "containers": [{"name": "c", "args": args}]}}}})
     }
 
     pub fn ready_pod(deployment: &str, n: usize) -> Value {

@@ -470,16 +470,20 @@ pub(crate) mod tests {
             .as_array_mut()
             .expect("containers")
             .push(
-                json!({"name": "ballast-proxy", "image": "ballast-proxy:latest",
-                          "args": ["--inbound-addr=0.0.0.0:4143", "--outbound-addr=127.0.0.1:4140"],
+                json!({"name": "linkerd-proxy", "image": "ballast-proxy:latest",
+                          "args": ["--inbound-addr=0.0.0.0:4143", "--outbound-addr=127.0.0.1:4140",
+                                   "--destination-addr=ballast-dst-headless.ballast.svc.cluster.local:8086",
+                                   "--identity-controller-namespace=ballast",
+                                   "--destination-server-name=ballast-destination.ballast.serviceaccount.identity.ballast.cluster.local"],
                           "securityContext": {"runAsUser": 2102}}),
             );
-        pod["spec"]["initContainers"] = json!([{"name": "ballast-init",
+        pod["metadata"]["labels"]["linkerd.io/control-plane-ns"] = json!("ballast");
+        pod["spec"]["initContainers"] = json!([{"name": "linkerd-init",
             "args": ["init", "--incoming-proxy-port=4143", "--outgoing-proxy-port=4140", "--proxy-uid=2102"]}]);
         pod["status"]["containerStatuses"]
             .as_array_mut()
             .expect("statuses")
-            .push(json!({"name": "ballast-proxy", "ready": true}));
+            .push(json!({"name": "linkerd-proxy", "ready": true}));
         pod
     }
 
@@ -629,7 +633,7 @@ pub(crate) mod tests {
     #[test]
     fn a_running_meshed_pod_with_an_unready_proxy_fails() {
         let mut objects = healthy();
-        objects[1]["status"]["containerStatuses"][1] = json!({"name": "ballast-proxy",
+        objects[1]["status"]["containerStatuses"][1] = json!({"name": "linkerd-proxy",
             "ready": false, "restartCount": 3,
             "state": {"waiting": {"reason": "CrashLoopBackOff"}},
             "lastState": {"terminated": {"reason": "OOMKilled"}}});

@@ -14,7 +14,9 @@
 //!   pods are ready; the ClusterRoles bound to the controllers' service
 //!   accounts grant what each needs (evaluated here, so manifests are
 //!   checked too); the policy CRDs the destination controller watches are
-//!   installed (missing: a warning, the controller serves none of them).
+//!   installed (missing: a warning, the controller serves none of them);
+//!   the controllers, the injector and the injected proxies agree on the
+//!   control plane's namespace, trust domain, identities and TLS.
 //! - identity: trust anchors and issuer parse, are valid now and not within
 //!   the expiry warning period, and the issuer is signed by an anchor.
 //! - data-plane: no two live pods share an IP (seed 000); no two pods bind
@@ -24,6 +26,7 @@
 //! - kubernetes: the API server's clock is close to this machine's.
 #![forbid(unsafe_code)]
 
+pub mod agreement;
 pub mod cluster;
 pub mod control_plane;
 pub mod data_plane;
@@ -81,6 +84,7 @@ pub fn checks(snap: &Snapshot, now: SystemTime, config: &Config) -> Vec<CheckRes
         control_plane::pods_ready(snap, config),
         control_plane::rbac(snap, config),
         control_plane::crds(snap),
+        agreement::agree(snap, config),
         identity::trust_anchors(snap, now, config),
         identity::issuer(snap, now, config),
         data_plane::shared_ips(snap),
@@ -181,6 +185,6 @@ mod tests {
         for c in &r.checks {
             assert_eq!(c.status, Status::Ok, "{}: {:?}", c.name, c.findings);
         }
-        assert_eq!(r.summary.ok, 14);
+        assert_eq!(r.summary.ok, 15);
     }
 }

@@ -115,7 +115,7 @@ pub fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
 }
 
 /// The last value of a flag, else an environment variable (as clap reads them).
-fn setting<'a>(container: &'a Value, flag: &str, envs: &[&str]) -> Option<&'a str> {
+pub(crate) fn setting<'a>(container: &'a Value, flag: &str, envs: &[&str]) -> Option<&'a str> {
     flag_values(container, flag)
         .last()
         .copied()

@@ -2,24 +2,16 @@
 //! proxy's ports, uid and resources. The defaults are those of
 //! deploy/examples/sidecar.yaml, with identity on (as Linkerd's).
 
+pub use ballast_controlplane::ControlPlane;
+
 /// The proxy's image (`ballast-proxy` with no subcommand runs the proxy).
 pub const DEFAULT_PROXY_IMAGE: &str = "ballast-proxy:latest";
 /// The init container's image (the same `ballast-proxy` binary, with iptables).
 pub const DEFAULT_INIT_IMAGE: &str = "ballast-init:latest";
 /// Pull policy of both images.
 pub const DEFAULT_IMAGE_PULL_POLICY: &str = "IfNotPresent";
-/// The destination controller, as proxies dial it (the headless Service).
-pub const DEFAULT_DESTINATION_ADDR: &str = "ballast-dst-headless.ballast.svc.cluster.local:8086";
-/// The identity controller, as proxies dial it (the headless Service).
-pub const DEFAULT_IDENTITY_ADDR: &str = "ballast-identity-headless.ballast.svc.cluster.local:8080";
-/// The ConfigMap holding the trust anchors when they are not given inline
-/// (in the pod's namespace: a pod mounts only ConfigMaps of its own
-/// namespace). The name of the control plane's own copy, as Linkerd's.
-pub const DEFAULT_TRUST_ANCHORS_CONFIG_MAP: &str = "linkerd-identity-trust-roots";
-/// The key of the PEM bundle in that ConfigMap.
-pub const DEFAULT_TRUST_ANCHORS_KEY: &str = "ca-bundle.crt";
-/// The control plane's namespace: the value of the `linkerd.io/control-plane-ns` label.
-pub const DEFAULT_CONTROL_PLANE_NAMESPACE: &str = "ballast";
+/// The key of the PEM bundle in a trust anchors ConfigMap.
+pub const DEFAULT_TRUST_ANCHORS_KEY: &str = ballast_controlplane::object::TRUST_ROOTS_KEY;
 /// The uid the proxy runs as, exempted from redirection by the init container (Linkerd's).
 pub const DEFAULT_PROXY_UID: u32 = 2102;
 /// The proxy's outbound listener port on 127.0.0.1 (Linkerd's).
@@ -56,23 +48,28 @@ pub struct Config {
     pub init_image: String,
     /// `imagePullPolicy` of both containers. Default [`DEFAULT_IMAGE_PULL_POLICY`].
     pub image_pull_policy: String,
-    /// The proxy's `--destination-addr`. Default [`DEFAULT_DESTINATION_ADDR`].
+    /// The control plane the proxies belong to: its namespace (the
+    /// `linkerd.io/control-plane-ns` label, and part of identity names), its
+    /// cluster domain and trust domain. The controllers' addresses and
+    /// identities given to proxies follow from it. Default: the installed one.
+    pub control_plane: ControlPlane,
+    /// The proxy's `--destination-addr`. Default: the control plane's.
     pub destination_addr: String,
     /// Run proxies without mesh identity (`--identity-disabled`: no
     /// certificates, plaintext). Default `false`.
     pub identity_disabled: bool,
-    /// The proxy's `--identity-addr` (identity on). Default [`DEFAULT_IDENTITY_ADDR`].
+    /// The proxy's `--identity-addr` (identity on). Default: the control plane's.
     pub identity_addr: String,
-    /// ConfigMap (in the pod's namespace) holding the trust anchors, mounted
-    /// read-only (identity on). Default [`DEFAULT_TRUST_ANCHORS_CONFIG_MAP`].
-    pub trust_anchors_config_map: String,
+    /// A ConfigMap in the pod's own namespace holding the trust anchors, to
+    /// mount instead of giving them inline (identity on). Default none: a
+    /// pod mounts only ConfigMaps of its own namespace, and `ballast
+    /// install` creates one only in the control plane's.
+    pub trust_anchors_config_map: Option<String>,
     /// Key of the PEM bundle in that ConfigMap. Default [`DEFAULT_TRUST_ANCHORS_KEY`].
     pub trust_anchors_key: String,
-    /// The trust anchors (PEM), given to the proxy in its environment
-    /// instead of the ConfigMap mount. Default none (the ConfigMap).
+    /// The trust anchors (PEM), given to the proxy in its environment (as
+    /// Linkerd's injector does). Identity on needs these or the ConfigMap.
     pub trust_anchors_pem: Option<String>,
-    /// Value of the `linkerd.io/control-plane-ns` label. Default [`DEFAULT_CONTROL_PLANE_NAMESPACE`].
-    pub control_plane_namespace: String,
     /// The proxy's uid (`config.linkerd.io/proxy-uid` overrides). Default [`DEFAULT_PROXY_UID`].
     pub proxy_uid: u32,
     /// Outbound listener port. Default [`DEFAULT_OUTBOUND_PORT`].
@@ -105,19 +102,31 @@ pub struct Config {
     pub proxy_version: String,
 }
 
+impl Config {
+    /// The defaults for proxies of `control_plane`: its controllers' addresses.
+    pub fn for_control_plane(control_plane: ControlPlane) -> Config {
+        Config {
+            destination_addr: control_plane.destination_addr(),
+            identity_addr: control_plane.identity_addr(),
+            control_plane,
+            ..Config::default()
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Self {
             proxy_image: DEFAULT_PROXY_IMAGE.into(),
             init_image: DEFAULT_INIT_IMAGE.into(),
             image_pull_policy: DEFAULT_IMAGE_PULL_POLICY.into(),
-            destination_addr: DEFAULT_DESTINATION_ADDR.into(),
+            destination_addr: ControlPlane::default().destination_addr(),
             identity_disabled: false,
-            identity_addr: DEFAULT_IDENTITY_ADDR.into(),
-            trust_anchors_config_map: DEFAULT_TRUST_ANCHORS_CONFIG_MAP.into(),
+            identity_addr: ControlPlane::default().identity_addr(),
+            trust_anchors_config_map: None,
             trust_anchors_key: DEFAULT_TRUST_ANCHORS_KEY.into(),
             trust_anchors_pem: None,
-            control_plane_namespace: DEFAULT_CONTROL_PLANE_NAMESPACE.into(),
+            control_plane: ControlPlane::default(),
             proxy_uid: DEFAULT_PROXY_UID,
             outbound_port: DEFAULT_OUTBOUND_PORT,
             inbound_port: DEFAULT_INBOUND_PORT,
@@ -130,5 +139,15 @@ impl Default for Config {
             log_level: DEFAULT_LOG_LEVEL.into(),
             proxy_version: PROXY_VERSION.into(),
         }
+    }
+}
+
+/// The defaults, with trust anchors given inline (what every caller with
+/// identity on must give).
+#[cfg(test)]
+pub(crate) fn test_config() -> Config {
+    Config {
+        trust_anchors_pem: Some("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n".into()),
+        ..Config::default()
     }
 }

@@ -740,8 +740,14 @@ mod tests {
     }
 
     fn run(text: &str, action: Action) -> Rewritten {
-        inject_documents(text, "in.yaml", Mode::Manual, &Config::default(), action)
-            .unwrap_or_else(|e| panic!("{e}"))
+        inject_documents(
+            text,
+            "in.yaml",
+            Mode::Manual,
+            &crate::config::test_config(),
+            action,
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
     }
 
     fn yaml_docs(text: &str) -> Vec<Value> {
@@ -849,7 +855,7 @@ mod tests {
         );
         // The app container keeps its keys' order; the proxy's start with its name.
         assert!(out.text.contains("- name: app\n"), "{}", out.text);
-        assert!(out.text.contains("- name: ballast-proxy\n"), "{}", out.text);
+        assert!(out.text.contains("- name: linkerd-proxy\n"), "{}", out.text);
     }
 
     #[test]
@@ -965,7 +971,7 @@ mod tests {
             &text,
             "in.yaml",
             Mode::Manual,
-            &Config::default(),
+            &crate::config::test_config(),
             Action::Inject,
         )
         .unwrap_err()
@@ -979,7 +985,7 @@ mod tests {
             "{\"a\": 1} {",
             "x.json",
             Mode::Manual,
-            &Config::default(),
+            &crate::config::test_config(),
             Action::Inject,
         )
         .unwrap_err()
@@ -993,7 +999,7 @@ mod tests {
             &bad,
             "in.yaml",
             Mode::Manual,
-            &Config::default(),
+            &crate::config::test_config(),
             Action::Inject,
         );
         let e = e.unwrap_err().to_string();
@@ -1015,7 +1021,7 @@ mod tests {
                 text,
                 "in.yaml",
                 Mode::Manual,
-                &Config::default(),
+                &crate::config::test_config(),
                 Action::Inject,
             )
             .unwrap_or_else(|e| panic!("{text:?}: {e}"));

@@ -9,10 +9,10 @@ use crate::{
 use serde_json::{json, Map, Value};
 use std::fmt;
 
-/// The proxy container's name.
-pub const PROXY_CONTAINER: &str = "ballast-proxy";
-/// The init container's name.
-pub const INIT_CONTAINER: &str = "ballast-init";
+use ballast_controlplane::pod::{ADMIN_PORT_NAME, OTHER_MESH_CONTAINERS, TAP_PORT_NAME};
+/// The proxy and init containers' names (Linkerd's: viz, check and Linkerd
+/// users' habits find the proxy by them).
+pub use ballast_controlplane::pod::{INIT_CONTAINER, PROXY_CONTAINER};
 /// The volume holding iptables' lock file (`/run` of the init container).
 pub const XTABLES_LOCK_VOLUME: &str = "ballast-xtables-lock";
 /// The volume of the trust anchors ConfigMap (identity on).
@@ -30,10 +30,6 @@ pub const IDENTITY_TOKEN_DIR: &str = "/var/run/secrets/tokens";
 /// The token's file name, and Linkerd's TokenReview audience.
 const IDENTITY_TOKEN_FILE: &str = "linkerd-identity-token";
 const IDENTITY_TOKEN_AUDIENCE: &str = "identity.l5d.io";
-/// The admin port's name, which the probes use.
-const ADMIN_PORT_NAME: &str = "proxy-admin";
-/// The tap port's name, as `ballast viz` finds it.
-const TAP_PORT_NAME: &str = "linkerd-tap";
 
 /// Annotations read from the pod, then its namespace (Linkerd's names).
 pub mod annotations {
@@ -136,8 +132,9 @@ pub enum SkipReason {
     NotEnabled,
     /// `linkerd.io/inject: ingress`: Linkerd's ingress mode, which Ballast's proxy has not.
     IngressMode,
-    /// The pod already has another mesh's proxy (`linkerd-proxy`).
-    OtherProxy,
+    /// The pod already has another mesh's sidecar (`istio-proxy`,
+    /// `istio-init`): two proxies would each capture the other's traffic.
+    OtherMesh { container: String },
 }
 
 impl fmt::Display for SkipReason {
@@ -147,7 +144,9 @@ impl fmt::Display for SkipReason {
             SkipReason::Disabled => "linkerd.io/inject is disabled",
             SkipReason::NotEnabled => "linkerd.io/inject is not enabled on it or its namespace",
             SkipReason::IngressMode => "linkerd.io/inject: ingress is not supported",
-            SkipReason::OtherProxy => "it already has a linkerd-proxy container",
+            SkipReason::OtherMesh { container } => {
+                return write!(f, "it already has another mesh's sidecar ({container})")
+            }
         })
     }
 }
@@ -254,9 +253,29 @@ pub fn inject_pod_owned(
             reason: SkipReason::HostNetwork,
         });
     }
-    if containers.iter().any(|c| c["name"] == "linkerd-proxy") {
+    // As Linkerd's injector: a pod another mesh already captures is left alone.
+    let other_mesh = ["containers", "initContainers"]
+        .iter()
+        .filter_map(|list| spec[list].as_array())
+        .flatten()
+        .filter_map(|c| c["name"].as_str())
+        .find(|name| OTHER_MESH_CONTAINERS.contains(name));
+    if let Some(container) = other_mesh {
         return Ok(Outcome::Skipped {
-            reason: SkipReason::OtherProxy,
+            reason: SkipReason::OtherMesh {
+                container: container.to_string(),
+            },
+        });
+    }
+    if !config.identity_disabled
+        && config.trust_anchors_pem.is_none()
+        && config.trust_anchors_config_map.is_none()
+    {
+        return Err(InjectError::InvalidConfig {
+            field: "trust_anchors".into(),
+            reason: InvalidValue::new(
+                "identity is on but no trust anchors are given (inline PEM or a ConfigMap in the pod's namespace)",
+            ),
         });
     }
     conflicts(spec)?;
@@ -280,10 +299,12 @@ pub fn inject_pod_owned(
     let volumes = list_mut(spec, "volumes");
     volumes.push(json!({"name": XTABLES_LOCK_VOLUME, "emptyDir": {}}));
     if !config.identity_disabled {
-        if config.trust_anchors_pem.is_none() {
+        if let (None, Some(config_map)) =
+            (&config.trust_anchors_pem, &config.trust_anchors_config_map)
+        {
             volumes.push(json!({
                 "name": TRUST_ANCHORS_VOLUME,
-                "configMap": {"name": config.trust_anchors_config_map},
+                "configMap": {"name": config_map},
             }));
         }
         volumes.push(json!({
@@ -309,7 +330,7 @@ pub fn inject_pod_owned(
     annotations.insert(annotations::IDENTITY_MODE.into(), identity_mode.into());
     object_mut(metadata, "labels").insert(
         annotations::CONTROL_PLANE_NS_LABEL.into(),
-        config.control_plane_namespace.clone().into(),
+        config.control_plane.namespace.clone().into(),
     );
     Ok(Outcome::Injected)
 }
@@ -656,10 +677,23 @@ impl Settings {
         if config.identity_disabled {
             args.push("--identity-disabled".into());
         } else {
+            // The controllers are dialled in TLS verifying the identities
+            // the installed control plane serves (ballast_controlplane).
+            let cp = &config.control_plane;
             args.push(format!("--identity-addr={}", config.identity_addr));
+            args.push(format!("--identity-controller-namespace={}", cp.namespace));
+            args.push(format!("--identity-trust-domain={}", cp.trust_domain));
+            args.push(format!(
+                "--identity-server-name={}",
+                cp.identity_service_identity()
+            ));
+            args.push(format!(
+                "--destination-server-name={}",
+                cp.destination_identity()
+            ));
             // Anchors given inline travel in the proxy's environment (as
             // Linkerd's do), so a meshed namespace needs no ConfigMap copy.
-            if config.trust_anchors_pem.is_none() {
+            if config.trust_anchors_pem.is_none() && config.trust_anchors_config_map.is_some() {
                 args.push(format!(
                     "--identity-trust-anchors={TRUST_ANCHORS_DIR}/{}",
                     config.trust_anchors_key
@@ -818,7 +852,7 @@ mod tests {
             owner.as_ref(),
             None,
             Mode::Manual,
-            &Config::default(),
+            &crate::config::test_config(),
         );
         assert_eq!(out.unwrap(), Outcome::Injected);
         assert_eq!(p["spec"]["containers"][0]["name"], PROXY_CONTAINER);
@@ -833,12 +867,8 @@ mod tests {
             .collect();
         assert_eq!(
             volumes,
-            [
-                "data",
-                XTABLES_LOCK_VOLUME,
-                TRUST_ANCHORS_VOLUME,
-                IDENTITY_TOKEN_VOLUME
-            ]
+            // The anchors travel inline: no ConfigMap the pod's namespace lacks.
+            ["data", XTABLES_LOCK_VOLUME, IDENTITY_TOKEN_VOLUME]
         );
         assert_eq!(
             p["metadata"]["annotations"]["linkerd.io/proxy-version"],
@@ -853,10 +883,21 @@ mod tests {
         assert!(env
             .iter()
             .any(|e| e["name"] == "BALLAST_PROXY_POD_OWNER" && e["value"] == "deployment/web"));
-        assert!(args(proxy).contains(
-            &"--identity-trust-anchors=/var/run/linkerd/identity/trust-roots/ca-bundle.crt"
-        ));
+        assert!(env.iter().any(|e| e["name"] == TRUST_ANCHORS_PEM_ENV));
+        // The controllers are dialled verifying the identities the
+        // installed control plane (namespace ballast) serves.
+        for arg in [
+            "--destination-addr=ballast-dst-headless.ballast.svc.cluster.local:8086",
+            "--identity-addr=ballast-identity-headless.ballast.svc.cluster.local:8080",
+            "--identity-controller-namespace=ballast",
+            "--identity-trust-domain=cluster.local",
+            "--destination-server-name=ballast-destination.ballast.serviceaccount.identity.ballast.cluster.local",
+            "--identity-server-name=linkerd-identity.ballast.serviceaccount.identity.ballast.cluster.local",
+        ] {
+            assert!(args(proxy).contains(&arg), "{arg} in {:?}", args(proxy));
+        }
         assert_eq!(proxy["readinessProbe"]["httpGet"]["path"], "/ready");
+        assert_eq!(proxy["readinessProbe"]["httpGet"]["port"], "linkerd-admin");
         assert_eq!(proxy["livenessProbe"]["httpGet"]["path"], "/live");
         assert_eq!(proxy["resources"]["limits"]["memory"], "128Mi");
         assert_eq!(proxy["securityContext"]["runAsUser"], 2102);
@@ -872,7 +913,7 @@ mod tests {
         });
         let config = Config {
             tap_port: 4999,
-            ..Config::default()
+            ..crate::config::test_config()
         };
         let out = inject_pod_owned(&mut p, None, None, Mode::Manual, &config);
         assert_eq!(out.unwrap(), Outcome::Injected);
@@ -889,7 +930,7 @@ mod tests {
                 )
             })
             .collect();
-        assert_eq!(ports, [("proxy-admin", 4191), ("linkerd-tap", 4999)]);
+        assert_eq!(ports, [("linkerd-admin", 4191), ("linkerd-tap", 4999)]);
         // Inbound redirection leaves Linkerd's tap port alone by default.
         assert_eq!(crate::config::DEFAULT_TAP_PORT, 4190);
         assert!(DEFAULT_INBOUND_PORTS_TO_IGNORE
@@ -906,12 +947,12 @@ mod tests {
         });
         let mut p = original.clone();
         assert_eq!(
-            inject_pod(&mut p, None, Mode::Manual, &Config::default()).unwrap(),
+            inject_pod(&mut p, None, Mode::Manual, &crate::config::test_config()).unwrap(),
             Outcome::Injected
         );
         let once = p.clone();
         assert_eq!(
-            inject_pod(&mut p, None, Mode::Manual, &Config::default()).unwrap(),
+            inject_pod(&mut p, None, Mode::Manual, &crate::config::test_config()).unwrap(),
             Outcome::AlreadyInjected
         );
         assert_eq!(p, once);
@@ -925,7 +966,7 @@ mod tests {
     fn identity_disabled_mounts_nothing() {
         let config = Config {
             identity_disabled: true,
-            ..Config::default()
+            ..crate::config::test_config()
         };
         let mut p = pod(json!({}));
         inject_pod(&mut p, None, Mode::Manual, &config).unwrap();
@@ -943,7 +984,7 @@ mod tests {
     #[test]
     fn the_app_waits_for_the_proxy_unless_the_annotation_says_not_to() {
         let mut p = pod(json!({}));
-        inject_pod(&mut p, None, Mode::Manual, &Config::default()).unwrap();
+        inject_pod(&mut p, None, Mode::Manual, &crate::config::test_config()).unwrap();
         let proxy = container(&p, "containers", PROXY_CONTAINER);
         let hook = &proxy["lifecycle"]["postStart"]["exec"]["command"];
         assert_eq!(hook[0], "ballast-proxy");
@@ -951,12 +992,13 @@ mod tests {
         assert_eq!(hook[2], "--admin-addr=127.0.0.1:4191");
 
         let mut p = pod(json!({annotations::PROXY_AWAIT: "disabled"}));
-        inject_pod(&mut p, None, Mode::Manual, &Config::default()).unwrap();
+        inject_pod(&mut p, None, Mode::Manual, &crate::config::test_config()).unwrap();
         let proxy = container(&p, "containers", PROXY_CONTAINER);
         assert!(proxy.get("lifecycle").is_none(), "{proxy}");
 
         let mut p = pod(json!({annotations::PROXY_AWAIT: "sometimes"}));
-        let err = inject_pod(&mut p, None, Mode::Manual, &Config::default()).unwrap_err();
+        let err =
+            inject_pod(&mut p, None, Mode::Manual, &crate::config::test_config()).unwrap_err();
         assert!(err.to_string().contains("proxy-await"), "{err}");
     }
 
@@ -965,7 +1007,7 @@ mod tests {
         let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
         let config = Config {
             trust_anchors_pem: Some(pem.into()),
-            ..Config::default()
+            ..crate::config::test_config()
         };
         let mut p = pod(json!({"team": "shop"}));
         inject_pod(&mut p, None, Mode::Manual, &config).unwrap();
@@ -1000,7 +1042,7 @@ mod tests {
             "config.linkerd.io/proxy-version": "v9",
             "config.linkerd.io/proxy-uid": "3000",
         }));
-        inject_pod(&mut p, None, Mode::Manual, &Config::default()).unwrap();
+        inject_pod(&mut p, None, Mode::Manual, &crate::config::test_config()).unwrap();
         let proxy = container(&p, "containers", PROXY_CONTAINER);
         let init = container(&p, "initContainers", INIT_CONTAINER);
         assert!(
@@ -1034,7 +1076,13 @@ mod tests {
             "config.linkerd.io/proxy-log-level": "debug",
         });
         let mut p = pod(json!({"config.linkerd.io/proxy-log-level": "warn"}));
-        inject_pod(&mut p, ns.as_object(), Mode::Manual, &Config::default()).unwrap();
+        inject_pod(
+            &mut p,
+            ns.as_object(),
+            Mode::Manual,
+            &crate::config::test_config(),
+        )
+        .unwrap();
         let proxy = container(&p, "containers", PROXY_CONTAINER);
         assert_eq!(proxy["resources"]["limits"]["memory"], "64Mi");
         assert_eq!(proxy["env"][0]["value"], "warn");
@@ -1057,7 +1105,7 @@ mod tests {
         ] {
             let original = pod(json!({ key: value }));
             let mut p = original.clone();
-            let e = inject_pod(&mut p, None, Mode::Manual, &Config::default())
+            let e = inject_pod(&mut p, None, Mode::Manual, &crate::config::test_config())
                 .expect_err(value)
                 .to_string();
             assert!(e.contains(key) && e.contains(value), "{key}={value}: {e}");
@@ -1067,7 +1115,7 @@ mod tests {
             "config.linkerd.io/proxy-memory-request": "1Gi",
             "config.linkerd.io/proxy-memory-limit": "128Mi",
         }));
-        let e = inject_pod(&mut p, None, Mode::Manual, &Config::default()).unwrap_err();
+        let e = inject_pod(&mut p, None, Mode::Manual, &crate::config::test_config()).unwrap_err();
         assert!(e.to_string().contains("more than its limit"), "{e}");
     }
 
@@ -1076,15 +1124,15 @@ mod tests {
         for config in [
             Config {
                 proxy_uid: 0,
-                ..Config::default()
+                ..crate::config::test_config()
             },
             Config {
                 log_level: "loud".into(),
-                ..Config::default()
+                ..crate::config::test_config()
             },
             Config {
                 memory_limit: Some("lots".into()),
-                ..Config::default()
+                ..crate::config::test_config()
             },
         ] {
             let mut p = pod(json!({}));
@@ -1100,7 +1148,7 @@ mod tests {
         p["spec"]["hostNetwork"] = true.into();
         let original = p.clone();
         assert_eq!(
-            inject_pod(&mut p, None, Mode::Manual, &Config::default()).unwrap(),
+            inject_pod(&mut p, None, Mode::Manual, &crate::config::test_config()).unwrap(),
             Outcome::Skipped {
                 reason: SkipReason::HostNetwork
             }
@@ -1108,7 +1156,7 @@ mod tests {
         assert_eq!(p, original);
         let mut p = pod(json!({"linkerd.io/inject": "disabled"}));
         assert_eq!(
-            inject_pod(&mut p, None, Mode::Manual, &Config::default()).unwrap(),
+            inject_pod(&mut p, None, Mode::Manual, &crate::config::test_config()).unwrap(),
             Outcome::Skipped {
                 reason: SkipReason::Disabled
             }
@@ -1133,7 +1181,7 @@ mod tests {
                 &mut p,
                 ns.and_then(Value::as_object),
                 Mode::Webhook,
-                &Config::default(),
+                &crate::config::test_config(),
             )
             .unwrap();
             assert_eq!(
@@ -1148,7 +1196,7 @@ mod tests {
             &mut p,
             disabled.as_object(),
             Mode::Manual,
-            &Config::default(),
+            &crate::config::test_config(),
         );
         assert_eq!(
             out.unwrap(),
@@ -1185,7 +1233,7 @@ mod tests {
         ] {
             let mut p = bad.clone();
             assert!(
-                inject_pod(&mut p, None, Mode::Manual, &Config::default()).is_err(),
+                inject_pod(&mut p, None, Mode::Manual, &crate::config::test_config()).is_err(),
                 "{bad}"
             );
             assert_eq!(p, bad);
@@ -1200,5 +1248,81 @@ mod tests {
             "reg:5000/ballast-proxy"
         );
         assert_eq!(image_repository("reg:5000/p:v1@sha256:ab"), "reg:5000/p");
+    }
+
+    #[test]
+    fn a_pod_of_another_mesh_is_left_alone_naming_its_sidecar() {
+        for (list, name) in [
+            ("containers", "istio-proxy"),
+            ("initContainers", "istio-init"),
+        ] {
+            let mut p = pod(json!({}));
+            p["spec"][list]
+                .as_array_mut()
+                .map(|l| l.push(json!({"name": name})))
+                .unwrap_or_else(|| p["spec"][list] = json!([{"name": name}]));
+            let before = p.clone();
+            let out = inject_pod(&mut p, None, Mode::Manual, &crate::config::test_config());
+            let reason = SkipReason::OtherMesh {
+                container: name.into(),
+            };
+            assert_eq!(
+                out.unwrap(),
+                Outcome::Skipped {
+                    reason: reason.clone()
+                }
+            );
+            assert_eq!(p, before);
+            assert!(reason.to_string().contains(name));
+        }
+    }
+
+    #[test]
+    fn identity_without_trust_anchors_is_an_error_not_a_pod_that_never_starts() {
+        let mut p = pod(json!({}));
+        let before = p.clone();
+        let err = inject_pod(&mut p, None, Mode::Manual, &Config::default()).unwrap_err();
+        assert!(err.to_string().contains("trust anchors"), "{err}");
+        assert_eq!(p, before);
+        // A ConfigMap the user keeps in the pod's namespace is mounted.
+        let config = Config {
+            trust_anchors_config_map: Some("my-anchors".into()),
+            ..Config::default()
+        };
+        inject_pod(&mut p, None, Mode::Manual, &config).unwrap();
+        let volume = p["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == TRUST_ANCHORS_VOLUME)
+            .unwrap();
+        assert_eq!(volume["configMap"]["name"], "my-anchors");
+    }
+
+    #[test]
+    fn the_control_plane_names_the_label_addresses_and_identities() {
+        let cp = crate::config::ControlPlane {
+            namespace: "mesh".into(),
+            cluster_domain: "corp".into(),
+            trust_domain: "example.org".into(),
+        };
+        let config = Config {
+            trust_anchors_pem: Some("pem".into()),
+            ..Config::for_control_plane(cp)
+        };
+        let mut p = pod(json!({}));
+        inject_pod(&mut p, None, Mode::Manual, &config).unwrap();
+        assert_eq!(
+            p["metadata"]["labels"]["linkerd.io/control-plane-ns"],
+            "mesh"
+        );
+        let proxy = container(&p, "containers", PROXY_CONTAINER);
+        for arg in [
+            "--destination-addr=ballast-dst-headless.mesh.svc.corp:8086",
+            "--identity-controller-namespace=mesh",
+            "--destination-server-name=ballast-destination.mesh.serviceaccount.identity.mesh.example.org",
+        ] {
+            assert!(args(proxy).contains(&arg), "{arg} in {:?}", args(proxy));
+        }
     }
 }

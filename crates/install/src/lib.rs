@@ -99,7 +99,7 @@ pub struct InstallConfig {
 impl Default for InstallConfig {
     fn default() -> Self {
         Self {
-            namespace: "ballast".into(),
+            namespace: ballast_controlplane::DEFAULT_NAMESPACE.into(),
             controller_image: "ballast:latest".into(),
             proxy_image: "ballast-proxy:latest".into(),
             init_image: "ballast-init:latest".into(),
@@ -115,6 +115,15 @@ impl Default for InstallConfig {
 }
 
 impl InstallConfig {
+    /// The names the installed pieces agree on.
+    pub fn control_plane(&self) -> ballast_controlplane::ControlPlane {
+        ballast_controlplane::ControlPlane {
+            namespace: self.namespace.clone(),
+            cluster_domain: self.cluster_domain.clone(),
+            trust_domain: self.trust_domain.clone(),
+        }
+    }
+
     pub fn replicas(&self) -> u32 {
         if self.ha {
             HA_REPLICAS

@@ -8,18 +8,11 @@ use serde_json::{json, Value};
 /// `nonroot`).
 const RUN_AS: u32 = 65532;
 
-pub const DESTINATION: &str = "ballast-destination";
-pub const IDENTITY: &str = "ballast-identity";
-pub const INJECTOR: &str = "ballast-injector";
-/// The metrics collector and dashboard (`ballast viz`); also its service
-/// account, so its identity (for tapping proxies over mTLS) is
-/// `ballast-viz.NS.serviceaccount.identity...`.
-pub const VIZ: &str = "ballast-viz";
-/// Linkerd's names: the identity controller's service account (part of its
-/// TLS identity), the issuer Secret and the trust roots ConfigMap.
-pub const IDENTITY_SERVICE_ACCOUNT: &str = "linkerd-identity";
-pub const ISSUER_SECRET: &str = "linkerd-identity-issuer";
-pub const TRUST_ROOTS_CONFIG_MAP: &str = "linkerd-identity-trust-roots";
+// The names every piece must agree on come from one place.
+pub use ballast_controlplane::object::{
+    DESTINATION, IDENTITY, IDENTITY_SERVICE_ACCOUNT, INJECTOR, ISSUER_SECRET,
+    TRUST_ROOTS_CONFIG_MAP, VIZ,
+};
 /// The webhook's serving certificate (Linkerd: `linkerd-proxy-injector-k8s-tls`).
 pub const INJECTOR_TLS_SECRET: &str = "ballast-injector-k8s-tls";
 pub const WEBHOOK_CONFIGURATION: &str = "ballast-proxy-injector-webhook-config";
@@ -34,14 +27,37 @@ pub const VIZ_ADMIN_PORT: u16 = 9994;
 /// The label (on a namespace or a pod) that keeps the webhook away, as Linkerd's.
 pub const WEBHOOKS_LABEL: &str = "config.linkerd.io/admission-webhooks";
 
+const TRUST_ROOTS_KEY: &str = ballast_controlplane::object::TRUST_ROOTS_KEY;
 const ISSUER_MOUNT: &str = "/var/run/linkerd/identity/issuer";
 const TRUST_ROOTS_MOUNT: &str = "/var/run/linkerd/identity/trust-roots";
 const INJECTOR_TLS_MOUNT: &str = "/var/run/ballast/injector/tls";
-/// Where viz reads its service-account token for the identity controller
-/// (Linkerd's audience and file name, as injected proxies have it).
+/// Where viz and the destination controller read their service-account
+/// token for the identity controller (Linkerd's audience and file name, as
+/// injected proxies have it).
 const TOKEN_MOUNT: &str = "/var/run/secrets/tokens";
 const IDENTITY_TOKEN_FILE: &str = "linkerd-identity-token";
 const IDENTITY_TOKEN_AUDIENCE: &str = "identity.l5d.io";
+
+/// The trust anchors ConfigMap, mounted read-only (mount, volume).
+fn trust_roots_volume() -> (Value, Value) {
+    (
+        json!({"name": "trust-roots", "mountPath": TRUST_ROOTS_MOUNT, "readOnly": true}),
+        json!({"name": "trust-roots", "configMap": {"name": TRUST_ROOTS_CONFIG_MAP}}),
+    )
+}
+
+/// The projected service-account token a controller sends the identity
+/// controller for its own certificate (mount, volume).
+fn identity_token_volume() -> (Value, Value) {
+    (
+        json!({"name": "identity-token", "mountPath": TOKEN_MOUNT, "readOnly": true}),
+        json!({"name": "identity-token", "projected": {"sources": [{"serviceAccountToken": {
+            "audience": IDENTITY_TOKEN_AUDIENCE,
+            "expirationSeconds": 86400,
+            "path": IDENTITY_TOKEN_FILE,
+        }}]}}),
+    )
+}
 
 fn labels(app: &str) -> Value {
     json!({"app.kubernetes.io/name": app, "app.kubernetes.io/part-of": "ballast"})
@@ -306,13 +322,21 @@ pub fn destination(c: &InstallConfig) -> Vec<Document> {
                     "--admin-addr=0.0.0.0:9996".into(),
                     "--policy-addr=0.0.0.0:8090".into(),
                     format!("--cluster-domain={}", c.cluster_domain),
-                    "--controller-namespace=linkerd".into(),
+                    format!("--controller-namespace={}", c.namespace),
                     format!("--identity-trust-domain={}", c.trust_domain),
+                    // Injected proxies dial it in TLS, verifying
+                    // ballast-destination.NS.serviceaccount.identity.NS.TRUST_DOMAIN:
+                    // it serves that identity, certified by the identity controller.
+                    format!("--service-account={DESTINATION}"),
+                    format!("--namespace={}", c.namespace),
+                    format!("--identity-trust-anchors={TRUST_ROOTS_MOUNT}/{TRUST_ROOTS_KEY}"),
+                    format!("--identity-addr={}", c.control_plane().identity_addr()),
+                    format!("--identity-token-file={TOKEN_MOUNT}/{IDENTITY_TOKEN_FILE}"),
                 ],
                 ports: vec![("grpc", 8086), ("policy", 8090), ("admin", 9996)],
                 memory_request: "64Mi",
                 memory_limit: "256Mi",
-                volumes: vec![],
+                volumes: vec![trust_roots_volume(), identity_token_volume()],
             },
         ),
         service(
@@ -375,8 +399,8 @@ pub fn identity(c: &InstallConfig) -> Vec<Document> {
                     "--addr=0.0.0.0:8080".into(),
                     "--admin-addr=0.0.0.0:9990".into(),
                     format!("--issuer-dir={ISSUER_MOUNT}"),
-                    format!("--trust-anchors={TRUST_ROOTS_MOUNT}/ca-bundle.crt"),
-                    "--controller-namespace=linkerd".into(),
+                    format!("--trust-anchors={TRUST_ROOTS_MOUNT}/{TRUST_ROOTS_KEY}"),
+                    format!("--controller-namespace={}", c.namespace),
                     format!("--trust-domain={}", c.trust_domain),
                     "--issuance-lifetime=24h".into(),
                     "--clock-skew-allowance=20s".into(),
@@ -389,10 +413,7 @@ pub fn identity(c: &InstallConfig) -> Vec<Document> {
                         json!({"name": "issuer", "mountPath": ISSUER_MOUNT, "readOnly": true}),
                         json!({"name": "issuer", "secret": {"secretName": ISSUER_SECRET}}),
                     ),
-                    (
-                        json!({"name": "trust-roots", "mountPath": TRUST_ROOTS_MOUNT, "readOnly": true}),
-                        json!({"name": "trust-roots", "configMap": {"name": TRUST_ROOTS_CONFIG_MAP}}),
-                    ),
+                    trust_roots_volume(),
                 ],
             },
         ),
@@ -429,17 +450,17 @@ pub fn identity(c: &InstallConfig) -> Vec<Document> {
 
 /// The injector's flags that configure injected proxies (`ballast inject`'s).
 fn injector_proxy_args(c: &InstallConfig) -> Vec<String> {
-    let ns = &c.namespace;
-    let domain = &c.cluster_domain;
     vec![
         format!("--proxy-image={}", c.proxy_image),
         format!("--init-image={}", c.init_image),
         format!("--image-pull-policy={}", c.image_pull_policy),
-        format!("--destination-addr=ballast-dst-headless.{ns}.svc.{domain}:8086"),
-        format!("--identity-addr=ballast-identity-headless.{ns}.svc.{domain}:8080"),
-        format!("--control-plane-namespace={ns}"),
+        // The controllers' addresses and identities follow from these three,
+        // as they do in this install (ballast_controlplane::ControlPlane).
+        format!("--control-plane-namespace={}", c.namespace),
+        format!("--cluster-domain={}", c.cluster_domain),
+        format!("--identity-trust-domain={}", c.trust_domain),
         // Proxies get the anchors inline, so meshed namespaces need no copy.
-        format!("--identity-trust-anchors-file={TRUST_ROOTS_MOUNT}/ca-bundle.crt"),
+        format!("--identity-trust-anchors-file={TRUST_ROOTS_MOUNT}/{TRUST_ROOTS_KEY}"),
     ]
 }
 
@@ -487,10 +508,7 @@ pub fn injector(c: &InstallConfig) -> Vec<Document> {
                         json!({"name": "tls", "mountPath": INJECTOR_TLS_MOUNT, "readOnly": true}),
                         json!({"name": "tls", "secret": {"secretName": INJECTOR_TLS_SECRET}}),
                     ),
-                    (
-                        json!({"name": "trust-roots", "mountPath": TRUST_ROOTS_MOUNT, "readOnly": true}),
-                        json!({"name": "trust-roots", "configMap": {"name": TRUST_ROOTS_CONFIG_MAP}}),
-                    ),
+                    trust_roots_volume(),
                 ],
             },
         ),
@@ -547,37 +565,21 @@ pub fn viz(c: &InstallConfig) -> Vec<Document> {
                     format!("--addr=0.0.0.0:{VIZ_PORT}"),
                     format!("--admin-addr=0.0.0.0:{VIZ_ADMIN_PORT}"),
                     format!("--cluster-domain={}", c.cluster_domain),
-                    "--controller-namespace=linkerd".into(),
+                    format!("--controller-namespace={}", c.namespace),
                     format!("--identity-trust-domain={}", c.trust_domain),
                     // Its identity, which proxies' tap ports admit:
                     // ballast-viz.NS.serviceaccount.identity.linkerd.TRUST_DOMAIN,
                     // certified by the identity controller for its token.
                     format!("--service-account={VIZ}"),
                     format!("--namespace={}", c.namespace),
-                    format!("--identity-trust-anchors={TRUST_ROOTS_MOUNT}/ca-bundle.crt"),
-                    format!(
-                        "--identity-addr=ballast-identity-headless.{}.svc.{}:8080",
-                        c.namespace, c.cluster_domain
-                    ),
+                    format!("--identity-trust-anchors={TRUST_ROOTS_MOUNT}/{TRUST_ROOTS_KEY}"),
+                    format!("--identity-addr={}", c.control_plane().identity_addr()),
                     format!("--identity-token-file={TOKEN_MOUNT}/{IDENTITY_TOKEN_FILE}"),
                 ],
                 ports: vec![("http", VIZ_PORT), ("admin", VIZ_ADMIN_PORT)],
                 memory_request: "64Mi",
                 memory_limit: "768Mi",
-                volumes: vec![
-                    (
-                        json!({"name": "trust-roots", "mountPath": TRUST_ROOTS_MOUNT, "readOnly": true}),
-                        json!({"name": "trust-roots", "configMap": {"name": TRUST_ROOTS_CONFIG_MAP}}),
-                    ),
-                    (
-                        json!({"name": "identity-token", "mountPath": TOKEN_MOUNT, "readOnly": true}),
-                        json!({"name": "identity-token", "projected": {"sources": [{"serviceAccountToken": {
-                            "audience": IDENTITY_TOKEN_AUDIENCE,
-                            "expirationSeconds": 86400,
-                            "path": IDENTITY_TOKEN_FILE,
-                        }}]}}),
-                    ),
-                ],
+                volumes: vec![trust_roots_volume(), identity_token_volume()],
             },
         ),
         service(

@@ -13,9 +13,10 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-/// The control-plane namespace in identity names: Linkerd's, so that
-/// Linkerd's proxies find `linkerd-identity.linkerd.serviceaccount...` (the
-/// controllers run with `--controller-namespace=linkerd`).
+/// The namespace part of the generated anchor's and issuer's own names
+/// (`root.linkerd.TRUST_DOMAIN`, `identity.linkerd.TRUST_DOMAIN`), as
+/// Linkerd's documentation generates them. Only leaf names are checked
+/// against the control plane's namespace; these two are never.
 pub const IDENTITY_CONTROL_NS: &str = "linkerd";
 
 /// Lifetime of the webhook's CA and serving certificate (Linkerd's chart
