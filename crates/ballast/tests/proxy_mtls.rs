@@ -668,3 +668,65 @@ async fn stalled_garbage_and_excess_handshakes_are_cut_and_counted() {
     let answer = get(&w.client, "/after").await.unwrap();
     assert_eq!(answer.status, StatusCode::OK, "{answer:?}");
 }
+
+/// Defect: a proxy dialling a plaintext controller in TLS said so only at
+/// debug, so an installed mesh that lost its controller looked healthy.
+/// Now it warns, naming the cause and the flags, at most once per 30 s.
+#[tokio::test]
+async fn a_proxy_dialling_a_plaintext_controller_in_tls_warns_naming_the_flags() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = Pki::generate(&tmp.path().join("pki")).await;
+    let tokens = tmp.path().join("tokens");
+    std::fs::create_dir_all(&tokens).unwrap();
+    write_atomic(
+        &tokens.join("secrets.yaml"),
+        &token_secret(NS, "web", "tok-web"),
+    );
+    std::fs::write(tmp.path().join("web.token"), "tok-web").unwrap();
+    let ca = IdentityCa::start(&pki, &tokens, &[]).await;
+    let cluster = tmp.path().join("cluster");
+    std::fs::create_dir_all(&cluster).unwrap();
+    api_pod(&cluster, "api", "127.0.0.1:9".parse().unwrap());
+    // A controller without --identity-trust-anchors: plaintext only.
+    let controller = Controller::start(&cluster, &[]).await;
+    let mut flags = identity_flags(&pki, ca.grpc, "web", &tmp.path().join("web.token"), &[]);
+    flags.push(format!(
+        "--destination-server-name={}",
+        identity("ballast-destination", NS)
+    ));
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let client = Proxy::start(controller.grpc, &args).await;
+    let started = std::time::Instant::now();
+    // Resolving a service makes the proxy dial its controller.
+    let warned = eventually("a WARN naming the plaintext controller", || async {
+        let _ = tokio::time::timeout(Duration::from_millis(500), get(&client, "/")).await;
+        let lines = client
+            .process
+            .logs_containing("cannot reach the destination controller");
+        (!lines.is_empty()).then_some(lines)
+    })
+    .await;
+    let line = &warned[0];
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("answered in plaintext"), "{line}");
+    assert!(line.contains("--identity-trust-anchors"), "{line}");
+    assert!(line.contains("--destination-server-name"), "{line}");
+    // Many attempts, few lines: one per 30 s (and the first at once).
+    let attempts = eventually("several connect attempts", || async {
+        let n = client
+            .metrics()
+            .await
+            .sum("control_connect_attempts_total", &[]);
+        (n >= 4.0).then_some(n)
+    })
+    .await;
+    let lines = client
+        .process
+        .logs_containing("cannot reach the destination controller")
+        .len();
+    let allowed = 1 + started.elapsed().as_secs() as usize / 30 + 1;
+    assert!(
+        lines <= allowed && (lines as f64) < attempts,
+        "{lines} warnings for {attempts} attempts"
+    );
+}

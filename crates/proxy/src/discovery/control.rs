@@ -19,6 +19,11 @@ use std::{
 use tokio::{net::TcpStream, time::Instant};
 use tonic::transport::{Channel, Endpoint};
 
+/// While the controller cannot be reached, one WARN at most this often
+/// (with how many failures it stands for): the cause is said without a
+/// log line per attempt or per target.
+const UNREACHABLE_WARN_INTERVAL: Duration = Duration::from_secs(30);
+
 /// Keepalive pings find a controller that vanished without closing.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -30,6 +35,61 @@ struct Gate {
     tls: Option<crate::config::ControlTls>,
     schedule: Mutex<GateState>,
     metrics: Arc<Metrics>,
+    warnings: Mutex<WarnLimit>,
+}
+
+/// At most one warning per interval; the failures in between are counted
+/// and reported with the next one.
+#[derive(Debug)]
+struct WarnLimit {
+    interval: Duration,
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl WarnLimit {
+    fn new(interval: Duration) -> Self {
+        Self {
+            interval,
+            last: None,
+            suppressed: 0,
+        }
+    }
+
+    /// `Some(failures suppressed since the last warning)` when one is due now.
+    fn due(&mut self, now: Instant) -> Option<u64> {
+        match self.last {
+            Some(last) if now.duration_since(last) < self.interval => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        }
+    }
+}
+
+/// What a failed connect most likely means, and the flag that changes it.
+fn unreachable_hint(error: &std::io::Error, tls: Option<&crate::config::ControlTls>) -> String {
+    let text = error.to_string();
+    match tls {
+        Some(tls) if text.contains("InvalidContentType") || text.contains("corrupt message") => {
+            format!(
+            "the controller answered in plaintext while this proxy dials it in TLS verifying {}: \
+             the controller serves no TLS (give it --identity-trust-anchors), or set \
+             --destination-server-name=\"\" to dial it in plaintext",
+            tls.server_name
+        )
+        }
+        Some(tls) if text.contains("certificate") || text.contains("NotValidForName") => format!(
+            "the controller's certificate does not verify as {} (--destination-server-name; \
+             its --service-account, --namespace and --controller-namespace make its name)",
+            tls.server_name
+        ),
+        _ => "check --destination-addr and that the controller runs".to_string(),
+    }
 }
 
 #[derive(Debug)]
@@ -78,6 +138,27 @@ impl Gate {
                 "connect to the destination controller timed out",
             )),
         }
+        .inspect_err(|e| self.warn_unreachable(e))
+    }
+
+    /// A connect failed: said at WARN, at most once per interval, with the
+    /// cause and the flag that changes it (the first failure is said at once).
+    fn warn_unreachable(&self, error: &std::io::Error) {
+        let due = self
+            .warnings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .due(Instant::now());
+        if let Some(suppressed) = due {
+            let cause: String = error.to_string().chars().take(200).collect();
+            tracing::warn!(
+                addr = %self.addr,
+                %cause,
+                failures_since_last_warning = suppressed,
+                hint = %unreachable_hint(error, self.tls.as_ref()),
+                "cannot reach the destination controller; retrying with backoff"
+            );
+        }
     }
 
     fn healthy(&self) {
@@ -109,6 +190,7 @@ impl ControlPlane {
                 next_attempt: None,
             }),
             metrics: metrics.clone(),
+            warnings: Mutex::new(WarnLimit::new(UNREACHABLE_WARN_INTERVAL)),
         });
         let endpoint = Endpoint::from_shared(format!("http://{}", config.addr))
             .map_err(|e| {
@@ -165,5 +247,57 @@ impl ControlPlane {
                 "lost the destination controller; routing on the last known endpoints while reconnecting"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn unreachable_warnings_are_one_per_interval_counting_the_rest() {
+        let mut limit = WarnLimit::new(Duration::from_secs(30));
+        // The first failure is said at once.
+        assert_eq!(limit.due(Instant::now()), Some(0));
+        for _ in 0..5 {
+            tokio::time::advance(Duration::from_secs(5)).await;
+            assert_eq!(limit.due(Instant::now()), None);
+        }
+        tokio::time::advance(Duration::from_secs(5)).await;
+        // 30 s after the first: the next says the five in between.
+        assert_eq!(limit.due(Instant::now()), Some(5));
+        tokio::time::advance(Duration::from_secs(29)).await;
+        assert_eq!(limit.due(Instant::now()), None);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(limit.due(Instant::now()), Some(1));
+    }
+
+    #[test]
+    fn a_plaintext_controller_dialled_in_tls_is_named_with_the_flags() {
+        let roots = rustls::RootCertStore::empty();
+        let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("TLS 1.3")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let tls = crate::config::ControlTls {
+            config: Arc::new(config),
+            server_name: ballast_meshtls::IdentityName::parse(
+                "ballast-destination.ballast.serviceaccount.identity.ballast.cluster.local",
+            )
+            .expect("a name"),
+        };
+        let plaintext = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "received corrupt message of type InvalidContentType",
+        );
+        let hint = unreachable_hint(&plaintext, Some(&tls));
+        assert!(hint.contains("plaintext"), "{hint}");
+        assert!(hint.contains("--identity-trust-anchors"), "{hint}");
+        assert!(hint.contains("ballast-destination.ballast"), "{hint}");
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(unreachable_hint(&refused, None).contains("--destination-addr"));
     }
 }
