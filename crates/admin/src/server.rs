@@ -188,7 +188,8 @@ impl AdminServer {
         shutdown: impl Future<Output = ()>,
     ) -> io::Result<()> {
         let local = listener.local_addr()?;
-        tracing::info!(%local, "admin server listening");
+        // Each binary says "admin listening on ADDR" when it binds.
+        tracing::debug!(%local, "admin server serving");
 
         let service = Arc::new(AdminService::new(self.state));
         let http = http1_server(self.header_read_timeout, MAX_REQUEST_HEAD_BYTES);

@@ -34,7 +34,8 @@ pub async fn listeners(
         .await
         .with_context(|| format!("cannot listen on --admin-addr {admin_addr}"))?;
     tracing::info!("{what} gRPC listening on {}", grpc.local_addr()?);
-    tracing::info!("admin listening on {}", admin.local_addr()?);
+    let local = admin.local_addr()?;
+    tracing::info!(%local, "admin listening on {local}");
     Ok((grpc, admin))
 }
 

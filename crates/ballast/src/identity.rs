@@ -182,6 +182,11 @@ struct GenerateArgs {
     /// Keep OUT/ca.crt and OUT/ca.key; write only a new issuer under them (rotation).
     #[arg(long)]
     rotate_issuer: bool,
+    /// Replace a trust anchor already in OUT (every certificate under it
+    /// stops verifying). Without it an existing OUT/ca.crt or ca.key is
+    /// never overwritten.
+    #[arg(long, conflicts_with = "rotate_issuer")]
+    force: bool,
     /// The control plane's namespace: the issuer is `identity.NS.TRUST_DOMAIN`, the anchor `root.NS.TRUST_DOMAIN`.
     #[arg(long, default_value = "linkerd", value_parser = dns_label)]
     controller_namespace: String,
@@ -349,6 +354,20 @@ fn generate_files(g: GenerateArgs) -> anyhow::Result<()> {
         issuer_lifetime: g.issuer_lifetime,
     };
     let issuer_dir = g.out.join("issuer");
+    if !g.rotate_issuer && !g.force {
+        // A new anchor silently replacing the mesh's would make every
+        // certificate issued under the old one fail to verify.
+        for name in ["ca.crt", "ca.key"] {
+            let p = g.out.join(name);
+            if p.exists() {
+                anyhow::bail!(
+                    "{} exists: not overwriting a trust anchor (--rotate-issuer keeps it and \
+                     makes a new issuer; --force replaces it)",
+                    p.display()
+                );
+            }
+        }
+    }
     std::fs::create_dir_all(&issuer_dir)
         .with_context(|| format!("cannot create {}", issuer_dir.display()))?;
     let (anchor_cert, anchor_key) = if g.rotate_issuer {

@@ -318,7 +318,9 @@ async fn anchors_from_cluster(
 
 /// Largest input read (a file or stdin): manifests are far smaller, and
 /// a mistaken `ballast inject /dev/zero` should end.
-const MAX_INPUT_BYTES: u64 = 64 * 1024 * 1024;
+/// (16 MiB, as a manifests file the controllers read; an injected tree is
+/// several times its text.)
+const MAX_INPUT_BYTES: u64 = 16 * 1024 * 1024;
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
     // As `linkerd inject` does: what no flag says is read from the

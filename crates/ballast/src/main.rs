@@ -134,6 +134,10 @@ fn exit(result: anyhow::Result<()>) -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ballast: {e:#}");
+            // Flags that cannot work together are a usage error, as clap's.
+            if e.downcast_ref::<ballast_flags::UsageError>().is_some() {
+                return std::process::ExitCode::from(2);
+            }
             std::process::ExitCode::FAILURE
         }
     }

@@ -51,11 +51,11 @@ Every flag can also be set by the environment variable shown."
 pub struct Args {
     /// Address of the dashboard and its JSON API (/, /assets/*, /api/*,
     /// /live, /ready); Linkerd viz's web port.
-    #[arg(long, env = "BALLAST_VIZ_ADDR", default_value = "0.0.0.0:8084")]
+    #[arg(long, env = "BALLAST_VIZ_ADDR", default_value = "127.0.0.1:8084")]
     addr: SocketAddr,
 
     /// Address of the admin server (/live, /ready, /metrics).
-    #[arg(long, env = "BALLAST_VIZ_ADMIN_ADDR", default_value = "0.0.0.0:9994")]
+    #[arg(long, env = "BALLAST_VIZ_ADMIN_ADDR", default_value = "127.0.0.1:9994")]
     admin_addr: SocketAddr,
 
     /// Directory of Kubernetes manifests (*.yaml, *.yml, *.json, read
@@ -110,9 +110,10 @@ pub struct Args {
           value_parser = duration(Duration::from_secs(1), HOUR))]
     scrape_interval: Duration,
 
-    /// Longest one scrape may take, connect to last byte (less than --scrape-interval).
-    #[arg(long, env = "BALLAST_VIZ_SCRAPE_TIMEOUT", default_value = "5s", value_parser = TIMEOUT)]
-    scrape_timeout: Duration,
+    /// Longest one scrape may take, connect to last byte; less than
+    /// --scrape-interval (default: 5s, or half the interval when that is less).
+    #[arg(long, env = "BALLAST_VIZ_SCRAPE_TIMEOUT", value_parser = TIMEOUT)]
+    scrape_timeout: Option<Duration>,
 
     /// Scrapes in flight at most.
     #[arg(long, env = "BALLAST_VIZ_SCRAPE_CONCURRENCY", default_value_t = collector::DEFAULT_SCRAPE_CONCURRENCY,
@@ -221,14 +222,26 @@ pub struct Args {
     namespace: String,
 }
 
-pub async fn run(args: Args) -> anyhow::Result<()> {
-    if args.scrape_timeout >= args.scrape_interval {
-        anyhow::bail!(
-            "--scrape-timeout ({:?}) must be less than --scrape-interval ({:?})",
-            args.scrape_timeout,
-            args.scrape_interval
-        );
+/// The scrape timeout when none is given.
+const DEFAULT_SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The scrape timeout: the one given, which must be less than the interval
+/// (a usage error otherwise), else the default lowered to fit.
+fn scrape_timeout(
+    given: Option<Duration>,
+    interval: Duration,
+) -> Result<Duration, ballast_flags::UsageError> {
+    match given {
+        Some(t) if t >= interval => Err(ballast_flags::UsageError(format!(
+            "--scrape-timeout ({t:?}) must be less than --scrape-interval ({interval:?})"
+        ))),
+        Some(t) => Ok(t),
+        None => Ok(DEFAULT_SCRAPE_TIMEOUT.min(interval / 2)),
     }
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let scrape_timeout = scrape_timeout(args.scrape_timeout, args.scrape_interval)?;
     let source_config = controller::SourceConfig {
         manifests: args.manifests.clone(),
         manifests_max_file_bytes: args.manifests_max_file_bytes,
@@ -315,7 +328,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             tracing::info!(%url, "reading Prometheus' federation instead of scraping");
             Source::Prometheus(Federation {
                 url: url.clone(),
-                timeout: args.scrape_timeout,
+                timeout: scrape_timeout,
                 max_bytes: args.max_federate_bytes,
                 limits: Limits {
                     max_series: args.max_federate_series,
@@ -329,7 +342,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let collector = Collector::new(
         CollectorConfig {
             interval: args.scrape_interval,
-            timeout: args.scrape_timeout,
+            timeout: scrape_timeout,
             concurrency: args.scrape_concurrency,
             max_page_bytes: args.max_page_bytes,
             max_pods: args.max_pods,

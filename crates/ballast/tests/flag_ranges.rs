@@ -225,3 +225,67 @@ fn values_that_used_to_start_silently_are_refused_with_one_line() {
         assert_one_error(args, flag);
     }
 }
+
+/// Defects: a minimum above its maximum was accepted, and `viz
+/// --scrape-interval 1s` exited 1 because the default timeout did not fit.
+/// Pairs that cannot work are usage errors (exit 2) naming both flags; a
+/// default that does not fit is lowered.
+#[test]
+fn flags_that_cannot_work_together_are_usage_errors_naming_both() {
+    for (args, words) in [
+        (
+            &[
+                "proxy",
+                "--identity-disabled",
+                "--control-backoff-min",
+                "20s",
+                "--control-backoff-max",
+                "10s",
+            ][..],
+            ["--control-backoff-min (20s)", "--control-backoff-max (10s)"],
+        ),
+        (
+            &[
+                "proxy",
+                "--identity-disabled",
+                "--connect-backoff-min",
+                "2s",
+                "--connect-backoff-max",
+                "1s",
+            ][..],
+            ["--connect-backoff-min (2s)", "--connect-backoff-max (1s)"],
+        ),
+        (
+            &[
+                "viz",
+                "--manifests",
+                "/nonexistent",
+                "--scrape-interval",
+                "2s",
+                "--scrape-timeout",
+                "3s",
+            ][..],
+            ["--scrape-timeout (3s)", "--scrape-interval (2s)"],
+        ),
+    ] {
+        let out = ballast(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        for w in words {
+            assert!(stderr.contains(w), "{args:?}: {w:?} not in {stderr}");
+        }
+    }
+    // A short interval alone is fine: the timeout's default is lowered. (It
+    // then fails on the missing directory, which says so: not a usage error.)
+    let out = ballast(&[
+        "viz",
+        "--manifests",
+        "/nonexistent",
+        "--scrape-interval",
+        "1s",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("--scrape-timeout"), "{stderr}");
+    assert!(stderr.contains("/nonexistent"), "{stderr}");
+}

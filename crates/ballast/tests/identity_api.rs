@@ -266,3 +266,36 @@ async fn a_client_over_its_rate_is_refused_and_others_are_not() {
         .await
         .expect("another client is not limited");
 }
+
+/// Defect: `identity generate` replaced an existing trust anchor and key
+/// without asking, cutting every certificate issued under it loose.
+#[test]
+fn generate_never_overwrites_a_trust_anchor_unless_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("pki");
+    let generate = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ballast"))
+            .args(["identity", "generate", "--out"])
+            .arg(&out)
+            .args(extra)
+            .output()
+            .expect("ballast runs")
+    };
+    assert!(generate(&[]).status.success());
+    let anchor = std::fs::read(out.join("ca.crt")).unwrap();
+    let key = std::fs::read(out.join("ca.key")).unwrap();
+    let again = generate(&[]);
+    assert_eq!(again.status.code(), Some(1), "{again:?}");
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        err.contains("ca.crt exists") && err.contains("--force"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(out.join("ca.crt")).unwrap(), anchor);
+    assert_eq!(std::fs::read(out.join("ca.key")).unwrap(), key);
+    // Rotation keeps the anchor; --force replaces it.
+    assert!(generate(&["--rotate-issuer"]).status.success());
+    assert_eq!(std::fs::read(out.join("ca.crt")).unwrap(), anchor);
+    assert!(generate(&["--force"]).status.success());
+    assert_ne!(std::fs::read(out.join("ca.crt")).unwrap(), anchor);
+}

@@ -27,8 +27,10 @@
 #![forbid(unsafe_code)]
 
 mod net;
+mod usage;
 
 pub use net::{dns_label, dns_name, dns_name_or_empty, host_port, non_empty, port, port_list};
+pub use usage::{ordered, UsageError};
 
 use clap::{builder::TypedValueParser, error::ErrorKind};
 use std::{ffi::OsStr, fmt, marker::PhantomData, time::Duration};

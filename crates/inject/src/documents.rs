@@ -207,7 +207,14 @@ impl Job<'_> {
     fn yaml(&mut self, text: &str) -> Result<String, InjectError> {
         let mut out = String::with_capacity(text.len() + 4096);
         let mut document = 0;
-        for chunk in split_yaml(text) {
+        let chunks = split_yaml(text);
+        if chunks.len() > MAX_DOCUMENTS {
+            return Err(self.malformed(
+                MAX_DOCUMENTS + 1,
+                format!("more than {MAX_DOCUMENTS} documents in one input; split it"),
+            ));
+        }
+        for chunk in chunks {
             let nodes: Vec<Node> =
                 match serde_saphyr::from_multiple_with_options(chunk.text, yaml_read_options()) {
                     Ok(nodes) => nodes,
@@ -332,6 +339,10 @@ impl Job<'_> {
         }
     }
 }
+
+/// Documents read from one input at most: each is parsed into a tree
+/// several times its text's size, so an input's memory follows its count.
+pub const MAX_DOCUMENTS: usize = 10_000;
 
 /// YAML read as Kubernetes reads it (YAML 1.1's `0755` is octal: a
 /// volume's `defaultMode: 0755` is 493).
@@ -1046,5 +1057,28 @@ mod tests {
             "{}",
             out.text
         );
+    }
+
+    #[test]
+    fn an_input_past_the_document_budget_is_refused_before_it_is_parsed() {
+        let many = "kind: ConfigMap\nmetadata: {name: c}\n---\n".repeat(MAX_DOCUMENTS + 1);
+        let e = inject_documents(
+            &many,
+            "big.yaml",
+            Mode::Manual,
+            &crate::config::test_config(),
+            Action::Inject,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("more than 10000 documents"), "{e}");
+        let fits = "kind: ConfigMap\nmetadata: {name: c}\n---\n".repeat(100);
+        assert!(inject_documents(
+            &fits,
+            "ok.yaml",
+            Mode::Manual,
+            &crate::config::test_config(),
+            Action::Inject
+        )
+        .is_ok());
     }
 }

@@ -118,7 +118,12 @@ impl Decider {
             Ok(Outcome::Injected) => {
                 let ops = patch::diff(&review.pod, &pod);
                 self.metrics.count("injected");
-                tracing::info!(uid = %review.uid, namespace = ?review.namespace, name = ?pod_name(&review.pod), "injected");
+                tracing::info!(
+                    uid = %review.uid,
+                    namespace = review.namespace.as_deref().unwrap_or(""),
+                    name = pod_name(&review.pod).unwrap_or(""),
+                    "injected"
+                );
                 Answer::Review(review::response(
                     &review.uid,
                     &Verdict::Allow {

@@ -301,7 +301,11 @@ pub async fn run(
                     config.min_refresh,
                     config.max_refresh,
                 );
-                tracing::info!(identity = %key.name, renew_in = ?wait, "certified");
+                tracing::info!(
+                    identity = %key.name,
+                    renew_in_seconds = wait.as_secs(),
+                    "certified"
+                );
                 wait
             }
             Err(e) => {

@@ -59,6 +59,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ballast-proxy: {e:#}");
+            // Flags that cannot work together are a usage error, as clap's.
+            if e.downcast_ref::<ballast_flags::UsageError>().is_some() {
+                return ExitCode::from(2);
+            }
             ExitCode::FAILURE
         }
     }

@@ -482,6 +482,7 @@ fn parse_tcp_route(s: &str) -> Result<(SocketAddr, String), String> {
 /// Runs the proxy on a runtime of its own size: one thread by default, as a
 /// sidecar with one core.
 pub fn run_blocking(args: Args) -> anyhow::Result<()> {
+    args.check_pairs()?;
     let built = if args.workers == 1 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -494,6 +495,24 @@ pub fn run_blocking(args: Args) -> anyhow::Result<()> {
     };
     let runtime = built.context("cannot start the async runtime")?;
     runtime.block_on(run(args))
+}
+
+impl Args {
+    /// Pairs of flags that are each in range but must also agree.
+    pub fn check_pairs(&self) -> Result<(), ballast_flags::UsageError> {
+        ballast_flags::ordered(
+            "--control-backoff-min",
+            self.control_backoff_min,
+            "--control-backoff-max",
+            self.control_backoff_max,
+        )?;
+        ballast_flags::ordered(
+            "--connect-backoff-min",
+            self.connect_backoff_min,
+            "--connect-backoff-max",
+            self.connect_backoff_max,
+        )
+    }
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {

@@ -161,12 +161,15 @@ pub fn parse(text: &str) -> Parsed {
 }
 
 fn syntax_problem(text: &str, e: &serde_saphyr::Error) -> Problem {
-    let mut reason = e.to_string();
-    if matches!(e, serde_saphyr::Error::Budget { .. }) {
-        reason.push_str(
-            " (a file may hold at most 1024 documents and 250000 YAML nodes; split it into smaller files)",
-        );
-    }
+    // The parser's own budget text names its internal types
+    // (`Documents { documents: 1025 }`): say it in the manifest's words.
+    let mut reason = if matches!(e, serde_saphyr::Error::Budget { .. }) {
+        "too large: a file may hold at most 1024 documents and 250000 YAML nodes; \
+         split it into smaller files"
+            .to_string()
+    } else {
+        e.to_string()
+    };
     truncate(&mut reason, REASON_MAX + 120);
     let place = e
         .location()
@@ -565,6 +568,10 @@ mod tests {
         let many = "a: 1\n---\n".repeat(1100);
         let got = messages(&parse(&many));
         assert!(got[0].contains("split it into smaller files"), "{got:?}");
+        assert!(
+            !got[0].contains("Documents {"),
+            "the parser's types stay inside: {got:?}"
+        );
     }
 
     #[test]
