@@ -90,6 +90,13 @@ pub struct Args {
     /// and webhook Secrets and the webhook configuration (what deploy/ leaves out).
     #[arg(long)]
     secrets_only: bool,
+
+    /// Leave the CustomResourceDefinitions out: for a cluster that already
+    /// has Gateway API or Linkerd's CRDs, whose complete schemas Ballast's
+    /// minimal ones would replace (`ballast check` says whether the
+    /// installed ones serve the versions Ballast reads).
+    #[arg(long, conflicts_with = "secrets_only")]
+    skip_crds: bool,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -108,6 +115,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .parse::<FailurePolicy>()
             .map_err(|e| anyhow::anyhow!("--webhook-failure-policy: {e}"))?,
         webhook_timeout_seconds: args.webhook_timeout,
+        crds: !args.skip_crds,
     };
 
     if let Some(dir) = &args.deploy_dir {

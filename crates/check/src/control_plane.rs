@@ -255,6 +255,8 @@ pub fn rbac(snap: &Snapshot, config: &Config) -> CheckResult {
 /// warning: the controller serves none of that kind until it appears.
 pub fn crds(snap: &Snapshot) -> CheckResult {
     let mut findings = Vec::new();
+    // What is installed, next to what Ballast reads, for every kind.
+    let mut detail = Vec::new();
     for (group, version, plural) in ballast_destination::source::kube::WATCHED_RESOURCES {
         if BUILT_IN_GROUPS.contains(group) {
             continue;
@@ -268,9 +270,20 @@ pub fn crds(snap: &Snapshot) -> CheckResult {
             ));
             continue;
         };
-        let served = array(crd, "/spec/versions").iter().any(|v| {
-            text(v, "/name") == *version && v.get("served").and_then(Value::as_bool) == Some(true)
-        });
+        let installed: Vec<&str> = array(crd, "/spec/versions")
+            .iter()
+            .filter(|v| v.get("served").and_then(Value::as_bool) == Some(true))
+            .map(|v| text(v, "/name"))
+            .collect();
+        let served = installed.contains(version);
+        detail.push(format!(
+            "{crd_name}: reads {version}, served {}",
+            if installed.is_empty() {
+                "none".to_string()
+            } else {
+                installed.join(", ")
+            }
+        ));
         if !served {
             findings.push(Finding::warn(
                 format!("{crd_ref} does not serve version {version}, which the destination controller reads"),
@@ -278,7 +291,12 @@ pub fn crds(snap: &Snapshot) -> CheckResult {
             ));
         }
     }
-    CheckResult::ran(CATEGORY, CRDS, findings)
+    let result = CheckResult::ran(CATEGORY, CRDS, findings);
+    if detail.is_empty() {
+        result
+    } else {
+        result.with_detail(detail.join("\n"))
+    }
 }
 
 #[cfg(test)]

@@ -235,7 +235,9 @@ impl Report {
             }
             let _ = writeln!(out, "{} {}", c.status.glyph(), c.name);
             if let Some(detail) = &c.detail {
-                let _ = writeln!(out, "    {detail}");
+                for line in detail.lines() {
+                    let _ = writeln!(out, "    {line}");
+                }
             }
             for f in &c.findings {
                 let _ = writeln!(out, "    {}", f.message);

@@ -94,6 +94,9 @@ pub struct InstallConfig {
     pub ha: bool,
     pub webhook_failure_policy: FailurePolicy,
     pub webhook_timeout_seconds: u32,
+    /// Print the CRDs with the rest (`install_yaml`). Off for clusters that
+    /// have Gateway API or Linkerd's own, which ours would replace.
+    pub crds: bool,
 }
 
 impl Default for InstallConfig {
@@ -110,6 +113,7 @@ impl Default for InstallConfig {
             ha: false,
             webhook_failure_policy: FailurePolicy::Ignore,
             webhook_timeout_seconds: 10,
+            crds: true,
         }
     }
 }
@@ -191,7 +195,7 @@ pub fn install_yaml(c: &InstallConfig, material: &KeyMaterial) -> String {
         .iter()
         .partition(|d| d.value["kind"] == "MutatingWebhookConfiguration");
     namespace[0].write(&mut out);
-    for (_, text) in CRDS {
+    for (_, text) in CRDS.iter().filter(|_| c.crds) {
         out.push_str("---\n");
         out.push_str(text);
         if !text.ends_with('\n') {
@@ -553,5 +557,66 @@ mod tests {
             FailurePolicy::Ignore
         );
         assert!("fail".parse::<FailurePolicy>().is_err());
+    }
+
+    #[test]
+    fn crds_can_be_left_out_and_keep_upstreams_versions() {
+        let c = InstallConfig::default();
+        let m = material(&c);
+        let with = install_yaml(&c, &m);
+        let without = install_yaml(
+            &InstallConfig {
+                crds: false,
+                ..c.clone()
+            },
+            &m,
+        );
+        assert!(with.contains("kind: CustomResourceDefinition"));
+        assert!(!without.contains("kind: CustomResourceDefinition"));
+        assert!(without.contains("kind: Deployment"));
+        // Every version upstream serves is served, one stored: objects a
+        // cluster already holds under an older version stay readable.
+        let docs: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple(&with).expect("install output parses");
+        let versions = |name: &str| -> (Vec<String>, Vec<String>) {
+            let crd = docs
+                .iter()
+                .find(|d| d["kind"] == "CustomResourceDefinition" && d["metadata"]["name"] == name)
+                .unwrap_or_else(|| panic!("no CRD {name}"));
+            let all = crd["spec"]["versions"].as_array().expect("versions");
+            let names = |f: &dyn Fn(&serde_json::Value) -> bool| {
+                all.iter()
+                    .filter(|v| f(v))
+                    .map(|v| v["name"].as_str().unwrap_or("").to_string())
+                    .collect()
+            };
+            (
+                names(&|v| v["served"] == true),
+                names(&|v| v["storage"] == true),
+            )
+        };
+        assert_eq!(
+            versions("servers.policy.linkerd.io"),
+            (
+                vec![
+                    "v1alpha1".into(),
+                    "v1beta1".into(),
+                    "v1beta2".into(),
+                    "v1beta3".into()
+                ],
+                vec!["v1beta3".into()]
+            )
+        );
+        assert_eq!(
+            versions("httproutes.gateway.networking.k8s.io"),
+            (vec!["v1beta1".into(), "v1".into()], vec!["v1".into()])
+        );
+        assert_eq!(
+            versions("serviceprofiles.linkerd.io"),
+            (
+                vec!["v1alpha1".into(), "v1alpha2".into()],
+                vec!["v1alpha2".into()]
+            )
+        );
     }
 }
