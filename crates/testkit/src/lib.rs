@@ -7,5 +7,6 @@
 #![forbid(unsafe_code)]
 
 pub mod api_server;
+pub mod cluster;
 
 pub use api_server::{serves, ApiServer, RequestRecord, Settings};

@@ -312,6 +312,19 @@ impl ApiServer {
         resources::by_plural(plural).map_or(0, |r| lock(&self.shared.store).len(r))
     }
 
+    /// Every stored object of this type (plural, e.g. `pods`), in namespace and name
+    /// order; empty when the type is not served.
+    pub fn list(&self, plural: &str) -> Vec<Value> {
+        let Some(resource) = resources::by_plural(plural) else {
+            return Vec::new();
+        };
+        let store = lock(&self.shared.store);
+        store
+            .page(resource, store.rv(), None, None, 0, |_| true)
+            .map(|p| p.items.iter().map(|o| (**o).clone()).collect())
+            .unwrap_or_default()
+    }
+
     /// The current resourceVersion (the revision of the last change).
     pub fn resource_version(&self) -> String {
         lock(&self.shared.store).rv().to_string()

@@ -1,0 +1,229 @@
+//! A container's process: `ip netns exec POD_NETNS /bin/sh -c SCRIPT`, where the
+//! script bind-mounts the volumes (in the private mount namespace `ip netns exec`
+//! makes for what it runs) and `exec`s the container's argv as its user
+//! (`setpriv`). Each process leads its own process group, owned by a
+//! [`ProcessGroup`] that kills the whole group on drop.
+
+use std::collections::VecDeque;
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::{Child, Command};
+
+use super::volumes::Mount;
+use crate::api_server::lock;
+
+/// What a container's log keeps: the last 1 MiB (older bytes are dropped).
+pub const LOG_LIMIT: usize = 1 << 20;
+
+/// Everything needed to start one of a container's processes (its main process, a
+/// hook or an exec probe).
+#[derive(Debug, Clone)]
+pub(crate) struct ProcessSpec {
+    pub netns: String,
+    pub mounts: Vec<Mount>,
+    /// `(uid, gid)` from `securityContext.runAsUser`/`runAsGroup`.
+    pub user: Option<(u32, u32)>,
+    pub working_dir: Option<String>,
+    pub env: Vec<(String, String)>,
+}
+
+/// Single-quoted for `sh`.
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+impl ProcessSpec {
+    fn script(&self, argv: &[String]) -> String {
+        let mut script = String::from("set -e\n");
+        for m in &self.mounts {
+            let (src, dst) = (quote(&m.source.to_string_lossy()), quote(&m.target));
+            script.push_str(&format!("mount --bind {src} {dst}\n"));
+            if m.read_only {
+                script.push_str(&format!("mount -o remount,bind,ro {dst}\n"));
+            }
+        }
+        if let Some(dir) = &self.working_dir {
+            script.push_str(&format!("cd {}\n", quote(dir)));
+        }
+        script.push_str("exec ");
+        if let Some((uid, gid)) = self.user {
+            script.push_str(&format!(
+                "setpriv --reuid={uid} --regid={gid} --clear-groups -- "
+            ));
+        }
+        let words: Vec<String> = argv.iter().map(|a| quote(a)).collect();
+        script.push_str(&words.join(" "));
+        script.push('\n');
+        script
+    }
+
+    /// Starts `argv` in the pod; its stdout and stderr are piped.
+    pub fn spawn(&self, argv: &[String]) -> io::Result<(Child, Arc<ProcessGroup>)> {
+        if argv.is_empty() {
+            return Err(io::Error::other("nothing to run"));
+        }
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.netns, "/bin/sh", "-c"])
+            .arg(self.script(argv))
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let child = cmd.spawn()?;
+        let pgid = child
+            .id()
+            .ok_or_else(|| io::Error::other("the process ended before it had an id"))?;
+        let group = Arc::new(ProcessGroup {
+            pgid: pgid as i32,
+            gone: AtomicBool::new(false),
+        });
+        Ok((child, group))
+    }
+}
+
+/// A process group the kubelet started; SIGKILLed on drop unless already reaped.
+#[derive(Debug)]
+pub(crate) struct ProcessGroup {
+    pgid: i32,
+    gone: AtomicBool,
+}
+
+impl ProcessGroup {
+    pub fn signal(&self, signal: Signal) {
+        if !self.gone.load(Ordering::SeqCst) {
+            let _ = killpg(Pid::from_raw(self.pgid), signal);
+        }
+    }
+
+    /// The leader was reaped: kills what it left in its group (a container's
+    /// processes end with it), then never signals this id again (it may be reused).
+    pub fn finish(&self) {
+        self.signal(Signal::SIGKILL);
+        self.gone.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        self.signal(Signal::SIGKILL);
+    }
+}
+
+/// A container's output across its restarts: the last [`LOG_LIMIT`] bytes in memory
+/// and in a file (rewritten from memory when it passes twice the limit).
+pub(crate) struct ContainerLog {
+    tail: Mutex<VecDeque<u8>>,
+    file: PathBuf,
+    file_len: Mutex<usize>,
+}
+
+impl ContainerLog {
+    pub fn new(file: PathBuf) -> ContainerLog {
+        ContainerLog {
+            tail: Mutex::new(VecDeque::new()),
+            file,
+            file_len: Mutex::new(0),
+        }
+    }
+
+    pub fn text(&self) -> String {
+        let tail = lock(&self.tail);
+        let (a, b) = tail.as_slices();
+        let mut bytes = a.to_vec();
+        bytes.extend_from_slice(b);
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    pub fn append(&self, bytes: &[u8]) {
+        let mut tail = lock(&self.tail);
+        tail.extend(bytes);
+        let excess = tail.len().saturating_sub(LOG_LIMIT);
+        tail.drain(..excess);
+        let mut len = lock(&self.file_len);
+        *len += bytes.len();
+        let written = if *len > 2 * LOG_LIMIT {
+            *len = tail.len();
+            let (a, b) = tail.as_slices();
+            std::fs::File::create(&self.file).and_then(|mut f| {
+                f.write_all(a)?;
+                f.write_all(b)
+            })
+        } else {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.file)
+                .and_then(|mut f| f.write_all(bytes))
+        };
+        if let Err(e) = written {
+            tracing::debug!(file = %self.file.display(), error = %e, "testkit: cannot write a container log");
+        }
+    }
+
+    /// A line from the kubelet itself (hook and probe failures), as `kubectl
+    /// describe` shows events.
+    pub fn note(&self, line: &str) {
+        self.append(format!("[kubelet] {line}\n").as_bytes());
+    }
+
+    /// Copies a pipe into the log until it ends.
+    pub async fn pump(self: Arc<Self>, mut pipe: impl AsyncRead + Unpin) {
+        let mut buf = vec![0u8; 8192];
+        loop {
+            match pipe.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => self.append(&buf[..n]),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_script_mounts_then_becomes_the_user_and_quotes_every_word() {
+        let spec = ProcessSpec {
+            netns: "ns".into(),
+            mounts: vec![Mount {
+                source: "/tmp/v/config".into(),
+                target: "/etc/app".into(),
+                read_only: true,
+            }],
+            user: Some((2102, 2102)),
+            working_dir: None,
+            env: Vec::new(),
+        };
+        let script = spec.script(&["/bin/echo".into(), "it's".into()]);
+        assert_eq!(
+            script,
+            "set -e\nmount --bind '/tmp/v/config' '/etc/app'\n\
+             mount -o remount,bind,ro '/etc/app'\n\
+             exec setpriv --reuid=2102 --regid=2102 --clear-groups -- '/bin/echo' 'it'\\''s'\n"
+        );
+    }
+
+    #[test]
+    fn the_log_keeps_the_last_bytes() {
+        let dir = std::env::temp_dir().join(format!("ballast-log-test-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let log = ContainerLog::new(dir.join("c.log"));
+        log.append(&vec![b'a'; LOG_LIMIT]);
+        log.append(b"end");
+        let text = log.text();
+        assert_eq!(text.len(), LOG_LIMIT);
+        assert!(text.ends_with("aend"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
