@@ -739,3 +739,43 @@ async fn failure_accrual_holds_back_the_endpoint_that_keeps_failing() {
         "failed {failed}"
     );
 }
+
+/// Defect: a backend of a route was resolved only when a request first drew
+/// it, so with the controller away, requests drawn to a backend never used
+/// yet failed (15% of a split in the trial). Every backend of a policy is
+/// resolved as soon as the policy is seen, and so has last-known endpoints.
+#[tokio::test]
+async fn every_backend_of_a_policy_is_resolved_before_a_request_draws_it() {
+    let world = World::start(true).await;
+    // web-b is reached only by canary requests, and none is sent here.
+    world.controller.policy(
+        &authority("web"),
+        policy(
+            "web",
+            "canary",
+            vec![
+                rule(vec![with_header(prefix("/"), "x-canary", "1")], to("web-b")),
+                rule(vec![prefix("/")], to("web-a")),
+            ],
+        ),
+    );
+    // The first request waits for the policy (the controller answers at once).
+    let mut conn = Http1::connect(world.proxy.outbound).await.unwrap();
+    let answer = send(&mut conn, "/", false).await;
+    assert_eq!(answer.backend(), Some("web-a"), "{answer:?}");
+    assert!(
+        !world.controller.sources().is_empty(),
+        "the policy was asked for"
+    );
+    eventually("web-b resolved though no request drew it", || async {
+        world
+            .controller
+            .gets()
+            .contains(&authority("web-b"))
+            .then_some(())
+    })
+    .await;
+    assert_eq!(world.b.requests(), 0, "resolving sends no request");
+    let answer = send(&mut conn, "/", true).await;
+    assert_eq!(answer.backend(), Some("web-b"), "{answer:?}");
+}

@@ -43,6 +43,8 @@ struct State {
     policies: Arc<Mutex<HashMap<String, watch::Sender<Option<OutboundPolicy>>>>>,
     /// The `source_workload` of every Watch received.
     sources: Arc<Mutex<Vec<String>>>,
+    /// The path of every Get received, in order.
+    gets: Arc<Mutex<Vec<String>>>,
 }
 
 impl State {
@@ -63,6 +65,7 @@ impl Destination for State {
         req: tonic::Request<GetDestination>,
     ) -> Result<tonic::Response<Self::GetStream>, Status> {
         let path = req.into_inner().path;
+        self.gets.lock().unwrap().push(path.clone());
         let Some(addrs) = self.endpoints.lock().unwrap().get(&path).cloned() else {
             return Err(Status::not_found(format!("no endpoints for {path}")));
         };
@@ -180,6 +183,11 @@ impl FakeController {
 
     pub fn sources(&self) -> Vec<String> {
         self.state.sources.lock().unwrap().clone()
+    }
+
+    /// The paths of the Gets received so far.
+    pub fn gets(&self) -> Vec<String> {
+        self.state.gets.lock().unwrap().clone()
     }
 }
 

@@ -151,6 +151,8 @@ pub enum HttpRoute {
 }
 
 pub struct Outbound {
+    /// Itself, for the tasks that keep a policy's backends resolved.
+    me: std::sync::Weak<Outbound>,
     config: OutboundConfig,
     traffic: TrafficConfig,
     discovery: Discovery,
@@ -203,7 +205,8 @@ impl Outbound {
             metrics: metrics.clone(),
             direction: DIRECTION,
         };
-        let this = Arc::new(Self {
+        let this = Arc::new_cyclic(|me| Self {
+            me: me.clone(),
             http_conns: EndpointConns::maker(&metrics),
             http_balancers: IdleCache::new(traffic.max_targets, idle),
             tcp_balancers: IdleCache::new(traffic.max_targets, idle),
@@ -290,7 +293,9 @@ impl Outbound {
                     source_workload: self.source_workload.clone(),
                     target: Some(target),
                 };
-                self.discovery.outbound_policy(spec, policy::from_wire)
+                let watch = self.discovery.outbound_policy(spec, policy::from_wire);
+                tokio::spawn(hold_backends(self.me.clone(), watch.changes()));
+                watch
             })
             .ok()?;
         match watch.get(self.discovery.profile_timeout()).await {
@@ -612,6 +617,40 @@ impl Side for Outbound {
 }
 
 /// The authority a request names: its `:authority` or `Host`.
+/// Keeps a balancer (so a resolution, and the last-known endpoints that
+/// outlive it) for every backend of the newest version of a policy while
+/// the policy is watched: a weighted split's backend first drawn while the
+/// controller is away starts from its last-known endpoints instead of
+/// failing. Ends when the watch goes.
+async fn hold_backends(
+    outbound: std::sync::Weak<Outbound>,
+    mut changes: tokio::sync::watch::Receiver<PolicyState<ClientPolicy>>,
+) {
+    let mut _held: (Vec<Arc<HttpBalancer>>, Vec<Arc<TcpBalancer>>) = Default::default();
+    loop {
+        let state = changes.borrow_and_update().clone();
+        if let PolicyState::Known(policy) = state {
+            let Some(o) = outbound.upgrade() else { return };
+            let targets = policy.balancer_paths().into_iter().map(Target::Logical);
+            // Too many targets: the request that draws it says so.
+            _held = if policy.opaque {
+                (
+                    Vec::new(),
+                    targets.filter_map(|t| o.tcp_balancer(&t).ok()).collect(),
+                )
+            } else {
+                (
+                    targets.filter_map(|t| o.http_balancer(&t).ok()).collect(),
+                    Vec::new(),
+                )
+            };
+        }
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 fn authority_of(req: &Request<Incoming>) -> Option<&str> {
     req.uri().authority().map(|a| a.as_str()).or_else(|| {
         req.headers()

@@ -227,7 +227,61 @@ pub enum BackendTarget {
     Forward(Endpoint),
 }
 
+impl Distribution {
+    /// Its backends, whatever their weights.
+    pub fn backends(&self) -> impl Iterator<Item = &RouteBackend> {
+        let (first, random): (&[RouteBackend], &[(RouteBackend, u32)]) = match self {
+            Distribution::Empty => (&[], &[]),
+            Distribution::FirstAvailable(b) => (b, &[]),
+            Distribution::RandomAvailable(b) => (&[], b),
+        };
+        first.iter().chain(random.iter().map(|(b, _)| b))
+    }
+}
+
+impl HttpRoutes {
+    /// The distributions of every rule of every route.
+    fn distributions(&self) -> Vec<&Distribution> {
+        match self {
+            HttpRoutes::Http(r) => r
+                .routes
+                .iter()
+                .flat_map(|route| route.rules.iter().map(|rule| &rule.policy.backends))
+                .collect(),
+            HttpRoutes::Grpc(r) => r
+                .routes
+                .iter()
+                .flat_map(|route| route.rules.iter().map(|rule| &rule.policy.backends))
+                .collect(),
+        }
+    }
+}
+
 impl ClientPolicy {
+    /// The Destination paths of every backend any request or connection
+    /// of this policy may be sent to, each once: resolved as soon as the
+    /// policy is seen, so that a backend first drawn while the controller
+    /// is away still has last-known endpoints.
+    pub fn balancer_paths(&self) -> Vec<Arc<str>> {
+        let mut paths: Vec<Arc<str>> = Vec::new();
+        let distributions = self
+            .http1
+            .distributions()
+            .into_iter()
+            .chain(self.http2.distributions())
+            .chain(std::iter::once(&self.opaque_backends));
+        for d in distributions {
+            for b in d.backends() {
+                if let BackendTarget::Balancer(path) = &b.backend.target {
+                    if !paths.contains(path) {
+                        paths.push(path.clone());
+                    }
+                }
+            }
+        }
+        paths
+    }
+
     /// The routes of requests of `version`.
     pub fn routes(&self, version: http::Version) -> &HttpRoutes {
         if version == http::Version::HTTP_2 {
