@@ -31,7 +31,8 @@ use crate::ApiServer;
 /// shorter so tests are fast). It starts again from 1 s after a container ran 10 s.
 const BACKOFF_START: Duration = Duration::from_secs(1);
 const BACKOFF_CAP: Duration = Duration::from_secs(10);
-/// How often the status is compared with what was last written.
+/// How often the status is compared with what was last written when nothing woke the
+/// writer (a backstop: container changes wake it at once).
 const STATUS_INTERVAL: Duration = Duration::from_millis(100);
 /// Logs kept for containers, live and gone (oldest dropped first).
 const MAX_LOGS: usize = 256;
@@ -207,6 +208,8 @@ struct PodRun {
     init_mounts: Vec<Vec<Mount>>,
     main_mounts: Vec<Vec<Mount>>,
     state: Mutex<PodState>,
+    /// Wakes the status writer when a container's status changed.
+    changed: tokio::sync::Notify,
 }
 
 pub(crate) fn now_rfc3339() -> String {
@@ -350,6 +353,7 @@ pub(crate) async fn run_pod(
             pod_ip: Some(ip),
             ..state
         }),
+        changed: tokio::sync::Notify::new(),
     });
 
     let (stop_tx, stop_rx) = watch::channel(None::<Instant>);
@@ -360,6 +364,7 @@ pub(crate) async fn run_pod(
         run.write_status();
         let changed = tokio::select! {
             changed = updates.changed() => changed.is_ok(),
+            _ = run.changed.notified() => true,
             _ = tokio::time::sleep(STATUS_INTERVAL) => true,
         };
         if !changed {
@@ -477,6 +482,7 @@ async fn fail_setup(
             setup_error: Some(message),
             ..state
         }),
+        changed: tokio::sync::Notify::new(),
     };
     loop {
         run.write_status();
@@ -536,6 +542,7 @@ async fn run_containers(run: Arc<PodRun>, mut stop: watch::Receiver<Option<Insta
                 Outcome::Exited { success: true, .. } => break,
                 Outcome::Exited { success: false, .. } if run.restart_policy == "Never" => {
                     lock(&run.state).failed = true;
+                    run.changed.notify_one();
                     return;
                 }
                 Outcome::Exited { .. } | Outcome::NotStarted => {}
@@ -547,6 +554,7 @@ async fn run_containers(run: Arc<PodRun>, mut stop: watch::Receiver<Option<Insta
         }
     }
     lock(&run.state).initialized = true;
+    run.changed.notify_one();
     let mut runners = JoinSet::new();
     for i in 0..run.main_mounts.len() {
         let (started_tx, started_rx) = oneshot::channel();
@@ -577,6 +585,7 @@ impl PodRun {
 
     fn set(&self, which: Which, f: impl FnOnce(&mut ContainerStatus)) {
         f(lock(&self.state).status(which));
+        self.changed.notify_one();
     }
 
     async fn run_main(

@@ -1,0 +1,550 @@
+//! The cluster in a box: a Node and its Kubelet run real Pod specs from the API
+//! server emulation as processes in network namespaces.
+//!
+//! Needs root, iproute2, iptables, util-linux (setpriv, unshare, mount), curl and
+//! python3. Without them each test prints `SKIPPED: <why>` and passes, except under
+//! `CI`, where it fails saying why.
+
+use std::net::Ipv4Addr;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ballast_testkit::cluster::{ImageSpec, Images, Kubelet, Node};
+use ballast_testkit::ApiServer;
+use serde_json::{json, Value};
+
+const PYTHON: &str = "/usr/bin/python3";
+
+/// Why this machine cannot run these tests, if it cannot.
+fn missing_tools() -> Option<String> {
+    let out = Command::new("id").arg("-u").output().ok()?;
+    if String::from_utf8_lossy(&out.stdout).trim() != "0" {
+        return Some("not root (network namespaces need it)".into());
+    }
+    for tool in [
+        "ip",
+        "iptables-restore",
+        "setpriv",
+        "unshare",
+        "mount",
+        "curl",
+    ] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            return Some(format!("{tool} is not installed"));
+        }
+    }
+    if !std::path::Path::new(PYTHON).exists() {
+        return Some(format!("{PYTHON} is not installed"));
+    }
+    None
+}
+
+/// False (after saying why) when the test cannot run here; under CI, a failure.
+fn can_run() -> bool {
+    match missing_tools() {
+        None => true,
+        Some(why) if std::env::var_os("CI").is_some() => {
+            panic!("the kubelet tests cannot run: {why} (install it in .ci/run)")
+        }
+        Some(why) => {
+            eprintln!("SKIPPED: {why}");
+            false
+        }
+    }
+}
+
+fn images() -> Images {
+    Images::new()
+        .with("python", ImageSpec::entrypoint(PYTHON))
+        .with(
+            "shell",
+            ImageSpec::entrypoint("/bin/sh")
+                .command("sh", "/bin/sh")
+                .command("curl", "/usr/bin/curl"),
+        )
+}
+
+struct Cluster {
+    api: Arc<ApiServer>,
+    kubelet: Kubelet,
+    node: Arc<Node>,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let api = Arc::new(ApiServer::start().await);
+        let node = Arc::new(Node::start("node-a", api.addr()).expect("the node starts"));
+        let kubelet =
+            Kubelet::start(api.clone(), node.clone(), images()).expect("the kubelet starts");
+        Cluster { api, kubelet, node }
+    }
+
+    fn pod(&self, name: &str) -> Option<Value> {
+        self.api.get("pods", "default", name)
+    }
+
+    /// Every container's log, for a failure message.
+    fn all_logs(&self, pod: &str) -> String {
+        let Some(p) = self.pod(pod) else {
+            return format!("(pod {pod} is gone)");
+        };
+        let mut out = format!("pod {pod} status: {}\n", p["status"]);
+        for field in ["initContainers", "containers"] {
+            for c in p["spec"][field].as_array().into_iter().flatten() {
+                let name = c["name"].as_str().unwrap_or("");
+                out.push_str(&format!(
+                    "--- {name}:\n{}\n",
+                    self.kubelet.logs("default", pod, name)
+                ));
+            }
+        }
+        out
+    }
+
+    /// Waits (re-checking on every change in the store) until the pod satisfies
+    /// `cond`; on timeout, fails with the pod's status and logs.
+    async fn wait_pod(&self, name: &str, what: &str, secs: u64, cond: impl Fn(&Value) -> bool) {
+        let ok = self
+            .api
+            .wait_until(Duration::from_secs(secs), |api| {
+                api.get("pods", "default", name).is_some_and(|p| cond(&p))
+            })
+            .await;
+        assert!(
+            ok,
+            "pod {name}: {what} within {secs}s\n{}",
+            self.all_logs(name)
+        );
+    }
+
+    async fn wait_ready(&self, name: &str) {
+        self.wait_pod(name, "Ready", 30, is_ready).await;
+    }
+
+    /// Waits until the container's log contains `text`.
+    async fn wait_log(&self, pod: &str, container: &str, text: &str, secs: u64) -> String {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let log = self.kubelet.logs("default", pod, container);
+            if log.contains(text) {
+                return log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{pod}/{container} did not log {text:?} within {secs}s\n{}",
+                self.all_logs(pod)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn is_ready(p: &Value) -> bool {
+    p["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
+fn netns_list() -> String {
+    let out = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns list runs");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn pod(name: &str, labels: Value, spec: Value) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": labels},
+        "spec": spec,
+    })
+}
+
+fn web_server(name: &str) -> Value {
+    pod(
+        name,
+        json!({"app": "web"}),
+        json!({
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "web",
+                "image": "python",
+                "args": ["-m", "http.server", "8080", "--bind", "0.0.0.0"],
+                "ports": [{"name": "http", "containerPort": 8080}],
+                "readinessProbe": {"httpGet": {"port": "http", "path": "/"}, "periodSeconds": 1},
+            }],
+        }),
+    )
+}
+
+fn shell(name: &str, script: &str) -> Value {
+    pod(
+        name,
+        json!({"app": name}),
+        json!({
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "shell", "command": ["sh", "-c", script]}],
+        }),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_gets_an_ip_on_the_node_and_becomes_ready_by_its_http_readiness_probe() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::start().await;
+    c.api.apply(web_server("web-0"));
+    c.wait_ready("web-0").await;
+
+    let p = c.pod("web-0").expect("the pod is stored");
+    let ip: Ipv4Addr = p["status"]["podIP"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("a pod IP");
+    assert_eq!(ip.octets()[..3], [10, 244, 0], "{p}");
+    assert_eq!(p["status"]["hostIP"], c.node.ip().to_string());
+    assert_eq!(p["status"]["podIPs"][0]["ip"], ip.to_string());
+    assert_eq!(p["status"]["phase"], "Running");
+    let status = &p["status"]["containerStatuses"][0];
+    assert_eq!(status["ready"], true, "{p}");
+    assert_eq!(status["started"], true, "{p}");
+    assert_eq!(status["restartCount"], 0, "{p}");
+    assert!(status["state"]["running"]["startedAt"].is_string(), "{p}");
+    for kind in ["PodScheduled", "Initialized", "ContainersReady", "Ready"] {
+        assert!(
+            p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == kind && c["status"] == "True"),
+            "{kind}: {p}"
+        );
+    }
+    // The node reaches the pod IP, as the API server would a webhook.
+    c.node
+        .dial((ip, 8080).into())
+        .await
+        .expect("the node dials the pod");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_sees_its_env_field_refs_and_volumes_as_its_own_user_after_init_and_post_start()
+{
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::start().await;
+    c.api.apply(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "app-config", "namespace": "default"},
+        "data": {"greeting": "hello from a ConfigMap", "mode": "fast"},
+    }));
+    c.api.apply(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "app-secret", "namespace": "default"},
+        // "s3cr3t"
+        "data": {"password": "czNjcjN0"},
+    }));
+    let script = "echo \"name=$POD_NAME ns=$POD_NS app=$APP ip=$POD_IP sa=$SA node=$NODE host=$HOST_IP\"; \
+                  echo \"mode=$MODE password=$PASSWORD id=$IDENTITY k8s=$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT\"; \
+                  echo \"greeting=$(cat /etc/app-config/greeting)\"; \
+                  echo \"secret-file=$(cat /etc/secret/pw)\"; \
+                  echo \"init=$(cat /srv/work/init-done)\"; \
+                  echo \"uid=$(id -u) gid=$(id -g)\"; \
+                  echo \"sa-namespace=$(cat /var/run/secrets/kubernetes.io/serviceaccount/namespace)\"; \
+                  exec sleep 1000";
+    c.api.apply(pod(
+        "env-0",
+        json!({"app": "envtest"}),
+        json!({
+            "serviceAccountName": "envtest",
+            "terminationGracePeriodSeconds": 1,
+            "securityContext": {"runAsUser": 1000, "runAsGroup": 1000},
+            "volumes": [
+                {"name": "config", "configMap": {"name": "app-config"}},
+                {"name": "secret", "secret": {"secretName": "app-secret", "items": [{"key": "password", "path": "pw"}]}},
+                {"name": "work", "emptyDir": {}},
+            ],
+            "initContainers": [{
+                "name": "init",
+                "image": "shell",
+                "command": ["sh", "-c", "echo yes > /srv/work/init-done"],
+                "volumeMounts": [{"name": "work", "mountPath": "/srv/work"}],
+            }],
+            "containers": [{
+                "name": "main",
+                "image": "shell",
+                "command": ["sh", "-c", script],
+                "securityContext": {"runAsUser": 2102},
+                "env": [
+                    {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "POD_NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                    {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+                    {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                    {"name": "SA", "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}},
+                    {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                    {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+                    {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "app-config", "key": "mode"}}},
+                    {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "app-secret", "key": "password"}}},
+                    {"name": "IDENTITY", "value": "$(SA).$(POD_NS).serviceaccount"},
+                ],
+                "volumeMounts": [
+                    {"name": "config", "mountPath": "/etc/app-config", "readOnly": true},
+                    {"name": "secret", "mountPath": "/etc/secret"},
+                    {"name": "work", "mountPath": "/srv/work"},
+                ],
+                "lifecycle": {"postStart": {"exec": {"command": ["sh", "-c", "sleep 0.5; echo yes > /srv/work/hook-done"]}}},
+            }, {
+                // Started only once the first container's postStart hook returned.
+                "name": "after-hook",
+                "image": "shell",
+                "command": ["sh", "-c", "echo \"hook=$(cat /srv/work/hook-done)\"; exec sleep 1000"],
+                "volumeMounts": [{"name": "work", "mountPath": "/srv/work"}],
+            }],
+        }),
+    ));
+    let log = c.wait_log("env-0", "main", "sa-namespace=", 30).await;
+    c.wait_ready("env-0").await;
+    let p = c.pod("env-0").expect("the pod is stored");
+    let ip = p["status"]["podIP"].as_str().expect("a pod IP").to_string();
+    let node_ip = c.node.ip();
+    for want in [
+        format!("name=env-0 ns=default app=envtest ip={ip} sa=envtest node=node-a host={node_ip}"),
+        "mode=fast password=s3cr3t id=envtest.default.serviceaccount k8s=10.96.0.1:443".to_string(),
+        "greeting=hello from a ConfigMap".to_string(),
+        "secret-file=s3cr3t".to_string(),
+        "init=yes".to_string(),
+        "uid=2102 gid=1000".to_string(),
+        "sa-namespace=default".to_string(),
+    ] {
+        assert!(log.contains(&want), "want {want:?} in\n{log}");
+    }
+    let after = c.wait_log("env-0", "after-hook", "hook=", 10).await;
+    assert!(after.contains("hook=yes"), "{after}");
+    assert_eq!(
+        p["status"]["initContainerStatuses"][0]["state"]["terminated"]["reason"], "Completed",
+        "{p}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_reaches_another_through_its_service_cluster_ip_and_dns_names() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::start().await;
+    c.api.apply(web_server("web-0"));
+    c.api.apply(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"clusterIP": "10.96.0.50", "selector": {"app": "web"},
+                 "ports": [{"name": "http", "port": 80, "targetPort": "http"}]},
+    }));
+    c.api.apply(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web-headless", "namespace": "default"},
+        "spec": {"clusterIP": "None", "selector": {"app": "web"},
+                 "ports": [{"name": "http", "port": 8080}]},
+    }));
+    c.wait_ready("web-0").await;
+    let web_ip = c.pod("web-0").expect("stored")["status"]["podIP"]
+        .as_str()
+        .expect("a pod IP")
+        .to_string();
+    // Each step waits for the kube-proxy sync rather than assuming it happened.
+    let get = |url: &str| {
+        format!("until curl -sf -m 2 -o /dev/null {url}; do sleep 0.2; done; echo \"ok {url}\"; ")
+    };
+    let script = format!(
+        "{}{}{}{}echo \"headless=$(getent hosts web-headless | cut -d' ' -f1)\"; exec sleep 1000",
+        get("http://10.96.0.50/"),
+        get("http://web.default.svc.cluster.local/"),
+        get("http://web/"),
+        get(&format!("http://{web_ip}:8080/")),
+    );
+    c.api.apply(shell("client", &script));
+    let log = c.wait_log("client", "main", "headless=", 30).await;
+    assert!(log.contains("ok http://10.96.0.50/"), "{log}");
+    assert!(
+        log.contains("ok http://web.default.svc.cluster.local/"),
+        "{log}"
+    );
+    assert!(log.contains("ok http://web/"), "{log}");
+    assert!(log.contains(&format!("headless={web_ip}")), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_liveness_probe_restarts_the_container() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::start().await;
+    c.api.apply(pod(
+        "sick-0",
+        json!({"app": "sick"}),
+        json!({
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": "shell",
+                "command": ["sh", "-c", "echo started; exec sleep 1000"],
+                // Nothing listens there: every probe fails.
+                "livenessProbe": {"tcpSocket": {"port": 9999}, "periodSeconds": 1, "failureThreshold": 2},
+            }],
+        }),
+    ));
+    let restarts = |p: &Value| p["status"]["containerStatuses"][0]["restartCount"].as_u64();
+    c.wait_pod("sick-0", "restarted twice", 40, |p| restarts(p) >= Some(2))
+        .await;
+    let p = c.pod("sick-0").expect("stored");
+    let last = &p["status"]["containerStatuses"][0]["lastState"]["terminated"];
+    assert!(last["exitCode"].as_i64().is_some_and(|c| c != 0), "{p}");
+    let log = c.kubelet.logs("default", "sick-0", "main");
+    assert!(log.matches("started").count() >= 2, "{log}");
+    assert!(log.contains("Liveness probe failed"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_pod_sends_sigterm_then_sigkill_after_the_grace_then_removes_it() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::start().await;
+    // It ignores SIGTERM (saying so): only the SIGKILL at the end of the grace stops it.
+    c.api.apply(shell(
+        "stubborn",
+        "trap 'echo got TERM' TERM; echo up; while true; do sleep 0.1; done",
+    ));
+    c.wait_ready("stubborn").await;
+    c.wait_log("stubborn", "main", "up", 10).await;
+    let netns = c
+        .kubelet
+        .pod_netns("default", "stubborn")
+        .expect("the pod has a sandbox");
+    assert!(netns_list().contains(&netns));
+
+    let mut p = c.pod("stubborn").expect("stored");
+    p["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    p["metadata"]["deletionGracePeriodSeconds"] = json!(2);
+    let deleted_at = Instant::now();
+    c.api.apply(p);
+    c.wait_log("stubborn", "main", "got TERM", 10).await;
+    let gone = c
+        .api
+        .wait_until(Duration::from_secs(20), |api| {
+            api.get("pods", "default", "stubborn").is_none()
+        })
+        .await;
+    let took = deleted_at.elapsed();
+    assert!(gone, "the pod was not removed\n{}", c.all_logs("stubborn"));
+    assert!(
+        took >= Duration::from_millis(1900),
+        "removed after {took:?}, before the 2 s grace"
+    );
+    assert!(took < Duration::from_secs(10), "removed after {took:?}");
+    // Its sandbox goes with it (the kubelet removes it right after the store's delete).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while netns_list().contains(&netns) {
+        assert!(Instant::now() < deadline, "{netns} is still there");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_reaches_the_api_server_over_tls_at_the_kubernetes_service() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::start().await;
+    let sa = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let script = format!(
+        "for url in https://10.96.0.1/version https://kubernetes.default.svc/version; do \
+           until out=$(curl -sS -f -m 2 --cacert {sa}/ca.crt -H \"Authorization: Bearer $(cat {sa}/token)\" $url); \
+           do sleep 0.2; done; echo \"$url: $out\"; done; echo done; exec sleep 1000"
+    );
+    c.api.apply(shell("caller", &script));
+    let log = c.wait_log("caller", "main", "done", 30).await;
+    assert!(log.contains("https://10.96.0.1/version: {"), "{log}");
+    assert!(
+        log.contains("https://kubernetes.default.svc/version: {"),
+        "{log}"
+    );
+    assert!(log.contains("gitVersion"), "{log}");
+    // The API server saw the pod's requests, relayed by the node.
+    assert!(
+        c.api
+            .requests()
+            .iter()
+            .filter(|r| r.path == "/version")
+            .count()
+            >= 2,
+        "{:?}",
+        c.api.requests()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_kubelet_and_node_kills_every_process_and_removes_every_namespace() {
+    if !can_run() {
+        return;
+    }
+    // `$$` in a command is Kubernetes' escape for `$`: `$$$$` is the shell's `$$`.
+    let c = Cluster::start().await;
+    c.api
+        .apply(shell("lingering", "echo \"pid=$$$$\"; exec sleep 1000"));
+    c.wait_ready("lingering").await;
+    let log = c.wait_log("lingering", "main", "pid=", 10).await;
+    let pid: u32 = log
+        .lines()
+        .find_map(|l| l.strip_prefix("pid="))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the pod printed its pid: {log:?}"));
+    let pod_netns = c
+        .kubelet
+        .pod_netns("default", "lingering")
+        .expect("a sandbox");
+    let node_netns = c.node.netns().to_string();
+    let dir = c.kubelet.dir().to_path_buf();
+    let list = netns_list();
+    assert!(
+        list.contains(&pod_netns) && list.contains(&node_netns),
+        "{list}"
+    );
+
+    let Cluster { api, kubelet, node } = c;
+    drop(kubelet);
+    drop(node);
+    let list = netns_list();
+    assert!(!list.contains(&pod_netns), "{pod_netns} is left: {list}");
+    assert!(!list.contains(&node_netns), "{node_netns} is left: {list}");
+    assert!(!dir.exists(), "{} is left", dir.display());
+    assert!(
+        !std::path::Path::new("/etc/netns").join(&pod_netns).exists(),
+        "/etc/netns/{pod_netns} is left"
+    );
+    // SIGKILLed at the drop; gone (or a zombie awaiting its reaper) soon after.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat.rsplit(") ").next().and_then(|s| s.chars().next());
+        if stat.is_empty() || state == Some('Z') {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "process {pid} still runs: {stat}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(api);
+}
