@@ -9,4 +9,7 @@
 pub mod api_server;
 pub mod cluster;
 
-pub use api_server::{serves, ApiServer, RequestRecord, Settings};
+pub use api_server::{
+    serves, AdmissionCall, AdmissionOutcome, ApiError, ApiServer, DeleteOptions, RequestRecord,
+    ServiceRef, Settings,
+};

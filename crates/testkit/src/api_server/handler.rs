@@ -8,10 +8,12 @@ use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use serde_json::{json, Value};
 
+use super::patch::{self, PatchType};
 use super::resources::{self, Route, RESOURCES};
 use super::selector::{bounded, Filter};
 use super::status::{self, failure, json_response, Body};
 use super::store::{Key, ReadError};
+use super::write::{self, ApiError, DeleteOptions, Part};
 use super::{lock, watch, RequestRecord, Shared};
 
 const TOKEN_REVIEWS: &str = "/apis/authentication.k8s.io/v1/tokenreviews";
@@ -160,6 +162,9 @@ pub(crate) async fn handle(
         Route::Collection { namespace, .. } => (namespace.clone(), None),
         Route::Object {
             namespace, name, ..
+        }
+        | Route::Status {
+            namespace, name, ..
         } => (
             (!namespace.is_empty()).then(|| namespace.clone()),
             Some(name.clone()),
@@ -187,14 +192,8 @@ pub(crate) async fn handle(
     if req.method() == Method::POST && path == TOKEN_REVIEWS {
         return Ok(token_review(&shared, req).await);
     }
-    if req.method() != Method::GET {
-        return Ok(failure(
-            405,
-            &format!(
-                "the server does not allow this method on the requested resource (the testkit API server is read-only over HTTP; use ApiServer::apply): {}",
-                req.method()
-            ),
-        ));
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return Ok(write_request(&shared, route, req).await);
     }
     let query = match query {
         Ok(q) => q,
@@ -265,7 +264,285 @@ pub(crate) async fn handle(
             }
             get(&shared, resource, namespace, name)
         }
+        Route::Status {
+            resource,
+            namespace,
+            name,
+        } => get(&shared, resource, namespace, name),
     })
+}
+
+/// The most bytes of a request body read, as the real API server's 3 MiB limit.
+pub const MAX_BODY: usize = 3 * 1024 * 1024;
+
+async fn read_body(req: Request<Incoming>) -> Result<bytes::Bytes, Response<Body>> {
+    use http_body_util::BodyExt;
+    match http_body_util::Limited::new(req.into_body(), MAX_BODY)
+        .collect()
+        .await
+    {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(failure(
+            413,
+            &format!("the request body is larger than {MAX_BODY} bytes"),
+        )),
+        Err(e) => Err(failure(400, &format!("cannot read the body: {e}"))),
+    }
+}
+
+fn parse_json(body: &[u8]) -> Result<Value, Response<Body>> {
+    serde_json::from_slice(body).map_err(|e| {
+        failure(
+            400,
+            &format!("the body is not a JSON object: {}", bounded(&e.to_string())),
+        )
+    })
+}
+
+/// A refused write as a `Status` with `details` naming the object.
+fn refused(resource: usize, name: &str, e: &ApiError) -> Response<Body> {
+    let rt = &RESOURCES[resource];
+    let mut body = e.to_status();
+    body["details"] = json!({"name": bounded(name), "kind": rt.plural});
+    if !rt.group.is_empty() {
+        body["details"]["group"] = json!(rt.group);
+    }
+    json_response(e.code, &body)
+}
+
+/// The delete options of the query and of a `DeleteOptions` body (the body wins).
+fn delete_options(raw_query: &str, body: &[u8]) -> Result<DeleteOptions, String> {
+    let mut opts = DeleteOptions::default();
+    for (k, v) in form_urlencoded::parse(raw_query.as_bytes()) {
+        match &*k {
+            "gracePeriodSeconds" => {
+                opts.grace_period_seconds = Some(v.parse().map_err(|_| {
+                    format!("gracePeriodSeconds: invalid integer {:?}", bounded(&v))
+                })?)
+            }
+            "propagationPolicy" => opts.propagation_policy = Some(v.into_owned()),
+            _ => {}
+        }
+    }
+    if !body.iter().all(u8::is_ascii_whitespace) {
+        let v: Value = serde_json::from_slice(body)
+            .map_err(|e| format!("the body is not DeleteOptions: {e}"))?;
+        if let Some(g) = v.get("gracePeriodSeconds").filter(|g| !g.is_null()) {
+            opts.grace_period_seconds =
+                Some(g.as_i64().ok_or("gracePeriodSeconds: not an integer")?);
+        }
+        if let Some(p) = v.get("propagationPolicy").and_then(Value::as_str) {
+            opts.propagation_policy = Some(p.to_string());
+        }
+    }
+    if let Some(p) = &opts.propagation_policy {
+        if !matches!(p.as_str(), "Background" | "Foreground" | "Orphan") {
+            return Err(format!(
+                "propagationPolicy: unsupported value {:?}: supported values: \"Orphan\", \"Background\", \"Foreground\"",
+                bounded(p)
+            ));
+        }
+    }
+    Ok(opts)
+}
+
+/// POST, PUT, PATCH and DELETE on resources.
+async fn write_request(
+    shared: &Arc<Shared>,
+    route: Route,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let method = req.method().clone();
+    let raw_query = req.uri().query().unwrap_or("").to_string();
+    let content_type = req
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(res) => return res,
+    };
+    let ok = |code: u16, v: &Value| json_response(code, v);
+    match (method, route) {
+        (_, Route::NotFound) => failure(404, "the server could not find the requested resource"),
+        (
+            Method::POST,
+            Route::Collection {
+                resource,
+                namespace,
+            },
+        ) => {
+            let obj = match parse_json(&body) {
+                Ok(v) => v,
+                Err(res) => return res,
+            };
+            let name = obj
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            match write::create(shared, resource, namespace.as_deref(), obj).await {
+                Ok(v) => ok(201, &v),
+                Err(e) => refused(resource, &name, &e),
+            }
+        }
+        (Method::PUT, route @ (Route::Object { .. } | Route::Status { .. })) => {
+            let part = if matches!(route, Route::Status { .. }) {
+                Part::Status
+            } else {
+                Part::Object
+            };
+            let (Route::Object {
+                resource,
+                namespace,
+                name,
+            }
+            | Route::Status {
+                resource,
+                namespace,
+                name,
+            }) = route
+            else {
+                return failure(404, "the server could not find the requested resource");
+            };
+            let obj = match parse_json(&body) {
+                Ok(v) => v,
+                Err(res) => return res,
+            };
+            let ns = RESOURCES[resource].namespaced.then_some(namespace.as_str());
+            match write::update(shared, resource, ns, Some(&name), obj, part).await {
+                Ok(v) => ok(200, &v),
+                Err(e) => refused(resource, &name, &e),
+            }
+        }
+        (Method::PATCH, route @ (Route::Object { .. } | Route::Status { .. })) => {
+            let part = if matches!(route, Route::Status { .. }) {
+                Part::Status
+            } else {
+                Part::Object
+            };
+            let (Route::Object {
+                resource,
+                namespace,
+                name,
+            }
+            | Route::Status {
+                resource,
+                namespace,
+                name,
+            }) = route
+            else {
+                return failure(404, "the server could not find the requested resource");
+            };
+            let Some(kind) = PatchType::from_content_type(&content_type) else {
+                return failure(
+                    415,
+                    &format!(
+                        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (got {:?})",
+                        bounded(&content_type)
+                    ),
+                );
+            };
+            let patch = match patch::parse_body(kind, &body) {
+                Ok(p) => p,
+                Err(e) => return failure(400, &e),
+            };
+            match write::patch(shared, resource, &namespace, &name, kind, &patch, part).await {
+                Ok((v, created)) => ok(if created { 201 } else { 200 }, &v),
+                Err(e) => refused(resource, &name, &e),
+            }
+        }
+        (
+            Method::DELETE,
+            Route::Object {
+                resource,
+                namespace,
+                name,
+            },
+        ) => {
+            let opts = match delete_options(&raw_query, &body) {
+                Ok(o) => o,
+                Err(e) => return failure(400, &e),
+            };
+            match write::delete(shared, resource, &namespace, &name, &opts) {
+                Ok(v) => ok(200, &v),
+                Err(e) => refused(resource, &name, &e),
+            }
+        }
+        (
+            Method::DELETE,
+            Route::Collection {
+                resource,
+                namespace,
+            },
+        ) => delete_collection(shared, resource, namespace.as_deref(), &raw_query, &body),
+        _ => failure(
+            405,
+            "the server does not allow this method on the requested resource",
+        ),
+    }
+}
+
+/// DELETE on a collection: deletes each selected object as a DELETE of it would.
+fn delete_collection(
+    shared: &Arc<Shared>,
+    resource: usize,
+    namespace: Option<&str>,
+    raw_query: &str,
+    body: &[u8],
+) -> Response<Body> {
+    let (query, opts) = match (Query::parse(raw_query), delete_options(raw_query, body)) {
+        (Ok(q), Ok(o)) => (q, o),
+        (Err(e), _) | (_, Err(e)) => return failure(400, &e),
+    };
+    let filter = match Filter::parse(
+        query.label_selector.as_deref(),
+        query.field_selector.as_deref(),
+        RESOURCES[resource].field_labels,
+    ) {
+        Ok(f) => f,
+        Err(e) => return failure(400, &e),
+    };
+    let keys: Vec<(String, String)> = {
+        let store = lock(&shared.store);
+        store
+            .page(resource, store.rv(), namespace, None, 0, |o| {
+                filter.matches(o)
+            })
+            .map(|p| {
+                p.items
+                    .iter()
+                    .map(|o| {
+                        let m = |k: &str| {
+                            o.pointer(&format!("/metadata/{k}"))
+                                .and_then(Value::as_str)
+                                .unwrap_or("")
+                                .to_string()
+                        };
+                        (m("namespace"), m("name"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut items = Vec::new();
+    for (ns, name) in keys {
+        if let Ok(v) = write::delete(shared, resource, &ns, &name, &opts) {
+            items.push(v);
+        }
+    }
+    let rt = &RESOURCES[resource];
+    json_response(
+        200,
+        &json!({
+            "kind": rt.list_kind(),
+            "apiVersion": rt.api_version(),
+            "metadata": {"resourceVersion": lock(&shared.store).rv().to_string()},
+            "items": items,
+        }),
+    )
 }
 
 fn get(shared: &Shared, resource: usize, namespace: String, name: String) -> Response<Body> {
@@ -475,7 +752,7 @@ fn resource_list(group: &str, version: &str) -> Value {
                 "singularName": r.singular,
                 "namespaced": r.namespaced,
                 "kind": r.kind,
-                "verbs": ["get", "list", "watch"],
+                "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
                 "shortNames": r.short_names,
             })
         })

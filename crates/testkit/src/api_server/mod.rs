@@ -2,12 +2,19 @@
 //!
 //! See [`ApiServer`].
 
+mod admission;
 mod handler;
+mod patch;
 mod resources;
 mod selector;
 mod status;
 mod store;
 mod watch;
+mod write;
+
+pub use admission::{AdmissionCall, AdmissionOutcome, ServiceDialer, ServiceRef, MAX_ANSWER};
+pub use handler::MAX_BODY;
+pub use write::{ApiError, DeleteOptions};
 
 /// Does the emulation serve this resource type (`group` `""` is core)?
 /// A client's watch of a type it does not serve gets 404.
@@ -103,6 +110,10 @@ pub(crate) struct Shared {
     pub open_watches: AtomicUsize,
     /// Tokens `POST .../tokenreviews` authenticates: token to (username, audiences).
     pub tokens: Mutex<std::collections::HashMap<String, (String, Vec<String>)>>,
+    /// Every admission webhook call, for [`ApiServer::admission_calls`].
+    pub admission_calls: Mutex<Vec<AdmissionCall>>,
+    /// How webhooks named by Service are reached; none: such calls fail to connect.
+    pub dialer: Mutex<Option<ServiceDialer>>,
 }
 
 impl Shared {
@@ -147,9 +158,24 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 ///   API server's `token audiences ... is invalid` error. Unknown tokens are not
 ///   authenticated.
 ///
-/// Writes over HTTP are not served (405); tests change objects with [`ApiServer::apply`]
-/// and [`ApiServer::delete`]. All types share one resourceVersion counter, as etcd's
-/// revision is shared. Every request is recorded before it is answered.
+/// - **Writes** as the API server makes them: POST (create; 409 `AlreadyExists`), PUT
+///   (replace; a `metadata.resourceVersion` other than the stored one is 409
+///   `Conflict`), PATCH (`application/merge-patch+json`, `json-patch+json`,
+///   `strategic-merge-patch+json` as a merge patch, `apply-patch+yaml` as
+///   create-or-merge), DELETE (`gracePeriodSeconds`, `propagationPolicy`, query or
+///   `DeleteOptions` body) and DELETE of a collection; `.../NAME/status` reads and
+///   writes only the status of the types that have one, and writes of the object keep
+///   its stored status. Bodies are read up to [`MAX_BODY`] (413 beyond). Every refusal
+///   is a `Status`. Creates and updates go through admission (see [`ApiServer::create`]).
+///   Deleting a scheduled Pod with a grace period marks it (`deletionTimestamp`) for
+///   its kubelet, which removes it with [`ApiServer::delete_now`]; deleting a Namespace
+///   turns it Terminating for the namespace controller
+///   ([`crate::cluster::controllers`]).
+///
+/// [`ApiServer::apply`] and [`ApiServer::delete`] write as etcd would, without
+/// admission or defaulting, for tests that plant objects exactly. All types share one
+/// resourceVersion counter, as etcd's revision is shared. Every request is recorded
+/// before it is answered.
 ///
 /// Dropping the server stops it and abruptly closes every connection and stream.
 pub struct ApiServer {
@@ -194,6 +220,8 @@ impl ApiServer {
             changes: latest::Sender::new(0),
             open_watches: AtomicUsize::new(0),
             tokens: Mutex::new(std::collections::HashMap::new()),
+            admission_calls: Mutex::new(Vec::new()),
+            dialer: Mutex::new(None),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         ApiServer {
@@ -296,6 +324,109 @@ impl ApiServer {
         };
         self.shared.notify();
         deleted
+    }
+
+    /// Creates an object as a POST does: defaults (a Pod's `Pending` phase, a
+    /// Namespace's `kubernetes.io/metadata.name` label, a Service's cluster IP from
+    /// 10.96.0.0/16, `metadata.generation`), then mutating and validating admission
+    /// webhooks, then storage. The type is found by `apiVersion` and `kind`.
+    pub async fn create(&self, obj: Value) -> Result<Value, ApiError> {
+        let resource = resource_of(&obj)?;
+        let namespace = obj
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .map(String::from);
+        write::create(&self.shared, resource, namespace.as_deref(), obj).await
+    }
+
+    /// Replaces an object as a PUT does (the stored status is kept where the type has a
+    /// status subresource; a given `metadata.resourceVersion` must be current, else
+    /// 409), through admission.
+    pub async fn update(&self, obj: Value) -> Result<Value, ApiError> {
+        let resource = resource_of(&obj)?;
+        write::update(&self.shared, resource, None, None, obj, write::Part::Object).await
+    }
+
+    /// Replaces only the status of an object, as a PUT of `.../status` does (a given
+    /// `metadata.resourceVersion` must be current, else 409).
+    pub async fn update_status(&self, obj: Value) -> Result<Value, ApiError> {
+        let resource = resource_of(&obj)?;
+        if !resources::has_status(resource) {
+            return Err(ApiError::new(404, "the type has no status subresource"));
+        }
+        write::update(&self.shared, resource, None, None, obj, write::Part::Status).await
+    }
+
+    /// Applies a JSON merge patch to an object (namespace `""` for cluster-scoped
+    /// types), as a PATCH does, through admission.
+    pub async fn patch_merge(
+        &self,
+        plural: &str,
+        namespace: &str,
+        name: &str,
+        patch: Value,
+    ) -> Result<Value, ApiError> {
+        let resource = plural_of(plural)?;
+        write::patch(
+            &self.shared,
+            resource,
+            namespace,
+            name,
+            patch::PatchType::Merge,
+            &patch,
+            write::Part::Object,
+        )
+        .await
+        .map(|(v, _)| v)
+    }
+
+    /// Deletes an object as a DELETE does: a scheduled Pod with a grace period is
+    /// only marked (see [`DeleteOptions`]), a Namespace turns Terminating, anything
+    /// else goes at once. Returns the object as last stored.
+    pub fn delete_with(
+        &self,
+        plural: &str,
+        namespace: &str,
+        name: &str,
+        opts: &DeleteOptions,
+    ) -> Result<Value, ApiError> {
+        let resource = plural_of(plural)?;
+        write::delete(&self.shared, resource, namespace, name, opts)
+    }
+
+    /// Removes an object for good at once, whatever its kind and marks (the kubelet's
+    /// last word on a terminated Pod, the namespace controller's on an emptied
+    /// Namespace). Returns its last state; `None` when there was none.
+    pub fn delete_now(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
+        let resource = resources::by_plural(plural)?;
+        write::remove_now(
+            &self.shared,
+            resource,
+            &(namespace.to_string(), name.to_string()),
+        )
+    }
+
+    /// Installs how webhooks named by `clientConfig.service` are reached: given the
+    /// Service's namespace, name and port, a connected stream to one of its pods. The
+    /// TLS server name checked is `NAME.NAMESPACE.svc`.
+    pub fn set_service_dialer<F, Fut>(&self, dial: F)
+    where
+        F: Fn(ServiceRef) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = std::io::Result<TcpStream>> + Send + 'static,
+    {
+        let dialer: ServiceDialer = Arc::new(move |svc| Box::pin(dial(svc)));
+        *lock(&self.shared.dialer) = Some(dialer);
+    }
+
+    /// Every admission webhook call so far (the last 10,000), in call order.
+    pub fn admission_calls(&self) -> Vec<AdmissionCall> {
+        lock(&self.shared.admission_calls).clone()
+    }
+
+    /// A receiver that changes whenever a request arrives, a watch opens or closes or
+    /// an object changes: what in-process controllers wait on.
+    pub fn changes(&self) -> latest::Receiver<u64> {
+        self.shared.changes.subscribe()
     }
 
     /// The stored object, as GET would return it (namespace `""` for cluster-scoped types).
@@ -434,6 +565,32 @@ impl Drop for ApiServer {
         self.shared.shutdown.send_replace(true);
         self.accept.abort();
     }
+}
+
+fn resource_of(obj: &Value) -> Result<usize, ApiError> {
+    let text = |k: &str| obj.get(k).and_then(Value::as_str).unwrap_or("");
+    resources::by_kind(text("apiVersion"), text("kind")).ok_or_else(|| {
+        ApiError::new(
+            404,
+            format!(
+                "the server could not find the requested resource (apiVersion {:?} kind {:?})",
+                selector::bounded(text("apiVersion")),
+                selector::bounded(text("kind"))
+            ),
+        )
+    })
+}
+
+fn plural_of(plural: &str) -> Result<usize, ApiError> {
+    resources::by_plural(plural).ok_or_else(|| {
+        ApiError::new(
+            404,
+            format!(
+                "the server could not find the requested resource ({})",
+                selector::bounded(plural)
+            ),
+        )
+    })
 }
 
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {

@@ -236,7 +236,106 @@ pub(crate) const RESOURCES: &[ResourceType] = &[
         field_labels: &[],
         namespaced: false,
     },
+    // What a cluster in a box runs: controllers' objects, admission, disruption
+    // budgets, namespaced RBAC and events.
+    ResourceType {
+        group: "apps",
+        version: "v1",
+        plural: "replicasets",
+        singular: "replicaset",
+        kind: "ReplicaSet",
+        short_names: &["rs"],
+        field_labels: &[],
+        namespaced: true,
+    },
+    ResourceType {
+        group: "admissionregistration.k8s.io",
+        version: "v1",
+        plural: "mutatingwebhookconfigurations",
+        singular: "mutatingwebhookconfiguration",
+        kind: "MutatingWebhookConfiguration",
+        short_names: &[],
+        field_labels: &[],
+        namespaced: false,
+    },
+    ResourceType {
+        group: "admissionregistration.k8s.io",
+        version: "v1",
+        plural: "validatingwebhookconfigurations",
+        singular: "validatingwebhookconfiguration",
+        kind: "ValidatingWebhookConfiguration",
+        short_names: &[],
+        field_labels: &[],
+        namespaced: false,
+    },
+    ResourceType {
+        group: "policy",
+        version: "v1",
+        plural: "poddisruptionbudgets",
+        singular: "poddisruptionbudget",
+        kind: "PodDisruptionBudget",
+        short_names: &["pdb"],
+        field_labels: &[],
+        namespaced: true,
+    },
+    ResourceType {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        plural: "roles",
+        singular: "role",
+        kind: "Role",
+        short_names: &[],
+        field_labels: &[],
+        namespaced: true,
+    },
+    ResourceType {
+        group: "rbac.authorization.k8s.io",
+        version: "v1",
+        plural: "rolebindings",
+        singular: "rolebinding",
+        kind: "RoleBinding",
+        short_names: &[],
+        field_labels: &[],
+        namespaced: true,
+    },
+    ResourceType {
+        group: "",
+        version: "v1",
+        plural: "events",
+        singular: "event",
+        kind: "Event",
+        short_names: &["ev"],
+        field_labels: &[
+            "involvedObject.kind",
+            "involvedObject.name",
+            "reason",
+            "type",
+        ],
+        namespaced: true,
+    },
 ];
+
+/// Types with a `status` subresource: writes to the object keep its stored status,
+/// and `.../NAME/status` writes change only the status.
+const WITH_STATUS: &[&str] = &[
+    "pods",
+    "services",
+    "namespaces",
+    "nodes",
+    "deployments",
+    "replicasets",
+    "poddisruptionbudgets",
+    "customresourcedefinitions",
+    "httproutes",
+    "grpcroutes",
+];
+
+/// Does this type (index into [`RESOURCES`]) have a `status` subresource?
+pub(crate) fn has_status(resource: usize) -> bool {
+    RESOURCES
+        .get(resource)
+        .is_some_and(|r| WITH_STATUS.contains(&r.plural))
+}
 
 /// The index of the type with this `apiVersion` and `kind`.
 pub(crate) fn by_kind(api_version: &str, kind: &str) -> Option<usize> {
@@ -279,13 +378,21 @@ pub(crate) enum Route {
         namespace: String,
         name: String,
     },
+    /// One named object's `status` subresource.
+    Status {
+        resource: usize,
+        namespace: String,
+        name: String,
+    },
     NotFound,
 }
 
 impl Route {
     pub fn resource(&self) -> Option<usize> {
         match self {
-            Route::Collection { resource, .. } | Route::Object { resource, .. } => Some(*resource),
+            Route::Collection { resource, .. }
+            | Route::Object { resource, .. }
+            | Route::Status { resource, .. } => Some(*resource),
             _ => None,
         }
     }
@@ -363,6 +470,22 @@ fn resource_route(group: &'static str, version: &str, rest: &[&str]) -> Route {
                 name: name.to_string(),
             },
             None => Route::NotFound,
+        },
+        [plural, name, "status"] => match in_group(plural, false) {
+            Some(resource) if has_status(resource) => Route::Status {
+                resource,
+                namespace: String::new(),
+                name: name.to_string(),
+            },
+            _ => Route::NotFound,
+        },
+        ["namespaces", ns, plural, name, "status"] => match in_group(plural, true) {
+            Some(resource) if has_status(resource) => Route::Status {
+                resource,
+                namespace: ns.to_string(),
+                name: name.to_string(),
+            },
+            _ => Route::NotFound,
         },
         ["namespaces", ns, plural] => match in_group(plural, true) {
             Some(resource) => Route::Collection {
@@ -472,7 +595,18 @@ mod tests {
                 Route::NotFound,
             ),
             ("/api/v1/pods/p1/extra", Route::NotFound),
-            ("/api/v1/namespaces/ns1/pods/p1/status", Route::NotFound),
+            (
+                "/api/v1/namespaces/ns1/pods/p1/status",
+                Route::Status {
+                    resource: pods.unwrap_or(99),
+                    namespace: "ns1".into(),
+                    name: "p1".into(),
+                },
+            ),
+            (
+                "/api/v1/namespaces/ns1/configmaps/c1/status",
+                Route::NotFound,
+            ),
             ("/", Route::NotFound),
             ("", Route::NotFound),
         ];

@@ -89,6 +89,59 @@ impl Filter {
     }
 }
 
+/// Does a `LabelSelector` object (`matchLabels`, `matchExpressions` with `In`,
+/// `NotIn`, `Exists`, `DoesNotExist`) select these labels (an object of strings)? A
+/// missing or empty selector selects everything. The error names what is malformed.
+pub(crate) fn label_selector_matches(selector: &Value, labels: &Value) -> Result<bool, String> {
+    if selector.is_null() {
+        return Ok(true);
+    }
+    let label = |k: &str| labels.get(k).and_then(Value::as_str);
+    if let Some(m) = selector.get("matchLabels") {
+        let Some(m) = m.as_object() else {
+            return Err("matchLabels: not an object".to_string());
+        };
+        for (k, v) in m {
+            let Some(v) = v.as_str() else {
+                return Err(format!("matchLabels.{}: not a string", bounded(k)));
+            };
+            if label(k) != Some(v) {
+                return Ok(false);
+            }
+        }
+    }
+    let exprs = match selector.get("matchExpressions") {
+        None | Some(Value::Null) => return Ok(true),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err("matchExpressions: not a list".to_string()),
+    };
+    for e in exprs {
+        let key = e.get("key").and_then(Value::as_str).unwrap_or("");
+        let values: Vec<&str> = e
+            .get("values")
+            .and_then(Value::as_array)
+            .map(|vs| vs.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let has = label(key);
+        let ok = match e.get("operator").and_then(Value::as_str).unwrap_or("") {
+            "In" => has.is_some_and(|l| values.contains(&l)),
+            "NotIn" => !has.is_some_and(|l| values.contains(&l)),
+            "Exists" => has.is_some(),
+            "DoesNotExist" => has.is_none(),
+            other => {
+                return Err(format!(
+                    "matchExpressions: {:?} is not a valid label selector operator",
+                    bounded(other)
+                ))
+            }
+        };
+        if !ok {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// A field as the API server's field sets render it: strings as-is, booleans and
 /// numbers as text, missing as empty.
 fn field_value(obj: &Value, path: &str) -> String {
@@ -271,6 +324,45 @@ mod tests {
                 f.as_ref().map(|f| f.matches(&pod)),
                 Ok(*want),
                 "{labels:?} {fields:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn label_selector_objects_by_table() {
+        let labels = json!({"app": "web", "tier": "fe"});
+        let cases: &[(Value, Result<bool, ()>)] = &[
+            (Value::Null, Ok(true)),
+            (json!({}), Ok(true)),
+            (json!({"matchLabels": {"app": "web"}}), Ok(true)),
+            (json!({"matchLabels": {"app": "db"}}), Ok(false)),
+            (
+                json!({"matchExpressions": [{"key": "app", "operator": "In", "values": ["web"]}]}),
+                Ok(true),
+            ),
+            (
+                json!({"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["web"]}]}),
+                Ok(false),
+            ),
+            (
+                json!({"matchExpressions": [{"key": "x", "operator": "DoesNotExist"}]}),
+                Ok(true),
+            ),
+            (
+                json!({"matchExpressions": [{"key": "x", "operator": "Exists"}]}),
+                Ok(false),
+            ),
+            (
+                json!({"matchExpressions": [{"key": "x", "operator": "Near"}]}),
+                Err(()),
+            ),
+            (json!({"matchLabels": []}), Err(())),
+        ];
+        for (sel, want) in cases {
+            assert_eq!(
+                &label_selector_matches(sel, &labels).map_err(|_| ()),
+                want,
+                "{sel}"
             );
         }
     }

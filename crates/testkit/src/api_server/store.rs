@@ -342,6 +342,15 @@ pub(crate) fn now_rfc3339() -> String {
     rfc3339(secs)
 }
 
+/// The time `secs` seconds from now, as the API server writes timestamps.
+pub(crate) fn rfc3339_after(secs: i64) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    rfc3339(now.saturating_add_signed(secs))
+}
+
 fn rfc3339(secs: u64) -> String {
     let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;
