@@ -12,6 +12,8 @@ mod identity;
 mod inject;
 mod injector;
 mod install;
+mod uninstall;
+mod version;
 mod viz;
 mod viz_server;
 
@@ -62,6 +64,10 @@ enum Command {
     Demo(demo::Args),
     /// Print every manifest a cluster needs (`ballast install | kubectl apply -f -`).
     Install(Box<install::Args>),
+    /// Print references to everything `install` made (`ballast uninstall | kubectl delete -f -`).
+    Uninstall(uninstall::Args),
+    /// Print this binary's version and the installed control plane's.
+    Version(version::Args),
     /// Add the proxy sidecar and init container to workload manifests
     /// (files, directories or stdin); `--uninject` removes them.
     Inject(Box<inject::Args>),
@@ -105,6 +111,8 @@ fn main() -> std::process::ExitCode {
         Command::Backend(args) => on_runtime(backend::run(args)),
         Command::Demo(args) => on_runtime(demo::run(args)),
         Command::Install(args) => on_runtime(install::run(*args)),
+        Command::Uninstall(args) => on_runtime(uninstall::run(args)),
+        Command::Version(args) => on_runtime(version::run(args)),
         Command::Inject(args) => on_runtime(inject::run(*args)),
         Command::Injector(args) => on_runtime(injector::run(*args)),
         Command::Check(args) => on_runtime(check::run(*args)),

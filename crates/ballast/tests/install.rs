@@ -332,3 +332,69 @@ fn the_viz_deployment_runs_ballast_viz_with_flags_it_accepts() {
     let out = ballast(&["viz", "--no-such-flag", "--help"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// `ballast version` says its own version, and each installed controller's
+/// (from the label install writes); a cluster it cannot reach is said, not
+/// an error.
+#[tokio::test]
+async fn version_reports_the_client_and_the_installed_control_plane() {
+    let version = env!("CARGO_PKG_VERSION");
+    let out = ballast(&["version", "--client"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("Client version: {version}\n")
+    );
+    let api = ballast_testkit::ApiServer::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = api.write_kubeconfig(dir.path());
+    let kubeconfig = kubeconfig.to_str().expect("UTF-8 path").to_string();
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            ballast(&args)
+        })
+    };
+    let out = run(vec![
+        "version".into(),
+        "--kubeconfig".into(),
+        kubeconfig.clone(),
+    ])
+    .await
+    .expect("ran");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success() && text.contains("Server version: unavailable"),
+        "{text}"
+    );
+    let installed = ok_stdout(&["install"]);
+    for doc in serde_saphyr::from_multiple::<Value>(&installed).expect("parses") {
+        if doc["kind"] == "Deployment" {
+            api.apply(doc);
+        }
+    }
+    let out = run(vec!["version".into(), "--kubeconfig".into(), kubeconfig])
+        .await
+        .expect("ran");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        text.contains(&format!(
+            "Server version: ballast-destination {version} (ballast:latest)"
+        )),
+        "{text}"
+    );
+    assert_eq!(text.matches("Server version: ").count(), 4, "{text}");
+}
+
+/// `ballast uninstall` names what `install` made, for `kubectl delete -f -`.
+#[test]
+fn uninstall_names_the_installed_objects_and_keeps_the_crds_unless_asked() {
+    let text = ok_stdout(&["uninstall", "--namespace", "mesh"]);
+    let refs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("parses");
+    assert_eq!(refs[0]["kind"], "MutatingWebhookConfiguration");
+    assert!(refs
+        .iter()
+        .any(|r| r["kind"] == "Deployment" && r["metadata"]["namespace"] == "mesh"));
+    assert!(!refs.iter().any(|r| r["kind"] == "CustomResourceDefinition"));
+    let with = ok_stdout(&["uninstall", "--include-crds"]);
+    assert!(with.contains("kind: CustomResourceDefinition"));
+}

@@ -209,6 +209,92 @@ pub fn install_yaml(c: &InstallConfig, material: &KeyMaterial) -> String {
     out
 }
 
+/// What `ballast uninstall` prints for `kubectl delete -f -`: a reference
+/// (apiVersion, kind, name, namespace) to every object `install` makes,
+/// the webhook configuration first (so that no pod creation waits on an
+/// injector being deleted) and the namespace last. The CRDs only with
+/// `include_crds`: deleting them deletes every route and policy object in
+/// the cluster, whoever made it.
+pub fn uninstall_yaml(c: &InstallConfig, include_crds: bool) -> String {
+    // Names only: the key material's contents do not matter here.
+    let material_free = [
+        (
+            "v1",
+            "ConfigMap",
+            Some(c.namespace.as_str()),
+            manifests::TRUST_ROOTS_CONFIG_MAP,
+        ),
+        (
+            "v1",
+            "Secret",
+            Some(c.namespace.as_str()),
+            manifests::ISSUER_SECRET,
+        ),
+        (
+            "v1",
+            "Secret",
+            Some(c.namespace.as_str()),
+            manifests::INJECTOR_TLS_SECRET,
+        ),
+    ];
+    let reference = |api_version: &str, kind: &str, ns: Option<&str>, name: &str| {
+        let mut metadata = serde_json::json!({ "name": name });
+        if let Some(ns) = ns {
+            metadata["namespace"] = ns.into();
+        }
+        serde_json::json!({"apiVersion": api_version, "kind": kind, "metadata": metadata})
+    };
+    let of = |v: &Value| {
+        reference(
+            v["apiVersion"].as_str().unwrap_or(""),
+            v["kind"].as_str().unwrap_or(""),
+            v["metadata"]["namespace"].as_str(),
+            v["metadata"]["name"].as_str().unwrap_or(""),
+        )
+    };
+    let mut refs = vec![reference(
+        "admissionregistration.k8s.io/v1",
+        "MutatingWebhookConfiguration",
+        None,
+        manifests::WEBHOOK_CONFIGURATION,
+    )];
+    let docs = documents(c);
+    let (namespace, rest) = docs.split_at(1);
+    refs.extend(rest.iter().rev().map(|d| of(&d.value)));
+    refs.extend(
+        material_free
+            .iter()
+            .map(|(a, k, ns, name)| reference(a, k, *ns, name)),
+    );
+    if include_crds {
+        for (_, text) in CRDS {
+            for name in text
+                .lines()
+                .filter_map(|l| l.strip_prefix("  name: "))
+                .filter(|n| n.contains('.'))
+            {
+                refs.push(reference(
+                    "apiextensions.k8s.io/v1",
+                    "CustomResourceDefinition",
+                    None,
+                    name.trim(),
+                ));
+            }
+        }
+    }
+    refs.extend(namespace.iter().map(|d| of(&d.value)));
+    let mut out = String::from(
+        "# Ballast's control plane, from `ballast uninstall`: delete with `kubectl delete -f -`.\n",
+    );
+    for (i, r) in refs.iter().enumerate() {
+        if i > 0 {
+            out.push_str("---\n");
+        }
+        out.push_str(&yaml::to_yaml(r));
+    }
+    out
+}
+
 /// The key material alone (the trust roots ConfigMap, the issuer and
 /// webhook Secrets, the webhook configuration with its CA), to apply after
 /// deploy/.
@@ -618,5 +704,43 @@ mod tests {
                 vec!["v1alpha2".into()]
             )
         );
+    }
+
+    #[test]
+    fn uninstall_names_every_installed_object_webhook_first_namespace_last() {
+        let c = InstallConfig::default();
+        let installed: Vec<Value> =
+            serde_saphyr::from_multiple(&install_yaml(&c, &material(&c))).expect("parses");
+        let key = |v: &Value| {
+            format!(
+                "{} {} {}/{}",
+                v["apiVersion"].as_str().unwrap_or(""),
+                v["kind"].as_str().unwrap_or(""),
+                v["metadata"]["namespace"].as_str().unwrap_or(""),
+                v["metadata"]["name"].as_str().unwrap_or("")
+            )
+        };
+        for include_crds in [false, true] {
+            let text = uninstall_yaml(&c, include_crds);
+            let refs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("parses");
+            assert_eq!(refs[0]["kind"], "MutatingWebhookConfiguration");
+            assert_eq!(
+                refs.last().map(|r| &r["kind"]),
+                Some(&Value::from("Namespace"))
+            );
+            let mut want: Vec<String> = installed
+                .iter()
+                .filter(|v| include_crds || v["kind"] != "CustomResourceDefinition")
+                .map(key)
+                .collect();
+            let mut got: Vec<String> = refs.iter().map(key).collect();
+            want.sort();
+            got.sort();
+            assert_eq!(got, want, "include_crds {include_crds}");
+            // References only: no spec, no key material.
+            assert!(refs
+                .iter()
+                .all(|r| r.get("spec").is_none() && r.get("data").is_none()));
+        }
     }
 }

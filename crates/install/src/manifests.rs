@@ -59,8 +59,13 @@ fn identity_token_volume() -> (Value, Value) {
     )
 }
 
+/// Every object's labels; the version is what `ballast version` reports.
 fn labels(app: &str) -> Value {
-    json!({"app.kubernetes.io/name": app, "app.kubernetes.io/part-of": "ballast"})
+    json!({
+        "app.kubernetes.io/name": app,
+        "app.kubernetes.io/part-of": "ballast",
+        "app.kubernetes.io/version": env!("CARGO_PKG_VERSION"),
+    })
 }
 
 fn metadata(app: &str, name: &str, ns: Option<&str>) -> Value {
