@@ -260,7 +260,7 @@ async fn a_container_sees_its_env_field_refs_and_volumes_as_its_own_user_after_i
                   echo \"greeting=$(cat /etc/app-config/greeting)\"; \
                   echo \"secret-file=$(cat /etc/secret/pw)\"; \
                   echo \"init=$(cat /srv/work/init-done)\"; \
-                  echo \"uid=$(id -u) gid=$(id -g)\"; \
+                  echo \"uid=$(id -u) gid=$(id -g) hostname=$(cat /proc/sys/kernel/hostname)\"; \
                   echo \"sa-namespace=$(cat /var/run/secrets/kubernetes.io/serviceaccount/namespace)\"; \
                   exec sleep 1000";
     c.api.apply(pod(
@@ -324,7 +324,7 @@ async fn a_container_sees_its_env_field_refs_and_volumes_as_its_own_user_after_i
         "greeting=hello from a ConfigMap".to_string(),
         "secret-file=s3cr3t".to_string(),
         "init=yes".to_string(),
-        "uid=2102 gid=1000".to_string(),
+        "uid=2102 gid=1000 hostname=env-0".to_string(),
         "sa-namespace=default".to_string(),
     ] {
         assert!(log.contains(&want), "want {want:?} in\n{log}");
@@ -381,6 +381,11 @@ async fn a_pod_reaches_another_through_its_service_cluster_ip_and_dns_names() {
     );
     assert!(log.contains("ok http://web/"), "{log}");
     assert!(log.contains(&format!("headless={web_ip}")), "{log}");
+    // From the node too (as the API server calls a webhook through its Service).
+    c.node
+        .dial(([10, 96, 0, 50], 80).into())
+        .await
+        .expect("the node dials the cluster IP");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -420,10 +425,23 @@ async fn deleting_a_pod_sends_sigterm_then_sigkill_after_the_grace_then_removes_
         return;
     }
     let c = Cluster::start().await;
-    // It ignores SIGTERM (saying so): only the SIGKILL at the end of the grace stops it.
-    c.api.apply(shell(
+    // It ignores SIGTERM (saying so, and what its preStop hook left): only the SIGKILL
+    // at the end of the grace stops it.
+    c.api.apply(pod(
         "stubborn",
-        "trap 'echo got TERM' TERM; echo up; while true; do sleep 0.1; done",
+        json!({"app": "stubborn"}),
+        json!({
+            "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "stop", "emptyDir": {}}],
+            "containers": [{
+                "name": "main",
+                "image": "shell",
+                "command": ["sh", "-c",
+                    "trap 'echo \"got TERM after $(cat /srv/stop/hook)\"' TERM; echo up; while true; do sleep 0.1; done"],
+                "volumeMounts": [{"name": "stop", "mountPath": "/srv/stop"}],
+                "lifecycle": {"preStop": {"exec": {"command": ["sh", "-c", "echo preStop > /srv/stop/hook"]}}},
+            }],
+        }),
     ));
     c.wait_ready("stubborn").await;
     c.wait_log("stubborn", "main", "up", 10).await;
@@ -438,7 +456,8 @@ async fn deleting_a_pod_sends_sigterm_then_sigkill_after_the_grace_then_removes_
     p["metadata"]["deletionGracePeriodSeconds"] = json!(2);
     let deleted_at = Instant::now();
     c.api.apply(p);
-    c.wait_log("stubborn", "main", "got TERM", 10).await;
+    c.wait_log("stubborn", "main", "got TERM after preStop", 10)
+        .await;
     let gone = c
         .api
         .wait_until(Duration::from_secs(20), |api| {
@@ -547,4 +566,32 @@ async fn dropping_the_kubelet_and_node_kills_every_process_and_removes_every_nam
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     drop(api);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_removed_from_the_store_is_stopped_and_its_sandbox_removed() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::start().await;
+    c.api.apply(shell("removed", "echo up; exec sleep 1000"));
+    c.wait_ready("removed").await;
+    let netns = c
+        .kubelet
+        .pod_netns("default", "removed")
+        .expect("the pod has a sandbox");
+    assert!(c.api.delete("v1", "Pod", "default", "removed"));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while c.kubelet.pod_netns("default", "removed").is_some() || netns_list().contains(&netns) {
+        assert!(
+            Instant::now() < deadline,
+            "{netns} is still there\n{}",
+            c.kubelet.logs("default", "removed", "main")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        c.pod("removed").is_none(),
+        "the kubelet brought the pod back"
+    );
 }

@@ -6,9 +6,9 @@
 //! Needs root, iproute2, iptables and util-linux (`setpriv`, `mount`). Only network
 //! namespaces it makes are configured; the host's own is never touched.
 //!
-//! A container is `ip netns exec POD_NETNS /bin/sh -c SCRIPT`: `ip netns exec` gives
-//! it a private mount namespace with the pod's hosts file bound over `/etc/hosts`; the
-//! script bind-mounts its volumes at their `mountPath`s (mount points missing on the
+//! A container is `ip netns exec POD_NETNS unshare --uts /bin/sh -c SCRIPT`: `ip netns
+//! exec` gives it a private mount namespace with the pod's hosts file bound over
+//! `/etc/hosts`; the script sets the pod's hostname, bind-mounts its volumes at their `mountPath`s (mount points missing on the
 //! host are made, and removed once no pod of this process uses them) and `exec`s the
 //! argv the image table gives, as `runAsUser`/`runAsGroup` through `setpriv`.
 

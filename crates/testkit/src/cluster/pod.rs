@@ -182,7 +182,6 @@ struct PodState {
     /// Why the sandbox or volumes could not be made.
     setup_error: Option<String>,
     pod_ip: Option<Ipv4Addr>,
-    last_written: Option<Value>,
 }
 
 impl PodState {
@@ -297,7 +296,6 @@ pub(crate) async fn run_pod(
         failed: false,
         setup_error: None,
         pod_ip: None,
-        last_written: None,
     };
     {
         let mut logs = lock(&k.logs);
@@ -682,6 +680,10 @@ impl PodRun {
         Ok((
             ProcessSpec {
                 netns: self.netns.clone(),
+                hostname: match str_of(&self.pod, "/spec/hostname") {
+                    "" => self.name.clone(),
+                    h => h.to_string(),
+                },
                 mounts: mounts.cloned().unwrap_or_default(),
                 user,
                 working_dir: c
@@ -703,12 +705,14 @@ impl PodRun {
     }
 
     /// Starts a process, registered with the pod's resources so that the kubelet's
-    /// drop kills it.
+    /// drop kills it. Its output goes to the container's log, or nowhere for hooks
+    /// (as `kubectl logs` shows only the container's own).
     fn start(
         &self,
         spec: &ProcessSpec,
         argv: &[String],
         which: Which,
+        logged: bool,
     ) -> std::io::Result<(Child, Arc<ProcessGroup>)> {
         if self.k.closed.load(Ordering::SeqCst) {
             return Err(std::io::Error::other("the kubelet is stopped"));
@@ -718,12 +722,28 @@ impl PodRun {
             Some(r) => r.groups.push(group.clone()),
             None => return Err(std::io::Error::other("the pod is gone")),
         }
-        if let Some(log) = self.log(which) {
-            if let Some(out) = child.stdout.take() {
-                tokio::spawn(log.clone().pump(out));
+        let (out, err) = (child.stdout.take(), child.stderr.take());
+        match self.log(which) {
+            Some(log) if logged => {
+                if let Some(out) = out {
+                    tokio::spawn(log.clone().pump(out));
+                }
+                if let Some(err) = err {
+                    tokio::spawn(log.pump(err));
+                }
             }
-            if let Some(err) = child.stderr.take() {
-                tokio::spawn(log.pump(err));
+            // Drained, so that a chatty hook never blocks on a full pipe.
+            _ => {
+                if let Some(mut out) = out {
+                    tokio::spawn(
+                        async move { tokio::io::copy(&mut out, &mut tokio::io::sink()).await },
+                    );
+                }
+                if let Some(mut err) = err {
+                    tokio::spawn(
+                        async move { tokio::io::copy(&mut err, &mut tokio::io::sink()).await },
+                    );
+                }
             }
         }
         Ok((child, group))
@@ -744,7 +764,9 @@ impl PodRun {
         command: &[String],
     ) -> Result<(), String> {
         let argv = self.exec_argv(which, command);
-        let (mut child, group) = self.start(spec, &argv, which).map_err(|e| e.to_string())?;
+        let (mut child, group) = self
+            .start(spec, &argv, which, false)
+            .map_err(|e| e.to_string())?;
         let status = child.wait().await;
         self.forget(&group);
         match status {
@@ -754,12 +776,35 @@ impl PodRun {
         }
     }
 
+    /// As the kubelet stops a container: its `preStop` exec hook (within the grace),
+    /// then SIGTERM, then SIGKILL at the deadline.
     async fn terminate(
         &self,
+        which: Which,
+        spec: &ProcessSpec,
         child: &mut Child,
         group: &ProcessGroup,
         deadline: Instant,
     ) -> std::io::Result<ExitStatus> {
+        let hook = self
+            .spec(which)
+            .pointer("/lifecycle/preStop/exec/command")
+            .and_then(Value::as_array);
+        if let Some(hook) = hook {
+            let command: Vec<String> = hook
+                .iter()
+                .filter_map(Value::as_str)
+                .map(String::from)
+                .collect();
+            let ran = tokio::time::timeout_at(deadline, self.exec(which, spec, &command)).await;
+            if let Some(log) = self.log(which) {
+                match ran {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => log.note(&format!("FailedPreStopHook: {e}")),
+                    Err(_) => log.note("FailedPreStopHook: still running at the end of the grace"),
+                }
+            }
+        }
         group.signal(Signal::SIGTERM);
         match tokio::time::timeout_at(deadline, child.wait()).await {
             Ok(status) => status,
@@ -791,7 +836,7 @@ impl PodRun {
                 return Outcome::NotStarted;
             }
         };
-        let (mut child, group) = match self.start(&spec, &argv, which) {
+        let (mut child, group) = match self.start(&spec, &argv, which, true) {
             Ok(started) => started,
             Err(e) => {
                 self.set(which, |c| {
@@ -886,7 +931,7 @@ impl PodRun {
                 // The guard wait_for returns is dropped inside: it is not Send.
                 _ = async { drop(stop_wait.wait_for(Option::is_some).await) } => {
                     let deadline = stop.borrow().unwrap_or_else(Instant::now);
-                    exited = Some(self.terminate(&mut child, &group, deadline).await);
+                    exited = Some(self.terminate(which, &spec, &mut child, &group, deadline).await);
                     stopped = true;
                 }
                 _ = tokio::time::sleep_until(next_ready) => {
@@ -921,7 +966,7 @@ impl PodRun {
                             note("Container failed liveness probe, will be restarted");
                             self.set(which, |c| c.ready = false);
                             let deadline = Instant::now() + pod_grace;
-                            exited = Some(self.terminate(&mut child, &group, deadline).await);
+                            exited = Some(self.terminate(which, &spec, &mut child, &group, deadline).await);
                         }
                     }
                 }
@@ -1023,35 +1068,37 @@ impl PodRun {
         status
     }
 
-    /// Writes the status when it changed (transition times aside) since last written.
+    /// Writes the status when the stored one differs (so a status lost to a client's
+    /// replace of the pod is written again). A condition keeps its stored
+    /// `lastTransitionTime` while its status stays the same.
     fn write_status(&self) {
-        let status = self.status_json();
-        let mut comparable = status.clone();
-        if let Some(conds) = comparable
-            .get_mut("conditions")
-            .and_then(Value::as_array_mut)
-        {
-            for c in conds {
-                if let Some(o) = c.as_object_mut() {
-                    o.remove("lastTransitionTime");
-                }
-            }
-        }
-        if lock(&self.state).last_written.as_ref() == Some(&comparable) {
-            return;
-        }
+        let mut status = self.status_json();
         let Some(mut stored) = self.k.api.get("pods", &self.namespace, &self.name) else {
             return;
         };
         if uid_of(&stored) != self.uid {
             return;
         }
-        stored["status"] = status;
-        match self.k.api.try_apply(stored) {
-            Ok(_) => lock(&self.state).last_written = Some(comparable),
-            Err(e) => {
-                tracing::debug!(pod = %self.name, error = %e, "testkit kubelet: status not written")
+        let before = stored
+            .pointer("/status/conditions")
+            .and_then(Value::as_array);
+        if let Some(conds) = status.get_mut("conditions").and_then(Value::as_array_mut) {
+            for c in conds {
+                let same = before
+                    .into_iter()
+                    .flatten()
+                    .find(|b| b.get("type") == c.get("type") && b.get("status") == c.get("status"));
+                if let Some(t) = same.and_then(|b| b.get("lastTransitionTime")) {
+                    c["lastTransitionTime"] = t.clone();
+                }
             }
+        }
+        if stored.get("status") == Some(&status) {
+            return;
+        }
+        stored["status"] = status;
+        if let Err(e) = self.k.api.try_apply(stored) {
+            tracing::debug!(pod = %self.name, error = %e, "testkit kubelet: status not written");
         }
     }
 }

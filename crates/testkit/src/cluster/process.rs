@@ -1,5 +1,5 @@
-//! A container's process: `ip netns exec POD_NETNS /bin/sh -c SCRIPT`, where the
-//! script bind-mounts the volumes (in the private mount namespace `ip netns exec`
+//! A container's process: `ip netns exec POD_NETNS unshare --uts /bin/sh -c SCRIPT`,
+//! where the script sets the pod's hostname, bind-mounts the volumes (in the private mount namespace `ip netns exec`
 //! makes for what it runs) and `exec`s the container's argv as its user
 //! (`setpriv`). Each process leads its own process group, owned by a
 //! [`ProcessGroup`] that kills the whole group on drop.
@@ -27,6 +27,8 @@ pub const LOG_LIMIT: usize = 1 << 20;
 #[derive(Debug, Clone)]
 pub(crate) struct ProcessSpec {
     pub netns: String,
+    /// The pod's hostname, set in a UTS namespace of the process's own.
+    pub hostname: String,
     pub mounts: Vec<Mount>,
     /// `(uid, gid)` from `securityContext.runAsUser`/`runAsGroup`.
     pub user: Option<(u32, u32)>,
@@ -41,7 +43,10 @@ fn quote(s: &str) -> String {
 
 impl ProcessSpec {
     fn script(&self, argv: &[String]) -> String {
-        let mut script = String::from("set -e\n");
+        let mut script = format!(
+            "set -e\necho {} > /proc/sys/kernel/hostname\n",
+            quote(&self.hostname)
+        );
         for m in &self.mounts {
             let (src, dst) = (quote(&m.source.to_string_lossy()), quote(&m.target));
             script.push_str(&format!("mount --bind {src} {dst}\n"));
@@ -70,15 +75,23 @@ impl ProcessSpec {
             return Err(io::Error::other("nothing to run"));
         }
         let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.netns, "/bin/sh", "-c"])
-            .arg(self.script(argv))
-            .env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
+        cmd.args([
+            "netns",
+            "exec",
+            &self.netns,
+            "unshare",
+            "--uts",
+            "/bin/sh",
+            "-c",
+        ])
+        .arg(self.script(argv))
+        .env_clear()
+        .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
         let child = cmd.spawn()?;
         let pgid = child
             .id()
@@ -196,6 +209,7 @@ mod tests {
     fn the_script_mounts_then_becomes_the_user_and_quotes_every_word() {
         let spec = ProcessSpec {
             netns: "ns".into(),
+            hostname: "web-0".into(),
             mounts: vec![Mount {
                 source: "/tmp/v/config".into(),
                 target: "/etc/app".into(),
@@ -208,7 +222,7 @@ mod tests {
         let script = spec.script(&["/bin/echo".into(), "it's".into()]);
         assert_eq!(
             script,
-            "set -e\nmount --bind '/tmp/v/config' '/etc/app'\n\
+            "set -e\necho 'web-0' > /proc/sys/kernel/hostname\nmount --bind '/tmp/v/config' '/etc/app'\n\
              mount -o remount,bind,ro '/etc/app'\n\
              exec setpriv --reuid=2102 --regid=2102 --clear-groups -- '/bin/echo' 'it'\\''s'\n"
         );
