@@ -13,8 +13,8 @@ use std::{
 #[derive(ClapArgs)]
 #[command(
     after_help = "Reads multi-document YAML or JSON (JSON in, JSON out), Lists included, \
-and adds the `ballast-proxy` container (first among containers) and the `ballast-init` init \
-container to the pod templates of Deployments, StatefulSets, DaemonSets, ReplicaSets, \
+and adds the proxy container `linkerd-proxy` (first among containers) and the init container \
+`linkerd-init` to the pod templates of Deployments, StatefulSets, DaemonSets, ReplicaSets, \
 ReplicationControllers, Jobs, CronJobs and Pods, unless their `linkerd.io/inject` annotation is \
 `disabled` or they use the host's network. Linkerd's annotations configure each pod: \
 config.linkerd.io/skip-inbound-ports, skip-outbound-ports, opaque-ports, proxy-cpu-request, \
@@ -202,13 +202,18 @@ impl ProxyConfigFlags {
     /// The injection configuration these flags describe (reads
     /// --identity-trust-anchors-file; `anchors` are used when no flag gives any).
     pub fn config(&self, anchors: Option<String>) -> anyhow::Result<Config> {
+        self.config_for(anchors, Action::Inject)
+    }
+
+    /// [`Self::config`] for `action`: removing a sidecar needs no anchors.
+    pub fn config_for(&self, anchors: Option<String>, action: Action) -> anyhow::Result<Config> {
         let optional = |s: &str| (!s.is_empty()).then(|| s.to_string());
         let trust_anchors_pem = match &self.identity_trust_anchors_file {
             _ if self.identity_disabled => None,
             Some(path) => Some(read_anchors(path)?),
             None => anchors,
         };
-        if self.needs_anchors() && trust_anchors_pem.is_none() {
+        if action == Action::Inject && self.needs_anchors() && trust_anchors_pem.is_none() {
             anyhow::bail!(
                 "proxies need the mesh's trust anchors: pass --identity-trust-anchors-file \
                  (the ca-bundle.crt of `ballast install`'s ConfigMap {}), or \
@@ -330,13 +335,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     } else {
         None
     };
-    // Reading and rewriting is synchronous and quick; no task needs the runtime.
-    let config = args.proxy.config(anchors)?;
     let action = if args.uninject {
         Action::Uninject
     } else {
         Action::Inject
     };
+    // Reading and rewriting is synchronous and quick; no task needs the runtime.
+    let config = args.proxy.config_for(anchors, action)?;
     let mut sources = Vec::new();
     for input in &args.inputs {
         sources.extend(expand(input)?);

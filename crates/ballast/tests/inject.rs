@@ -519,6 +519,15 @@ async fn trust_anchors_come_from_the_installed_control_plane_or_injection_refuse
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--identity-trust-anchors-file"), "{err}");
+    // Removing a sidecar needs no anchors.
+    let injected = ballast(&["-"], Some(WEB));
+    let injected = stdout(&injected);
+    let out = tokio::task::spawn_blocking(move || {
+        ballast_env(&["--uninject", "-"], Some(&injected), &[])
+    })
+    .await
+    .expect("ran");
+    assert!(out.status.success(), "{out:?}");
     // Proxies without identity need no anchors.
     let out = run(vec!["--identity-disabled".into(), "-".into()])
         .await

@@ -422,7 +422,7 @@ pub struct Args {
     /// The Tap API (`io.linkerd.proxy.tap.Tap/Observe`; Linkerd's port is 4190): live
     /// requests for the dashboard and `ballast tap`. Off unless given. With identity on,
     /// the listener is mutual TLS with this proxy's certificate and serves only
-    /// --tap-client-identity (others get PERMISSION_DENIED); without, plaintext.
+    /// --tap-client-identity (others get UNAUTHENTICATED); without, plaintext.
     #[arg(long, env = "BALLAST_PROXY_TAP_ADDR")]
     tap_addr: Option<SocketAddr>,
 

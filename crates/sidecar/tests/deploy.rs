@@ -91,7 +91,7 @@ fn port_of(addr: &str) -> &str {
 #[test]
 fn the_sidecar_example_passes_flags_the_proxy_has_and_is_probed() {
     let pod = sidecar_pod();
-    let proxy = container(&pod, "containers", "ballast-proxy");
+    let proxy = container(&pod, "containers", "linkerd-proxy");
     assert_eq!(proxy["livenessProbe"]["httpGet"]["path"], "/live");
     assert_eq!(proxy["readinessProbe"]["httpGet"]["path"], "/ready");
     assert!(proxy["resources"]["limits"]["memory"].is_string());
@@ -101,7 +101,7 @@ fn the_sidecar_example_passes_flags_the_proxy_has_and_is_probed() {
 #[test]
 fn the_sidecar_example_redirects_to_the_proxys_ports_and_exempts_its_uid() {
     let pod = sidecar_pod();
-    let init = container(&pod, "initContainers", "ballast-init");
+    let init = container(&pod, "initContainers", "linkerd-init");
     assert_runs_ballast_proxy(init, Some("init"));
     let security = &init["securityContext"];
     assert_eq!(security["runAsUser"], 0, "iptables needs root");
@@ -116,7 +116,7 @@ fn the_sidecar_example_redirects_to_the_proxys_ports_and_exempts_its_uid() {
     assert_eq!(security["privileged"], false);
 
     // The init container's ports and uid are the proxy's.
-    let proxy = container(&pod, "containers", "ballast-proxy");
+    let proxy = container(&pod, "containers", "linkerd-proxy");
     assert_eq!(
         proxy["securityContext"]["runAsUser"]
             .as_u64()
