@@ -14,6 +14,7 @@ mod write;
 
 pub use admission::{AdmissionCall, AdmissionOutcome, ServiceDialer, ServiceRef, MAX_ANSWER};
 pub use handler::MAX_BODY;
+pub(crate) use selector::label_selector_matches;
 pub use write::{ApiError, DeleteOptions};
 
 /// Does the emulation serve this resource type (`group` `""` is core)?
@@ -22,6 +23,23 @@ pub fn serves(group: &str, plural: &str) -> bool {
     resources::RESOURCES
         .iter()
         .any(|r| r.group == group && r.plural == plural)
+}
+
+/// Every served resource plural, with whether it is namespaced: what the garbage
+/// collector and the namespace controller walk.
+pub(crate) fn served_plurals() -> Vec<(&'static str, bool)> {
+    resources::RESOURCES
+        .iter()
+        .map(|r| (r.plural, r.namespaced))
+        .collect()
+}
+
+/// The plural and scope (namespaced?) of the type with this `apiVersion` and `kind`.
+pub(crate) fn plural_of_kind(api_version: &str, kind: &str) -> Option<(&'static str, bool)> {
+    resources::by_kind(api_version, kind).map(|r| {
+        let rt = &resources::RESOURCES[r];
+        (rt.plural, rt.namespaced)
+    })
 }
 
 use std::net::SocketAddr;

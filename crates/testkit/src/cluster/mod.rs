@@ -13,6 +13,7 @@
 //! argv the image table gives, as `runAsUser`/`runAsGroup` through `setpriv`.
 
 mod api_endpoint;
+pub mod controllers;
 mod env;
 mod images;
 mod kube_proxy;
