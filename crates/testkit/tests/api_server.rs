@@ -633,3 +633,244 @@ async fn cluster_scoped_types_are_served_without_a_namespace() {
         .expect("version");
     assert!(res.headers().contains_key(http::header::DATE));
 }
+
+fn api_status(e: kube::Error) -> kube::core::Status {
+    match e {
+        kube::Error::Api(s) => *s,
+        other => panic!("expected a Status answer, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn writes_through_the_kube_client_create_replace_patch_and_delete() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+    let server = ApiServer::start().await;
+    let client = client_without_retries(&server).await;
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "ns1");
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "c1"}, "data": {"a": "1"}
+    }))
+    .expect("configmap");
+    let created = maps.create(&PostParams::default(), &cm).await.expect("create");
+    assert_eq!(created.metadata.namespace.as_deref(), Some("ns1"));
+    assert!(created.metadata.uid.is_some() && created.metadata.resource_version.is_some());
+
+    let again = api_status(maps.create(&PostParams::default(), &cm).await.expect_err("twice"));
+    assert_eq!((again.code, again.reason.as_str()), (409, "AlreadyExists"));
+    assert!(again.message.contains("configmaps \"c1\" already exists"), "{}", again.message);
+
+    // Replace at the read resourceVersion works once; the stale copy conflicts.
+    let mut changed = created.clone();
+    changed.data = Some([("a".to_string(), "2".to_string())].into());
+    let replaced = maps.replace("c1", &PostParams::default(), &changed).await.expect("replace");
+    assert_eq!(replaced.data.as_ref().and_then(|d| d.get("a")).map(String::as_str), Some("2"));
+    assert_eq!(replaced.metadata.uid, created.metadata.uid);
+    let stale = api_status(maps.replace("c1", &PostParams::default(), &changed).await.expect_err("stale"));
+    assert_eq!((stale.code, stale.reason.as_str()), (409, "Conflict"));
+
+    let merged = maps
+        .patch("c1", &PatchParams::default(), &Patch::Merge(json!({"data": {"b": "3"}})))
+        .await
+        .expect("merge patch");
+    assert_eq!(merged.data.as_ref().map(|d| d.len()), Some(2));
+    let json_patched = maps
+        .patch(
+            "c1",
+            &PatchParams::default(),
+            &Patch::Json::<()>(serde_json::from_value(json!([{"op": "remove", "path": "/data/a"}])).expect("patch")),
+        )
+        .await
+        .expect("json patch");
+    assert_eq!(json_patched.data.as_ref().map(|d| d.len()), Some(1));
+    let bad = api_status(
+        maps.patch(
+            "c1",
+            &PatchParams::default(),
+            &Patch::Json::<()>(serde_json::from_value(json!([{"op": "remove", "path": "/data/zz"}])).expect("patch")),
+        )
+        .await
+        .expect_err("cannot apply"),
+    );
+    assert_eq!(bad.code, 422);
+
+    // Server-side apply creates, then merges the given fields.
+    let apply = PatchParams::apply("testkit").force();
+    let applied = maps
+        .patch(
+            "c2",
+            &apply,
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c2"}, "data": {"x": "1"}})),
+        )
+        .await
+        .expect("apply creates");
+    assert_eq!(applied.metadata.name.as_deref(), Some("c2"));
+    let applied = maps
+        .patch(
+            "c2",
+            &apply,
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c2"}, "data": {"y": "2"}})),
+        )
+        .await
+        .expect("apply merges");
+    assert_eq!(applied.data.as_ref().map(|d| d.len()), Some(2));
+
+    maps.delete("c1", &DeleteParams::default()).await.expect("delete");
+    let gone = api_status(maps.get("c1").await.expect_err("deleted"));
+    assert_eq!((gone.code, gone.reason.as_str()), (404, "NotFound"));
+    let gone = api_status(maps.delete("c1", &DeleteParams::default()).await.expect_err("twice"));
+    assert_eq!(gone.code, 404);
+    assert_eq!(server.count("create", "configmaps"), 2);
+}
+
+#[tokio::test]
+async fn pods_are_deleted_gracefully_and_status_is_a_subresource() {
+    use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+    let server = ApiServer::start().await;
+    let client = client_without_retries(&server).await;
+    let pods: Api<Pod> = Api::namespaced(client, "ns1");
+    let mut p: Pod = serde_json::from_value(pod("p1", "Running")).expect("pod");
+    p.spec.as_mut().expect("spec").node_name = Some("node-1".into());
+    let created = pods.create(&PostParams::default(), &p).await.expect("create");
+    // Create resets status to what the API server starts a Pod with.
+    assert_eq!(created.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Pending"));
+
+    let status = pods
+        .patch_status(
+            "p1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running", "podIP": "10.0.0.9"}, "spec": {"nodeName": "elsewhere"}})),
+        )
+        .await
+        .expect("status patch");
+    assert_eq!(status.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Running"));
+    assert_eq!(status.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some("node-1"));
+    // A write of the object keeps the stored status.
+    let relabelled = pods
+        .patch(
+            "p1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}, "status": {"phase": "Failed"}})),
+        )
+        .await
+        .expect("patch");
+    assert_eq!(relabelled.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Running"));
+
+    let marked = pods
+        .delete("p1", &DeleteParams::default().grace_period(5))
+        .await
+        .expect("delete");
+    let marked = marked.left().expect("the pod is kept while it terminates");
+    assert!(marked.metadata.deletion_timestamp.is_some());
+    assert_eq!(marked.metadata.deletion_grace_period_seconds, Some(5));
+    assert!(pods.get("p1").await.is_ok(), "kept for the kubelet");
+    server.delete_now("pods", "ns1", "p1").expect("removed");
+    assert_eq!(api_status(pods.get("p1").await.expect_err("gone")).code, 404);
+
+    // An unscheduled Pod, or grace 0, goes at once.
+    let q: Pod = serde_json::from_value(pod("p2", "Pending")).expect("pod");
+    pods.create(&PostParams::default(), &q).await.expect("create");
+    pods.delete("p2", &DeleteParams::default()).await.expect("delete");
+    assert!(server.get("pods", "ns1", "p2").is_none());
+}
+
+#[tokio::test]
+async fn malformed_writes_get_status_answers() {
+    let server = ApiServer::start().await;
+    let client = client_without_retries(&server).await;
+    let send = |method: &str, path: &str, ct: &str, body: Vec<u8>| {
+        let client = client.clone();
+        let req = http::Request::builder()
+            .method(method)
+            .uri(path.to_string())
+            .header("content-type", ct)
+            .body(body)
+            .expect("request");
+        async move { client.request_text(req).await }
+    };
+    let big = vec![b' '; ballast_testkit::api_server::MAX_BODY + 1];
+    let cases: Vec<(&str, &str, &str, Vec<u8>, u16)> = vec![
+        ("POST", "/api/v1/namespaces/ns1/configmaps", "application/json", b"{".to_vec(), 400),
+        ("POST", "/api/v1/namespaces/ns1/configmaps", "application/json", b"[]".to_vec(), 400),
+        ("POST", "/api/v1/namespaces/ns1/configmaps", "application/json", br#"{"metadata":{}}"#.to_vec(), 422),
+        ("POST", "/api/v1/namespaces/ns1/configmaps", "application/json", br#"{"kind":"Secret","metadata":{"name":"a"}}"#.to_vec(), 400),
+        ("POST", "/api/v1/namespaces/ns1/configmaps", "application/json", br#"{"metadata":{"name":"a","namespace":"other"}}"#.to_vec(), 400),
+        ("POST", "/api/v1/namespaces/ns1/configmaps", "application/json", big, 413),
+        ("PUT", "/api/v1/namespaces/ns1/configmaps/missing", "application/json", br#"{"metadata":{"name":"missing"}}"#.to_vec(), 404),
+        ("PUT", "/api/v1/namespaces/ns1/configmaps/a", "application/json", br#"{"metadata":{"name":"b"}}"#.to_vec(), 400),
+        ("PATCH", "/api/v1/namespaces/ns1/configmaps/a", "text/plain", b"{}".to_vec(), 415),
+        ("PATCH", "/api/v1/namespaces/ns1/configmaps/missing", "application/merge-patch+json", b"{}".to_vec(), 404),
+        ("DELETE", "/api/v1/namespaces/ns1/configmaps/missing", "application/json", b"".to_vec(), 404),
+        ("DELETE", "/api/v1/namespaces/ns1/configmaps/a?gracePeriodSeconds=x", "application/json", b"".to_vec(), 400),
+        ("DELETE", "/api/v1/namespaces/ns1/configmaps/a", "application/json", b"{\"propagationPolicy\":\"Sideways\"}".to_vec(), 400),
+        ("PUT", "/api/v1/namespaces/ns1/configmaps/a/status", "application/json", b"{}".to_vec(), 404),
+        ("POST", "/api/v1/namespaces/ns1/configmaps/a", "application/json", b"{}".to_vec(), 405),
+    ];
+    for (method, path, ct, body, code) in cases {
+        match send(method, path, ct, body).await {
+            Err(kube::Error::Api(s)) => {
+                assert_eq!(s.code, code, "{method} {path}: {}", s.message);
+                assert_eq!(s.status, Some(kube::core::response::StatusSummary::Failure), "{method} {path}");
+                assert!(!s.reason.is_empty() && !s.message.is_empty(), "{method} {path}");
+            }
+            other => panic!("{method} {path}: expected a {code} Status, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn services_get_cluster_ips_and_namespaces_their_name_label() {
+    let server = ApiServer::start().await;
+    let svc = |name: &str, ip: Option<&str>| {
+        let mut s = json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": "ns1"},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}});
+        if let Some(ip) = ip {
+            s["spec"]["clusterIP"] = json!(ip);
+        }
+        s
+    };
+    let a = server.create(svc("a", None)).await.expect("create");
+    let b = server.create(svc("b", None)).await.expect("create");
+    let h = server.create(svc("h", Some("None"))).await.expect("create");
+    let ip = |v: &serde_json::Value| v["spec"]["clusterIP"].as_str().unwrap_or("").to_string();
+    assert!(ip(&a).starts_with("10.96.") && ip(&a) != "10.96.0.1", "{}", ip(&a));
+    assert_ne!(ip(&a), ip(&b));
+    assert_eq!(ip(&h), "None");
+    // A replace without the field keeps the allocated address.
+    let mut replaced = svc("a", None);
+    replaced["metadata"]["labels"] = json!({"x": "y"});
+    assert_eq!(ip(&server.update(replaced).await.expect("update")), ip(&a));
+
+    let ns = server
+        .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}))
+        .await
+        .expect("namespace");
+    assert_eq!(ns["metadata"]["labels"]["kubernetes.io/metadata.name"], "shop");
+    assert_eq!(ns["status"]["phase"], "Active");
+    // Deleting it leaves it Terminating for the namespace controller.
+    let t = server
+        .delete_with("namespaces", "", "shop", &Default::default())
+        .expect("delete");
+    assert_eq!(t["status"]["phase"], "Terminating");
+    let refused = server
+        .create(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "shop"}}))
+        .await
+        .expect_err("terminating");
+    assert_eq!(refused.code, 403);
+    // Generation moves with the spec only.
+    let d = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": "ns1"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}}, "template": {"metadata": {"labels": {"app": "web"}}}}});
+    let d1 = server.create(d.clone()).await.expect("create");
+    assert_eq!(d1["metadata"]["generation"], 1);
+    let d2 = server
+        .patch_merge("deployments", "ns1", "d", json!({"metadata": {"labels": {"a": "b"}}}))
+        .await
+        .expect("patch");
+    assert_eq!(d2["metadata"]["generation"], 1);
+    let d3 = server
+        .patch_merge("deployments", "ns1", "d", json!({"spec": {"replicas": 2}}))
+        .await
+        .expect("patch");
+    assert_eq!(d3["metadata"]["generation"], 2);
+}
