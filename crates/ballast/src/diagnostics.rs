@@ -11,6 +11,52 @@ pub enum Command {
     /// ServiceProfile, the defaults for a service without one, the defaults for
     /// an unknown service (told apart by asking `Get` too), or an endpoint's.
     Profile(Query),
+    /// The policy the controller answers a proxy: outbound for a service
+    /// (`svc/NAME PORT`, as `OutboundPolicies.Get`), or inbound for a pod's
+    /// port (`po/NAME PORT`, as `InboundServerPolicies.GetPort`); printed as
+    /// the message the proxy receives.
+    Policy(PolicyQuery),
+}
+
+#[derive(ClapArgs)]
+pub struct PolicyQuery {
+    /// `svc/NAME` (outbound policy of a Service) or `po/NAME` (inbound policy of a pod).
+    #[arg(value_parser = resource)]
+    resource: (ResourceKind, String),
+    /// The port: the Service's port, or the pod's container port.
+    #[arg(value_parser = clap::value_parser!(u16).range(1..))]
+    port: u16,
+    /// The namespace of the Service or pod.
+    #[arg(short, long, default_value = "default", value_parser = ballast_flags::dns_label)]
+    namespace: String,
+    /// The cluster's DNS domain (outbound: NAME.NS.svc.CLUSTER_DOMAIN:PORT is asked for).
+    #[arg(long, default_value = "cluster.local", value_parser = ballast_flags::dns_name)]
+    cluster_domain: String,
+    /// Address of the destination controller's gRPC server (it serves the policy APIs there too).
+    #[arg(long, env = "BALLAST_DESTINATION", default_value = "127.0.0.1:8086")]
+    destination: String,
+    /// How long to wait for the controller's answer.
+    #[arg(long, default_value = "5s", value_parser = TIMEOUT)]
+    timeout: Duration,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum ResourceKind {
+    Service,
+    Pod,
+}
+
+fn resource(s: &str) -> Result<(ResourceKind, String), String> {
+    let (kind, name) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s:?} is not svc/NAME or po/NAME"))?;
+    let kind = match kind {
+        "svc" | "service" | "services" => ResourceKind::Service,
+        "po" | "pod" | "pods" => ResourceKind::Pod,
+        other => return Err(format!("{other:?} is not svc or po")),
+    };
+    let name = ballast_flags::dns_name(name).map_err(|e| e.to_string())?;
+    Ok((kind, name))
 }
 
 #[derive(ClapArgs)]
@@ -45,6 +91,30 @@ pub async fn run(cmd: Command) -> anyhow::Result<()> {
             match q.output {
                 Output::Table => print!("{}", diag::endpoints_table(&q.authority, &answer)),
                 Output::Json => println!("{:#}", diag::endpoints_json(&answer)),
+            }
+        }
+        Command::Policy(q) => {
+            let (kind, name) = &q.resource;
+            match kind {
+                ResourceKind::Service => {
+                    let authority =
+                        format!("{name}.{}.svc.{}:{}", q.namespace, q.cluster_domain, q.port);
+                    let policy =
+                        diag::outbound_policy(&q.destination, &authority, &q.namespace, q.timeout)
+                            .await?;
+                    println!("# outbound policy of {authority}");
+                    println!("{policy:#?}");
+                }
+                ResourceKind::Pod => {
+                    let server =
+                        diag::inbound_policy(&q.destination, &q.namespace, name, q.port, q.timeout)
+                            .await?;
+                    println!(
+                        "# inbound policy of pod {}/{name} port {}",
+                        q.namespace, q.port
+                    );
+                    println!("{server:#?}");
+                }
             }
         }
         Command::Profile(q) => {

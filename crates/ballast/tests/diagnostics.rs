@@ -149,3 +149,35 @@ async fn ratios_are_printed_as_written() {
         assert_eq!(printed, Some(ratio), "{authority}: {text}");
     }
 }
+
+/// `diagnostics policy` prints what a proxy is told: a Service's outbound
+/// policy and a pod port's inbound policy.
+#[tokio::test]
+async fn policy_prints_a_services_outbound_and_a_pods_inbound_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    shop(dir.path());
+    let c = Controller::start(dir.path(), &[]).await;
+    let out = stdout(&diagnostics(
+        c.grpc,
+        &["policy", "svc/web", "80", "-n", "shop"],
+    ));
+    assert!(
+        out.starts_with("# outbound policy of web.shop.svc.cluster.local:80\n"),
+        "{out}"
+    );
+    // The default route's backend is the Service itself.
+    assert!(out.contains("web.shop.svc.cluster.local:80"), "{out}");
+    assert!(out.contains("protocol"), "{out}");
+    let out = stdout(&diagnostics(
+        c.grpc,
+        &["policy", "po/web-a", "8080", "-n", "shop"],
+    ));
+    assert!(
+        out.starts_with("# inbound policy of pod shop/web-a port 8080\n"),
+        "{out}"
+    );
+    assert!(out.contains("authorizations"), "{out}");
+    // A resource that is neither is a usage error.
+    let bad = diagnostics(c.grpc, &["policy", "deploy/web", "80"]);
+    assert_eq!(bad.status.code(), Some(2));
+}

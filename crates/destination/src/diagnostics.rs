@@ -116,6 +116,18 @@ async fn connect(
     addr: &str,
     timeout: Duration,
 ) -> Result<DestinationClient<tonic::transport::Channel>, DiagnosticsError> {
+    // Answers are bounded by the server; this caps what we accept regardless.
+    Ok(DestinationClient::new(channel(addr, timeout).await?)
+        .max_decoding_message_size(MAX_ANSWER_BYTES))
+}
+
+/// The most a diagnostics answer may be.
+const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
+
+async fn channel(
+    addr: &str,
+    timeout: Duration,
+) -> Result<tonic::transport::Channel, DiagnosticsError> {
     let uri = if addr.contains("://") {
         addr.to_string()
     } else {
@@ -146,8 +158,50 @@ async fn connect(
             }
         }
     };
-    // Answers are bounded by the server; this caps what we accept regardless.
-    Ok(DestinationClient::new(channel).max_decoding_message_size(16 * 1024 * 1024))
+    Ok(channel)
+}
+
+/// The outbound policy the controller answers for `authority`
+/// (`OutboundPolicies.Get`, as a client proxy in `namespace` asks it).
+pub async fn outbound_policy(
+    destination: &str,
+    authority: &str,
+    namespace: &str,
+    timeout: Duration,
+) -> Result<linkerd2_proxy_api::outbound::OutboundPolicy, DiagnosticsError> {
+    use linkerd2_proxy_api::outbound::{
+        outbound_policies_client::OutboundPoliciesClient, traffic_spec, TrafficSpec,
+    };
+    let mut client = OutboundPoliciesClient::new(channel(destination, timeout).await?)
+        .max_decoding_message_size(MAX_ANSWER_BYTES);
+    let spec = TrafficSpec {
+        source_workload: json!({"ns": namespace, "pod": "ballast-diagnostics"}).to_string(),
+        target: Some(traffic_spec::Target::Authority(authority.to_string())),
+    };
+    let answer = within(destination, timeout, client.get(spec)).await?;
+    Ok(answer.into_inner())
+}
+
+/// The inbound policy the controller answers for `port` of pod
+/// `namespace/pod` (`InboundServerPolicies.GetPort`, as that pod's proxy asks it).
+pub async fn inbound_policy(
+    destination: &str,
+    namespace: &str,
+    pod: &str,
+    port: u16,
+    timeout: Duration,
+) -> Result<linkerd2_proxy_api::inbound::Server, DiagnosticsError> {
+    use linkerd2_proxy_api::inbound::{
+        inbound_server_policies_client::InboundServerPoliciesClient, PortSpec,
+    };
+    let mut client = InboundServerPoliciesClient::new(channel(destination, timeout).await?)
+        .max_decoding_message_size(MAX_ANSWER_BYTES);
+    let spec = PortSpec {
+        workload: json!({"ns": namespace, "pod": pod}).to_string(),
+        port: u32::from(port),
+    };
+    let answer = within(destination, timeout, client.get_port(spec)).await?;
+    Ok(answer.into_inner())
 }
 
 fn request(authority: &str) -> GetDestination {
