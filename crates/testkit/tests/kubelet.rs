@@ -278,7 +278,9 @@ async fn a_container_sees_its_env_field_refs_and_volumes_as_its_own_user_after_i
             "initContainers": [{
                 "name": "init",
                 "image": "shell",
-                "command": ["sh", "-c", "echo yes > /srv/work/init-done"],
+                // Fails once: retried (with back-off) before any container starts.
+                "command": ["sh", "-c",
+                    "if [ -f /srv/work/tried ]; then echo yes > /srv/work/init-done; else touch /srv/work/tried; exit 3; fi"],
                 "volumeMounts": [{"name": "work", "mountPath": "/srv/work"}],
             }],
             "containers": [{
@@ -331,10 +333,10 @@ async fn a_container_sees_its_env_field_refs_and_volumes_as_its_own_user_after_i
     }
     let after = c.wait_log("env-0", "after-hook", "hook=", 10).await;
     assert!(after.contains("hook=yes"), "{after}");
-    assert_eq!(
-        p["status"]["initContainerStatuses"][0]["state"]["terminated"]["reason"], "Completed",
-        "{p}"
-    );
+    let init = &p["status"]["initContainerStatuses"][0];
+    assert_eq!(init["state"]["terminated"]["reason"], "Completed", "{p}");
+    assert_eq!(init["restartCount"], 1, "{p}");
+    assert_eq!(init["lastState"]["terminated"]["exitCode"], 3, "{p}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -486,12 +488,25 @@ async fn a_pod_reaches_the_api_server_over_tls_at_the_kubernetes_service() {
     }
     let c = Cluster::start().await;
     let sa = "/var/run/secrets/kubernetes.io/serviceaccount";
+    // The projected token Linkerd's proxy presents to its identity controller, which
+    // reviews it with the API server.
+    let review = "printf '{\"apiVersion\":\"authentication.k8s.io/v1\",\"kind\":\"TokenReview\",\
+                  \"spec\":{\"token\":\"%s\",\"audiences\":[\"identity.l5d.io\"]}}' \"$(cat /var/run/secrets/tokens/identity)\"";
     let script = format!(
         "for url in https://10.96.0.1/version https://kubernetes.default.svc/version; do \
            until out=$(curl -sS -f -m 2 --cacert {sa}/ca.crt -H \"Authorization: Bearer $(cat {sa}/token)\" $url); \
-           do sleep 0.2; done; echo \"$url: $out\"; done; echo done; exec sleep 1000"
+           do sleep 0.2; done; echo \"$url: $out\"; done; \
+         echo \"review: $({review} | curl -sS -f -m 5 --cacert {sa}/ca.crt -H 'Content-Type: application/json' \
+           --data @- https://kubernetes.default.svc/apis/authentication.k8s.io/v1/tokenreviews)\"; \
+         echo done; exec sleep 1000"
     );
-    c.api.apply(shell("caller", &script));
+    let mut caller = shell("caller", &script);
+    caller["spec"]["volumes"] = json!([{"name": "identity-token", "projected": {"sources": [
+        {"serviceAccountToken": {"audience": "identity.l5d.io", "expirationSeconds": 86400, "path": "identity"}}
+    ]}}]);
+    caller["spec"]["containers"][0]["volumeMounts"] =
+        json!([{"name": "identity-token", "mountPath": "/var/run/secrets/tokens"}]);
+    c.api.apply(caller);
     let log = c.wait_log("caller", "main", "done", 30).await;
     assert!(log.contains("https://10.96.0.1/version: {"), "{log}");
     assert!(
@@ -499,6 +514,16 @@ async fn a_pod_reaches_the_api_server_over_tls_at_the_kubernetes_service() {
         "{log}"
     );
     assert!(log.contains("gitVersion"), "{log}");
+    let review = log
+        .lines()
+        .find_map(|l| l.strip_prefix("review: "))
+        .unwrap_or_else(|| panic!("no review in {log}"));
+    let review: Value = serde_json::from_str(review).expect("a TokenReview");
+    assert_eq!(review["status"]["authenticated"], true, "{review}");
+    assert_eq!(
+        review["status"]["user"]["username"], "system:serviceaccount:default:default",
+        "{review}"
+    );
     // The API server saw the pod's requests, relayed by the node.
     assert!(
         c.api
@@ -594,4 +619,46 @@ async fn a_pod_removed_from_the_store_is_stopped_and_its_sandbox_removed() {
         c.pod("removed").is_none(),
         "the kubelet brought the pod back"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_readiness_probe_gates_readiness_and_an_unknown_image_waits() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::start().await;
+    c.api.apply(pod(
+        "gated",
+        json!({"app": "gated"}),
+        json!({
+            "terminationGracePeriodSeconds": 1,
+            "volumes": [{"name": "flag", "emptyDir": {}}],
+            "containers": [{
+                "name": "main",
+                "image": "shell",
+                "command": ["sh", "-c", "sleep 1; touch /srv/flag/ready; exec sleep 1000"],
+                "volumeMounts": [{"name": "flag", "mountPath": "/srv/flag"}],
+                "readinessProbe": {"exec": {"command": ["sh", "-c", "test -f /srv/flag/ready"]}, "periodSeconds": 1},
+            }],
+        }),
+    ));
+    let ready = |p: &Value| p["status"]["containerStatuses"][0]["ready"] == true;
+    c.wait_pod("gated", "not ready while the probe fails", 20, |p| {
+        p["status"]["containerStatuses"][0]["started"] == true && !ready(p)
+    })
+    .await;
+    c.wait_ready("gated").await;
+
+    c.api.apply(pod(
+        "unknown",
+        json!({"app": "unknown"}),
+        json!({"containers": [{"name": "main", "image": "registry.example/nope:1"}]}),
+    ));
+    c.wait_pod("unknown", "waiting with ImageNotKnown", 20, |p| {
+        p["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "ImageNotKnown"
+    })
+    .await;
+    let p = c.pod("unknown").expect("stored");
+    assert_eq!(p["status"]["phase"], "Pending", "{p}");
+    assert!(!is_ready(&p), "{p}");
 }

@@ -535,7 +535,8 @@ async fn run_containers(run: Arc<PodRun>, mut stop: watch::Receiver<Option<Insta
     for i in 0..run.init_mounts.len() {
         let mut failures = 0;
         loop {
-            match run.run_once(Which::Init(i), stop.clone(), &mut None).await {
+            let outcome = run.run_once(Which::Init(i), stop.clone(), &mut None).await;
+            match outcome {
                 Outcome::Stopped => return,
                 Outcome::Exited { success: true, .. } => break,
                 Outcome::Exited { success: false, .. } if run.restart_policy == "Never" => {
@@ -543,12 +544,25 @@ async fn run_containers(run: Arc<PodRun>, mut stop: watch::Receiver<Option<Insta
                     run.changed.notify_one();
                     return;
                 }
-                Outcome::Exited { .. } | Outcome::NotStarted => {}
+                Outcome::Exited { .. } => run.set(Which::Init(i), |c| {
+                    c.last = Some(c.state.clone());
+                    c.state = State::Waiting {
+                        reason: "CrashLoopBackOff".into(),
+                        message: format!(
+                            "back-off {:?} restarting failed container",
+                            backoff(failures)
+                        ),
+                    };
+                }),
+                Outcome::NotStarted => {}
             }
             if !pause(backoff(failures), &mut stop).await {
                 return;
             }
             failures += 1;
+            if matches!(outcome, Outcome::Exited { .. }) {
+                run.set(Which::Init(i), |c| c.restarts += 1);
+            }
         }
     }
     lock(&run.state).initialized = true;
