@@ -652,25 +652,54 @@ async fn writes_through_the_kube_client_create_replace_patch_and_delete() {
         "metadata": {"name": "c1"}, "data": {"a": "1"}
     }))
     .expect("configmap");
-    let created = maps.create(&PostParams::default(), &cm).await.expect("create");
+    let created = maps
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("create");
     assert_eq!(created.metadata.namespace.as_deref(), Some("ns1"));
     assert!(created.metadata.uid.is_some() && created.metadata.resource_version.is_some());
 
-    let again = api_status(maps.create(&PostParams::default(), &cm).await.expect_err("twice"));
+    let again = api_status(
+        maps.create(&PostParams::default(), &cm)
+            .await
+            .expect_err("twice"),
+    );
     assert_eq!((again.code, again.reason.as_str()), (409, "AlreadyExists"));
-    assert!(again.message.contains("configmaps \"c1\" already exists"), "{}", again.message);
+    assert!(
+        again.message.contains("configmaps \"c1\" already exists"),
+        "{}",
+        again.message
+    );
 
     // Replace at the read resourceVersion works once; the stale copy conflicts.
     let mut changed = created.clone();
     changed.data = Some([("a".to_string(), "2".to_string())].into());
-    let replaced = maps.replace("c1", &PostParams::default(), &changed).await.expect("replace");
-    assert_eq!(replaced.data.as_ref().and_then(|d| d.get("a")).map(String::as_str), Some("2"));
+    let replaced = maps
+        .replace("c1", &PostParams::default(), &changed)
+        .await
+        .expect("replace");
+    assert_eq!(
+        replaced
+            .data
+            .as_ref()
+            .and_then(|d| d.get("a"))
+            .map(String::as_str),
+        Some("2")
+    );
     assert_eq!(replaced.metadata.uid, created.metadata.uid);
-    let stale = api_status(maps.replace("c1", &PostParams::default(), &changed).await.expect_err("stale"));
+    let stale = api_status(
+        maps.replace("c1", &PostParams::default(), &changed)
+            .await
+            .expect_err("stale"),
+    );
     assert_eq!((stale.code, stale.reason.as_str()), (409, "Conflict"));
 
     let merged = maps
-        .patch("c1", &PatchParams::default(), &Patch::Merge(json!({"data": {"b": "3"}})))
+        .patch(
+            "c1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"b": "3"}})),
+        )
         .await
         .expect("merge patch");
     assert_eq!(merged.data.as_ref().map(|d| d.len()), Some(2));
@@ -678,7 +707,10 @@ async fn writes_through_the_kube_client_create_replace_patch_and_delete() {
         .patch(
             "c1",
             &PatchParams::default(),
-            &Patch::Json::<()>(serde_json::from_value(json!([{"op": "remove", "path": "/data/a"}])).expect("patch")),
+            &Patch::Json::<()>(
+                serde_json::from_value(json!([{"op": "remove", "path": "/data/a"}]))
+                    .expect("patch"),
+            ),
         )
         .await
         .expect("json patch");
@@ -687,7 +719,10 @@ async fn writes_through_the_kube_client_create_replace_patch_and_delete() {
         maps.patch(
             "c1",
             &PatchParams::default(),
-            &Patch::Json::<()>(serde_json::from_value(json!([{"op": "remove", "path": "/data/zz"}])).expect("patch")),
+            &Patch::Json::<()>(
+                serde_json::from_value(json!([{"op": "remove", "path": "/data/zz"}]))
+                    .expect("patch"),
+            ),
         )
         .await
         .expect_err("cannot apply"),
@@ -715,10 +750,16 @@ async fn writes_through_the_kube_client_create_replace_patch_and_delete() {
         .expect("apply merges");
     assert_eq!(applied.data.as_ref().map(|d| d.len()), Some(2));
 
-    maps.delete("c1", &DeleteParams::default()).await.expect("delete");
+    maps.delete("c1", &DeleteParams::default())
+        .await
+        .expect("delete");
     let gone = api_status(maps.get("c1").await.expect_err("deleted"));
     assert_eq!((gone.code, gone.reason.as_str()), (404, "NotFound"));
-    let gone = api_status(maps.delete("c1", &DeleteParams::default()).await.expect_err("twice"));
+    let gone = api_status(
+        maps.delete("c1", &DeleteParams::default())
+            .await
+            .expect_err("twice"),
+    );
     assert_eq!(gone.code, 404);
     assert_eq!(server.count("create", "configmaps"), 2);
 }
@@ -731,9 +772,15 @@ async fn pods_are_deleted_gracefully_and_status_is_a_subresource() {
     let pods: Api<Pod> = Api::namespaced(client, "ns1");
     let mut p: Pod = serde_json::from_value(pod("p1", "Running")).expect("pod");
     p.spec.as_mut().expect("spec").node_name = Some("node-1".into());
-    let created = pods.create(&PostParams::default(), &p).await.expect("create");
+    let created = pods
+        .create(&PostParams::default(), &p)
+        .await
+        .expect("create");
     // Create resets status to what the API server starts a Pod with.
-    assert_eq!(created.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Pending"));
+    assert_eq!(
+        created.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Pending")
+    );
 
     let status = pods
         .patch_status(
@@ -743,18 +790,29 @@ async fn pods_are_deleted_gracefully_and_status_is_a_subresource() {
         )
         .await
         .expect("status patch");
-    assert_eq!(status.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Running"));
-    assert_eq!(status.spec.as_ref().and_then(|s| s.node_name.as_deref()), Some("node-1"));
+    assert_eq!(
+        status.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Running")
+    );
+    assert_eq!(
+        status.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some("node-1")
+    );
     // A write of the object keeps the stored status.
     let relabelled = pods
         .patch(
             "p1",
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}, "status": {"phase": "Failed"}})),
+            &Patch::Merge(
+                json!({"metadata": {"labels": {"x": "y"}}, "status": {"phase": "Failed"}}),
+            ),
         )
         .await
         .expect("patch");
-    assert_eq!(relabelled.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Running"));
+    assert_eq!(
+        relabelled.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Running")
+    );
 
     let marked = pods
         .delete("p1", &DeleteParams::default().grace_period(5))
@@ -765,12 +823,19 @@ async fn pods_are_deleted_gracefully_and_status_is_a_subresource() {
     assert_eq!(marked.metadata.deletion_grace_period_seconds, Some(5));
     assert!(pods.get("p1").await.is_ok(), "kept for the kubelet");
     server.delete_now("pods", "ns1", "p1").expect("removed");
-    assert_eq!(api_status(pods.get("p1").await.expect_err("gone")).code, 404);
+    assert_eq!(
+        api_status(pods.get("p1").await.expect_err("gone")).code,
+        404
+    );
 
     // An unscheduled Pod, or grace 0, goes at once.
     let q: Pod = serde_json::from_value(pod("p2", "Pending")).expect("pod");
-    pods.create(&PostParams::default(), &q).await.expect("create");
-    pods.delete("p2", &DeleteParams::default()).await.expect("delete");
+    pods.create(&PostParams::default(), &q)
+        .await
+        .expect("create");
+    pods.delete("p2", &DeleteParams::default())
+        .await
+        .expect("delete");
     assert!(server.get("pods", "ns1", "p2").is_none());
 }
 
@@ -790,28 +855,125 @@ async fn malformed_writes_get_status_answers() {
     };
     let big = vec![b' '; ballast_testkit::api_server::MAX_BODY + 1];
     let cases: Vec<(&str, &str, &str, Vec<u8>, u16)> = vec![
-        ("POST", "/api/v1/namespaces/ns1/configmaps", "application/json", b"{".to_vec(), 400),
-        ("POST", "/api/v1/namespaces/ns1/configmaps", "application/json", b"[]".to_vec(), 400),
-        ("POST", "/api/v1/namespaces/ns1/configmaps", "application/json", br#"{"metadata":{}}"#.to_vec(), 422),
-        ("POST", "/api/v1/namespaces/ns1/configmaps", "application/json", br#"{"kind":"Secret","metadata":{"name":"a"}}"#.to_vec(), 400),
-        ("POST", "/api/v1/namespaces/ns1/configmaps", "application/json", br#"{"metadata":{"name":"a","namespace":"other"}}"#.to_vec(), 400),
-        ("POST", "/api/v1/namespaces/ns1/configmaps", "application/json", big, 413),
-        ("PUT", "/api/v1/namespaces/ns1/configmaps/missing", "application/json", br#"{"metadata":{"name":"missing"}}"#.to_vec(), 404),
-        ("PUT", "/api/v1/namespaces/ns1/configmaps/a", "application/json", br#"{"metadata":{"name":"b"}}"#.to_vec(), 400),
-        ("PATCH", "/api/v1/namespaces/ns1/configmaps/a", "text/plain", b"{}".to_vec(), 415),
-        ("PATCH", "/api/v1/namespaces/ns1/configmaps/missing", "application/merge-patch+json", b"{}".to_vec(), 404),
-        ("DELETE", "/api/v1/namespaces/ns1/configmaps/missing", "application/json", b"".to_vec(), 404),
-        ("DELETE", "/api/v1/namespaces/ns1/configmaps/a?gracePeriodSeconds=x", "application/json", b"".to_vec(), 400),
-        ("DELETE", "/api/v1/namespaces/ns1/configmaps/a", "application/json", b"{\"propagationPolicy\":\"Sideways\"}".to_vec(), 400),
-        ("PUT", "/api/v1/namespaces/ns1/configmaps/a/status", "application/json", b"{}".to_vec(), 404),
-        ("POST", "/api/v1/namespaces/ns1/configmaps/a", "application/json", b"{}".to_vec(), 405),
+        (
+            "POST",
+            "/api/v1/namespaces/ns1/configmaps",
+            "application/json",
+            b"{".to_vec(),
+            400,
+        ),
+        (
+            "POST",
+            "/api/v1/namespaces/ns1/configmaps",
+            "application/json",
+            b"[]".to_vec(),
+            400,
+        ),
+        (
+            "POST",
+            "/api/v1/namespaces/ns1/configmaps",
+            "application/json",
+            br#"{"metadata":{}}"#.to_vec(),
+            422,
+        ),
+        (
+            "POST",
+            "/api/v1/namespaces/ns1/configmaps",
+            "application/json",
+            br#"{"kind":"Secret","metadata":{"name":"a"}}"#.to_vec(),
+            400,
+        ),
+        (
+            "POST",
+            "/api/v1/namespaces/ns1/configmaps",
+            "application/json",
+            br#"{"metadata":{"name":"a","namespace":"other"}}"#.to_vec(),
+            400,
+        ),
+        (
+            "POST",
+            "/api/v1/namespaces/ns1/configmaps",
+            "application/json",
+            big,
+            413,
+        ),
+        (
+            "PUT",
+            "/api/v1/namespaces/ns1/configmaps/missing",
+            "application/json",
+            br#"{"metadata":{"name":"missing"}}"#.to_vec(),
+            404,
+        ),
+        (
+            "PUT",
+            "/api/v1/namespaces/ns1/configmaps/a",
+            "application/json",
+            br#"{"metadata":{"name":"b"}}"#.to_vec(),
+            400,
+        ),
+        (
+            "PATCH",
+            "/api/v1/namespaces/ns1/configmaps/a",
+            "text/plain",
+            b"{}".to_vec(),
+            415,
+        ),
+        (
+            "PATCH",
+            "/api/v1/namespaces/ns1/configmaps/missing",
+            "application/merge-patch+json",
+            b"{}".to_vec(),
+            404,
+        ),
+        (
+            "DELETE",
+            "/api/v1/namespaces/ns1/configmaps/missing",
+            "application/json",
+            b"".to_vec(),
+            404,
+        ),
+        (
+            "DELETE",
+            "/api/v1/namespaces/ns1/configmaps/a?gracePeriodSeconds=x",
+            "application/json",
+            b"".to_vec(),
+            400,
+        ),
+        (
+            "DELETE",
+            "/api/v1/namespaces/ns1/configmaps/a",
+            "application/json",
+            b"{\"propagationPolicy\":\"Sideways\"}".to_vec(),
+            400,
+        ),
+        (
+            "PUT",
+            "/api/v1/namespaces/ns1/configmaps/a/status",
+            "application/json",
+            b"{}".to_vec(),
+            404,
+        ),
+        (
+            "POST",
+            "/api/v1/namespaces/ns1/configmaps/a",
+            "application/json",
+            b"{}".to_vec(),
+            405,
+        ),
     ];
     for (method, path, ct, body, code) in cases {
         match send(method, path, ct, body).await {
             Err(kube::Error::Api(s)) => {
                 assert_eq!(s.code, code, "{method} {path}: {}", s.message);
-                assert_eq!(s.status, Some(kube::core::response::StatusSummary::Failure), "{method} {path}");
-                assert!(!s.reason.is_empty() && !s.message.is_empty(), "{method} {path}");
+                assert_eq!(
+                    s.status,
+                    Some(kube::core::response::StatusSummary::Failure),
+                    "{method} {path}"
+                );
+                assert!(
+                    !s.reason.is_empty() && !s.message.is_empty(),
+                    "{method} {path}"
+                );
             }
             other => panic!("{method} {path}: expected a {code} Status, got {other:?}"),
         }
@@ -834,7 +996,11 @@ async fn services_get_cluster_ips_and_namespaces_their_name_label() {
     let b = server.create(svc("b", None)).await.expect("create");
     let h = server.create(svc("h", Some("None"))).await.expect("create");
     let ip = |v: &serde_json::Value| v["spec"]["clusterIP"].as_str().unwrap_or("").to_string();
-    assert!(ip(&a).starts_with("10.96.") && ip(&a) != "10.96.0.1", "{}", ip(&a));
+    assert!(
+        ip(&a).starts_with("10.96.") && ip(&a) != "10.96.0.1",
+        "{}",
+        ip(&a)
+    );
     assert_ne!(ip(&a), ip(&b));
     assert_eq!(ip(&h), "None");
     // A replace without the field keeps the allocated address.
@@ -846,7 +1012,10 @@ async fn services_get_cluster_ips_and_namespaces_their_name_label() {
         .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}))
         .await
         .expect("namespace");
-    assert_eq!(ns["metadata"]["labels"]["kubernetes.io/metadata.name"], "shop");
+    assert_eq!(
+        ns["metadata"]["labels"]["kubernetes.io/metadata.name"],
+        "shop"
+    );
     assert_eq!(ns["status"]["phase"], "Active");
     // Deleting it leaves it Terminating for the namespace controller.
     let t = server
@@ -864,7 +1033,12 @@ async fn services_get_cluster_ips_and_namespaces_their_name_label() {
     let d1 = server.create(d.clone()).await.expect("create");
     assert_eq!(d1["metadata"]["generation"], 1);
     let d2 = server
-        .patch_merge("deployments", "ns1", "d", json!({"metadata": {"labels": {"a": "b"}}}))
+        .patch_merge(
+            "deployments",
+            "ns1",
+            "d",
+            json!({"metadata": {"labels": {"a": "b"}}}),
+        )
         .await
         .expect("patch");
     assert_eq!(d2["metadata"]["generation"], 1);
