@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ballast_testkit::cluster::{ImageSpec, Images, Kubelet, Node};
-use ballast_testkit::ApiServer;
+use ballast_testkit::{ApiServer, DeleteOptions};
 use serde_json::{json, Value};
 
 const PYTHON: &str = "/usr/bin/python3";
@@ -433,6 +433,7 @@ async fn deleting_a_pod_sends_sigterm_then_sigkill_after_the_grace_then_removes_
         "stubborn",
         json!({"app": "stubborn"}),
         json!({
+            "nodeName": "node-a",
             "terminationGracePeriodSeconds": 1,
             "volumes": [{"name": "stop", "emptyDir": {}}],
             "containers": [{
@@ -453,11 +454,25 @@ async fn deleting_a_pod_sends_sigterm_then_sigkill_after_the_grace_then_removes_
         .expect("the pod has a sandbox");
     assert!(netns_list().contains(&netns));
 
-    let mut p = c.pod("stubborn").expect("stored");
-    p["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
-    p["metadata"]["deletionGracePeriodSeconds"] = json!(2);
+    // As `kubectl delete --grace-period=2`: a scheduled pod is only marked, and the
+    // kubelet finishes the deletion.
     let deleted_at = Instant::now();
-    c.api.apply(p);
+    c.api
+        .delete_with(
+            "pods",
+            "default",
+            "stubborn",
+            &DeleteOptions {
+                grace_period_seconds: Some(2),
+                ..DeleteOptions::default()
+            },
+        )
+        .expect("the delete is accepted");
+    let marked = c.pod("stubborn").expect("still stored while it terminates");
+    assert!(
+        marked["metadata"]["deletionTimestamp"].is_string(),
+        "{marked}"
+    );
     c.wait_log("stubborn", "main", "got TERM after preStop", 10)
         .await;
     let gone = c
@@ -661,4 +676,69 @@ async fn an_exec_readiness_probe_gates_readiness_and_an_unknown_image_waits() {
     let p = c.pod("unknown").expect("stored");
     assert_eq!(p["status"]["phase"], "Pending", "{p}");
     assert!(!is_ready(&p), "{p}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_made_by_the_controllers_serves_behind_its_allocated_cluster_ip() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::start().await;
+    let _controllers =
+        ballast_testkit::cluster::controllers::Controllers::start(c.api.clone(), "node-a");
+    let svc = c
+        .api
+        .create(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]},
+        }))
+        .await
+        .expect("the Service is created");
+    let cluster_ip = svc["spec"]["clusterIP"]
+        .as_str()
+        .expect("a cluster IP allocated")
+        .to_string();
+    let template = web_server("unused");
+    c.api
+        .create(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": {"app": "web"}}, "spec": template["spec"]},
+            },
+        }))
+        .await
+        .expect("the Deployment is created");
+    let ready_pods = |api: &ApiServer| {
+        api.list("pods")
+            .iter()
+            .filter(|p| p["metadata"]["labels"]["app"] == "web" && is_ready(p))
+            .count()
+    };
+    let all_ready = c
+        .api
+        .wait_until(Duration::from_secs(40), |api| ready_pods(api) == 2)
+        .await;
+    assert!(
+        all_ready,
+        "2 ready pods of the Deployment: {:#?}",
+        c.api.list("pods")
+    );
+    let get = |url: &str| {
+        format!("until curl -sf -m 2 -o /dev/null {url}; do sleep 0.2; done; echo \"ok {url}\"; ")
+    };
+    c.api.apply(shell(
+        "client",
+        &format!(
+            "{}{}echo done; exec sleep 1000",
+            get(&format!("http://{cluster_ip}/")),
+            get("http://web/")
+        ),
+    ));
+    let log = c.wait_log("client", "main", "done", 30).await;
+    assert!(log.contains(&format!("ok http://{cluster_ip}/")), "{log}");
+    assert!(log.contains("ok http://web/"), "{log}");
 }

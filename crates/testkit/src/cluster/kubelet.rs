@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -19,7 +20,7 @@ use super::kube_proxy::service_entries;
 use super::netns::unique_name;
 use super::node::{Node, ServiceEntry, MAX_PODS};
 use super::pod::{run_pod, KubeletShared, LogIndex};
-use crate::api_server::lock;
+use crate::api_server::{lock, ServiceRef};
 use crate::ApiServer;
 
 /// How long the kubelet waits for a change in the store before looking anyway.
@@ -32,6 +33,9 @@ const RESYNC: Duration = Duration::from_millis(100);
 /// unstarted until one goes). Each pod gets a sandbox on the node; each container is
 /// a process in it (see the crate's `cluster` module). Restarts back off from 1 s,
 /// doubling, capped at 10 s (Kubernetes: 10 s to 5 min).
+///
+/// It also makes its node the way the API server reaches webhook Services
+/// ([`ApiServer::set_service_dialer`]): their cluster IP, dialed from the node.
 ///
 /// Dropping it kills every process it started and removes every namespace, mount
 /// point and file it made, at once (SIGKILL: graceful termination is for deletions).
@@ -57,6 +61,7 @@ impl Kubelet {
             logs: Mutex::new(LogIndex::default()),
             closed: Default::default(),
         });
+        install_service_dialer(&shared.api, &shared.node);
         let task = tokio::spawn(sync_loop(shared.clone()));
         Ok(Kubelet { shared, task })
     }
@@ -101,6 +106,36 @@ impl Drop for Kubelet {
         drop(pods);
         let _ = std::fs::remove_dir_all(&self.shared.dir);
     }
+}
+
+/// The API server reaches webhook Services as a node does: the Service's cluster IP,
+/// dialed from the node's namespace (so through kube-proxy's DNAT to a ready pod).
+/// Weak references: the dialer lives in the API server and must keep neither alive.
+fn install_service_dialer(api: &Arc<ApiServer>, node: &Arc<Node>) {
+    let (api_ref, node_ref) = (Arc::downgrade(api), Arc::downgrade(node));
+    api.set_service_dialer(move |svc: ServiceRef| {
+        let (api, node) = (api_ref.upgrade(), node_ref.upgrade());
+        async move {
+            let (Some(api), Some(node)) = (api, node) else {
+                return Err(io::Error::other("the node is gone"));
+            };
+            let ip = api
+                .get("services", &svc.namespace, &svc.name)
+                .and_then(|s| {
+                    s.pointer("/spec/clusterIP")?
+                        .as_str()?
+                        .parse::<Ipv4Addr>()
+                        .ok()
+                })
+                .ok_or_else(|| {
+                    io::Error::other(format!(
+                        "service {}/{} not found or without a cluster IP",
+                        svc.namespace, svc.name
+                    ))
+                })?;
+            node.dial(SocketAddr::from((ip, svc.port))).await
+        }
+    });
 }
 
 fn bound_here(pod: &Value, node: &str) -> bool {
@@ -152,7 +187,7 @@ async fn sync_loop(k: Arc<KubeletShared>) {
                     .pointer("/metadata/name")
                     .and_then(Value::as_str)
                     .unwrap_or("");
-                k.api.delete("v1", "Pod", ns, name);
+                k.api.delete_now("pods", ns, name);
                 continue;
             }
             if workers.len() >= MAX_PODS {

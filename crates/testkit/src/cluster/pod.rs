@@ -359,7 +359,7 @@ pub(crate) async fn run_pod(
     lifecycle.spawn(run_containers(run.clone(), stop_rx));
     let mut last_seen = pod;
     loop {
-        run.write_status();
+        run.write_status().await;
         let changed = tokio::select! {
             changed = updates.changed() => changed.is_ok(),
             _ = run.changed.notified() => true,
@@ -396,7 +396,7 @@ pub(crate) async fn run_pod(
     }
     if let Some(stored) = k.api.get("pods", &run.namespace, &run.name) {
         if uid_of(&stored) == uid {
-            k.api.delete("v1", "Pod", &run.namespace, &run.name);
+            k.api.delete_now("pods", &run.namespace, &run.name);
         }
     }
     let resources = lock(&k.pods).remove(&uid);
@@ -483,7 +483,7 @@ async fn fail_setup(
         changed: tokio::sync::Notify::new(),
     };
     loop {
-        run.write_status();
+        run.write_status().await;
         if updates.changed().await.is_err() {
             return;
         }
@@ -496,7 +496,7 @@ async fn fail_setup(
                 .get("pods", &run.namespace, &run.name)
                 .is_some_and(|p| uid_of(&p) == uid)
             {
-                k.api.delete("v1", "Pod", &run.namespace, &run.name);
+                k.api.delete_now("pods", &run.namespace, &run.name);
             }
             return;
         }
@@ -1082,10 +1082,11 @@ impl PodRun {
         status
     }
 
-    /// Writes the status when the stored one differs (so a status lost to a client's
-    /// replace of the pod is written again). A condition keeps its stored
-    /// `lastTransitionTime` while its status stays the same.
-    fn write_status(&self) {
+    /// Writes the status (through the status subresource, at the stored
+    /// resourceVersion: a conflict is retried at the next tick) when the stored one
+    /// differs, so a status lost to a client's replace of the pod is written again. A
+    /// condition keeps its stored `lastTransitionTime` while its status stays the same.
+    async fn write_status(&self) {
         let mut status = self.status_json();
         let Some(mut stored) = self.k.api.get("pods", &self.namespace, &self.name) else {
             return;
@@ -1111,8 +1112,9 @@ impl PodRun {
             return;
         }
         stored["status"] = status;
-        if let Err(e) = self.k.api.try_apply(stored) {
-            tracing::debug!(pod = %self.name, error = %e, "testkit kubelet: status not written");
+        if let Err(e) = self.k.api.update_status(stored).await {
+            // Written again at the next tick (STATUS_INTERVAL).
+            tracing::debug!(pod = %self.name, error = ?e, "testkit kubelet: status not written");
         }
     }
 }
