@@ -275,28 +275,26 @@ pub(crate) async fn handle(
 /// The most bytes of a request body read, as the real API server's 3 MiB limit.
 pub const MAX_BODY: usize = 3 * 1024 * 1024;
 
-async fn read_body(req: Request<Incoming>) -> Result<bytes::Bytes, Response<Body>> {
+/// The body, or the refusal's code and message.
+async fn read_body(req: Request<Incoming>) -> Result<bytes::Bytes, (u16, String)> {
     use http_body_util::BodyExt;
     match http_body_util::Limited::new(req.into_body(), MAX_BODY)
         .collect()
         .await
     {
         Ok(b) => Ok(b.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(failure(
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err((
             413,
-            &format!("the request body is larger than {MAX_BODY} bytes"),
+            format!("the request body is larger than {MAX_BODY} bytes"),
         )),
-        Err(e) => Err(failure(400, &format!("cannot read the body: {e}"))),
+        Err(e) => Err((400, format!("cannot read the body: {e}"))),
     }
 }
 
-fn parse_json(body: &[u8]) -> Result<Value, Response<Body>> {
-    serde_json::from_slice(body).map_err(|e| {
-        failure(
-            400,
-            &format!("the body is not a JSON object: {}", bounded(&e.to_string())),
-        )
-    })
+/// The body as JSON; the error is a 400's message.
+fn parse_json(body: &[u8]) -> Result<Value, String> {
+    serde_json::from_slice(body)
+        .map_err(|e| format!("the body is not a JSON object: {}", bounded(&e.to_string())))
 }
 
 /// A refused write as a `Status` with `details` naming the object.
@@ -362,7 +360,7 @@ async fn write_request(
         .to_string();
     let body = match read_body(req).await {
         Ok(b) => b,
-        Err(res) => return res,
+        Err((code, message)) => return failure(code, &message),
     };
     let ok = |code: u16, v: &Value| json_response(code, v);
     match (method, route) {
@@ -376,7 +374,7 @@ async fn write_request(
         ) => {
             let obj = match parse_json(&body) {
                 Ok(v) => v,
-                Err(res) => return res,
+                Err(e) => return failure(400, &e),
             };
             let name = obj
                 .pointer("/metadata/name")
@@ -409,7 +407,7 @@ async fn write_request(
             };
             let obj = match parse_json(&body) {
                 Ok(v) => v,
-                Err(res) => return res,
+                Err(e) => return failure(400, &e),
             };
             let ns = RESOURCES[resource].namespaced.then_some(namespace.as_str());
             match write::update(shared, resource, ns, Some(&name), obj, part).await {

@@ -26,7 +26,7 @@ pub(super) async fn reconcile(api: &ApiServer) {
             .pointer("/spec/selector")
             .cloned()
             .unwrap_or(Value::Null);
-        if !selector.as_object().is_some_and(|m| !m.is_empty()) {
+        if selector.as_object().is_none_or(|m| m.is_empty()) {
             continue;
         }
         let wanted = desired(svc, &selector, &pods);
