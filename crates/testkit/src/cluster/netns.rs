@@ -20,6 +20,59 @@ pub(crate) fn unique_name(prefix: &str) -> String {
     format!("{prefix}-{}-{n}", std::process::id())
 }
 
+/// Removes what test processes that died without cleaning up (SIGKILLed, or stopped
+/// by a timeout) left: network namespaces named `ballast-node-PID-N` or
+/// `ballast-pod-PID-N` whose PID is no longer running (their processes are killed
+/// first), their `/etc/netns` directories, and kubelet directories
+/// `ballast-kubelet-PID-N` in the temp dir. Once per process.
+pub(crate) fn sweep_stale() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let dead = |name: &str| -> bool {
+            let Some(rest) = ["ballast-node-", "ballast-pod-", "ballast-kubelet-"]
+                .iter()
+                .find_map(|p| name.strip_prefix(p))
+            else {
+                return false;
+            };
+            let Some((pid, n)) = rest.split_once('-') else {
+                return false;
+            };
+            pid.parse::<u32>().is_ok()
+                && n.parse::<u64>().is_ok()
+                && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        };
+        let names = |dir: &std::path::Path| -> Vec<String> {
+            std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| dead(n))
+                .collect()
+        };
+        for name in names(std::path::Path::new("/var/run/netns")) {
+            if let Ok(pids) = run("ip", &["netns", "pids", &name], None) {
+                for pid in pids.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
+            let _ = run("ip", &["netns", "del", &name], None);
+            tracing::info!(netns = %name, "testkit: removed a network namespace a dead test left");
+        }
+        for name in names(std::path::Path::new("/etc/netns")) {
+            let _ = std::fs::remove_dir_all(std::path::Path::new("/etc/netns").join(name));
+        }
+        let tmp = std::env::temp_dir();
+        for name in names(&tmp) {
+            let _ = std::fs::remove_dir_all(tmp.join(name));
+        }
+    });
+}
+
 /// Runs a program to completion; its stdout, or an error naming the command and
 /// carrying its stderr.
 pub(crate) fn run(program: &str, args: &[&str], stdin: Option<&str>) -> io::Result<String> {

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use tokio::net::TcpStream;
 
 use super::api_endpoint::{ApiServerEndpoint, ClusterCa, API_SERVER_PORT, KUBERNETES_SERVICE_IP};
-use super::netns::{unique_name, NetNs, SocketMaker};
+use super::netns::{sweep_stale, unique_name, NetNs, SocketMaker};
 use crate::api_server::lock;
 
 /// At most this many pods per node (addresses .2 to .65 of the node's /24).
@@ -102,7 +102,8 @@ impl Node {
     /// Creates the node's namespace and bridge with `.1` of `subnet` (a /24), and
     /// serves the API server at `https://NODE_IP:6443` relayed to `api_server` (the
     /// in-process [`crate::ApiServer`]'s 127.0.0.1 address). Must be called inside a
-    /// tokio runtime. Needs root and iproute2 and iptables.
+    /// tokio runtime. Needs root and iproute2 and iptables. The first node of a process
+    /// also removes namespaces and files that test processes which died uncleanly left.
     pub fn start_with_subnet(
         name: &str,
         subnet: Ipv4Addr,
@@ -110,6 +111,7 @@ impl Node {
     ) -> io::Result<Node> {
         let [a, b, c, _] = subnet.octets();
         let ip = Ipv4Addr::new(a, b, c, 1);
+        sweep_stale();
         let netns = NetNs::create(unique_name("ballast-node"))?;
         netns.ip(&["link", "add", BRIDGE, "type", "bridge"])?;
         netns.ip(&["addr", "add", &format!("{ip}/24"), "dev", BRIDGE])?;
