@@ -742,3 +742,32 @@ async fn a_deployment_made_by_the_controllers_serves_behind_its_allocated_cluste
     assert!(log.contains(&format!("ok http://{cluster_ip}/")), "{log}");
     assert!(log.contains("ok http://web/"), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_waits_for_the_config_map_its_volume_needs() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::start().await;
+    let mut p = shell(
+        "patient",
+        "echo \"setting=$(cat /etc/patient/setting)\"; exec sleep 1000",
+    );
+    p["spec"]["volumes"] = json!([{"name": "config", "configMap": {"name": "late"}}]);
+    p["spec"]["containers"][0]["volumeMounts"] =
+        json!([{"name": "config", "mountPath": "/etc/patient"}]);
+    c.api.apply(p);
+    c.wait_pod("patient", "a status saying what it waits for", 20, |p| {
+        p["status"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("configmaps default/late not found"))
+    })
+    .await;
+    c.api.apply(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "late", "namespace": "default"},
+        "data": {"setting": "arrived"},
+    }));
+    c.wait_log("patient", "main", "setting=arrived", 30).await;
+    c.wait_ready("patient").await;
+}

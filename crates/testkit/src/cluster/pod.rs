@@ -173,6 +173,7 @@ enum Which {
     Main(usize),
 }
 
+#[derive(Clone)]
 struct PodState {
     init: Vec<ContainerStatus>,
     main: Vec<ContainerStatus>,
@@ -312,26 +313,30 @@ pub(crate) async fn run_pod(
         }
     }
 
-    let setup = {
-        let (k, pod, uid, namespace, name) = (
-            k.clone(),
-            pod.clone(),
-            uid.clone(),
-            namespace.clone(),
-            name.clone(),
-        );
-        tokio::task::spawn_blocking(move || setup(&k, &pod, &uid, &namespace, &name)).await
-    };
-    let (netns, ip, init_mounts, main_mounts) = match setup {
-        Ok(Ok(made)) => made,
-        Ok(Err(message)) => {
-            fail_setup(&k, &pod, state, message, &mut updates).await;
+    // Retried with back-off: a ConfigMap or Secret a volume needs may come later
+    // (manifests applied in any order), as the kubelet retries mounts.
+    let mut attempts = 0;
+    let (netns, ip, init_mounts, main_mounts) = loop {
+        let setup = {
+            let (k, pod, uid, namespace, name) = (
+                k.clone(),
+                pod.clone(),
+                uid.clone(),
+                namespace.clone(),
+                name.clone(),
+            );
+            tokio::task::spawn_blocking(move || setup(&k, &pod, &uid, &namespace, &name)).await
+        };
+        let message = match setup {
+            Ok(Ok(made)) => break made,
+            Ok(Err(message)) => message,
+            Err(join) => join.to_string(),
+        };
+        let delay = backoff(attempts);
+        if !setup_failed(&k, &pod, state.clone(), message, &mut updates, delay).await {
             return;
         }
-        Err(join) => {
-            fail_setup(&k, &pod, state, join.to_string(), &mut updates).await;
-            return;
-        }
+        attempts += 1;
     };
     let run = Arc::new(PodRun {
         k: k.clone(),
@@ -455,15 +460,17 @@ fn setup(k: &KubeletShared, pod: &Value, uid: &str, ns: &str, name: &str) -> Res
     Ok((netns, ip, init, main))
 }
 
-/// The sandbox or volumes could not be made: say so in the status, and wait for the
-/// deletion.
-async fn fail_setup(
+/// The sandbox or volumes could not be made: says so in the status and waits `delay`
+/// before the next try (true), unless the pod is deleted first (false; the deletion
+/// is completed).
+async fn setup_failed(
     k: &Arc<KubeletShared>,
     pod: &Value,
     state: PodState,
     message: String,
     updates: &mut watch::Receiver<Option<Value>>,
-) {
+    delay: Duration,
+) -> bool {
     let uid = uid_of(pod).to_string();
     let run = PodRun {
         k: k.clone(),
@@ -482,10 +489,16 @@ async fn fail_setup(
         }),
         changed: tokio::sync::Notify::new(),
     };
+    run.write_status().await;
+    let retry_at = Instant::now() + delay;
     loop {
-        run.write_status().await;
-        if updates.changed().await.is_err() {
-            return;
+        tokio::select! {
+            changed = updates.changed() => {
+                if changed.is_err() {
+                    return false;
+                }
+            }
+            _ = tokio::time::sleep_until(retry_at) => return true,
         }
         let gone = match &*updates.borrow() {
             Some(p) => uid_of(p) != uid || p.pointer("/metadata/deletionTimestamp").is_some(),
@@ -498,7 +511,7 @@ async fn fail_setup(
             {
                 k.api.delete_now("pods", &run.namespace, &run.name);
             }
-            return;
+            return false;
         }
     }
 }
