@@ -15,7 +15,7 @@ mod write;
 pub use admission::{AdmissionCall, AdmissionOutcome, ServiceDialer, ServiceRef, MAX_ANSWER};
 pub use handler::MAX_BODY;
 pub(crate) use selector::label_selector_matches;
-pub use write::{ApiError, DeleteOptions};
+pub use write::{ApiError, DeleteOptions, MAX_OBJECTS};
 
 /// Does the emulation serve this resource type (`group` `""` is core)?
 /// A client's watch of a type it does not serve gets 404.
@@ -125,6 +125,8 @@ pub(crate) struct Shared {
     pub bookmark_interval: latest::Sender<Duration>,
     /// Bumped on every observable change, for [`ApiServer::wait_until`].
     pub changes: latest::Sender<u64>,
+    /// The revision of the last stored change, for [`ApiServer::changes`].
+    pub revision: latest::Sender<u64>,
     pub open_watches: AtomicUsize,
     /// Tokens `POST .../tokenreviews` authenticates: token to (username, audiences).
     pub tokens: Mutex<std::collections::HashMap<String, (String, Vec<String>)>>,
@@ -135,6 +137,13 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Sends a change to watches and to [`ApiServer::changes`]; called under the store
+    /// lock, so watches see changes in revision order.
+    pub fn publish(&self, change: Arc<Change>) {
+        self.revision.send_replace(change.rv);
+        let _ = self.events.send(change);
+    }
+
     pub fn notify(&self) {
         self.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
@@ -236,6 +245,7 @@ impl ApiServer {
             shutdown: latest::Sender::new(false),
             bookmark_interval: latest::Sender::new(settings.bookmark_interval),
             changes: latest::Sender::new(0),
+            revision: latest::Sender::new(0),
             open_watches: AtomicUsize::new(0),
             tokens: Mutex::new(std::collections::HashMap::new()),
             admission_calls: Mutex::new(Vec::new()),
@@ -317,8 +327,7 @@ impl ApiServer {
             let mut store = lock(&self.shared.store);
             let (stored, change) = store.apply(obj)?;
             if let Some(change) = change {
-                // Sent under the lock, so watches see changes in revision order.
-                let _ = self.shared.events.send(change);
+                self.shared.publish(change);
             }
             stored
         };
@@ -335,10 +344,11 @@ impl ApiServer {
         let deleted = {
             let mut store = lock(&self.shared.store);
             let change = store.delete(resource, &(namespace.to_string(), name.to_string()));
-            if let Some(change) = &change {
-                let _ = self.shared.events.send(change.clone());
+            let deleted = change.is_some();
+            if let Some(change) = change {
+                self.shared.publish(change);
             }
-            change.is_some()
+            deleted
         };
         self.shared.notify();
         deleted
@@ -441,10 +451,11 @@ impl ApiServer {
         lock(&self.shared.admission_calls).clone()
     }
 
-    /// A receiver that changes whenever a request arrives, a watch opens or closes or
-    /// an object changes: what in-process controllers wait on.
+    /// A receiver of the revision of the last stored change: it changes whenever an
+    /// object is created, changed or deleted (and only then); what in-process
+    /// controllers wait on.
     pub fn changes(&self) -> latest::Receiver<u64> {
-        self.shared.changes.subscribe()
+        self.shared.revision.subscribe()
     }
 
     /// The stored object, as GET would return it (namespace `""` for cluster-scoped types).
@@ -471,6 +482,24 @@ impl ApiServer {
         store
             .page(resource, store.rv(), None, None, 0, |_| true)
             .map(|p| p.items.iter().map(|o| (**o).clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Every stored object of this type reduced to `{"metadata": ...}`: what the
+    /// garbage collector reads, without copying specs (CRDs are large).
+    pub(crate) fn metadata_list(&self, plural: &str) -> Vec<Value> {
+        let Some(resource) = resources::by_plural(plural) else {
+            return Vec::new();
+        };
+        let store = lock(&self.shared.store);
+        store
+            .page(resource, store.rv(), None, None, 0, |_| true)
+            .map(|p| {
+                p.items
+                    .iter()
+                    .map(|o| serde_json::json!({"metadata": o.get("metadata").cloned().unwrap_or_default()}))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 

@@ -106,6 +106,11 @@ impl Store {
         self.objects.get(resource).map_or(0, BTreeMap::len)
     }
 
+    /// How many objects of every type are stored.
+    pub fn total(&self) -> usize {
+        self.objects.iter().map(BTreeMap::len).sum()
+    }
+
     pub fn get(&self, resource: usize, key: &Key) -> Option<Arc<Value>> {
         self.objects.get(resource)?.get(key).cloned()
     }

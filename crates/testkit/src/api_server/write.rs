@@ -16,6 +16,10 @@ use super::selector::bounded;
 use super::store::{now_rfc3339, rfc3339_after, Key};
 use super::{lock, Shared};
 
+/// The most objects stored; creates beyond are refused as etcd refuses writes past
+/// its quota (in-process [`crate::ApiServer::apply`] is not bounded).
+pub const MAX_OBJECTS: usize = 100_000;
+
 /// How often a write that raced another one is retried before it answers 409, as the
 /// API server's `GuaranteedUpdate` retries.
 const RACE_RETRIES: usize = 16;
@@ -391,6 +395,14 @@ fn commit(
                 ))
             }
             (Expect::Revision(_), None) => return Err(not_found(resource, &key.1)),
+            (Expect::Absent, None) if store.total() >= MAX_OBJECTS => {
+                return Err(ApiError::new(
+                    500,
+                    format!(
+                        "etcdserver: mvcc: database space exceeded ({MAX_OBJECTS} objects stored)"
+                    ),
+                ))
+            }
             (Expect::Revision(rv), Some(c)) if text(c, "/metadata/resourceVersion") != Some(rv) => {
                 return Ok(Committed::Raced)
             }
@@ -417,8 +429,7 @@ fn commit(
         }
         let (stored, change) = store.apply(obj).map_err(|e| ApiError::new(400, e))?;
         if let Some(change) = change {
-            // Sent under the lock, so watches see changes in revision order.
-            let _ = shared.events.send(change);
+            shared.publish(change);
         }
         stored
     };
@@ -694,10 +705,11 @@ pub(crate) fn remove_now(shared: &Shared, resource: usize, key: &Key) -> Option<
     let removed = {
         let mut store = lock(&shared.store);
         let change = store.delete(resource, key);
-        if let Some(change) = &change {
-            let _ = shared.events.send(change.clone());
+        let last = change.as_ref().map(|c| (*c.object).clone());
+        if let Some(change) = change {
+            shared.publish(change);
         }
-        change.map(|c| (*c.object).clone())
+        last
     };
     shared.notify();
     removed

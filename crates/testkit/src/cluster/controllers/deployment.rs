@@ -162,7 +162,11 @@ async fn reconcile_one(api: &ApiServer, d: &Value, sets: &[Value], pods: &[Value
     } else {
         // Scale the new ReplicaSet up within the surge, counting Pods not yet gone
         // from a ReplicaSet scaled down, so the surge bounds real Pods too.
-        let total: i64 = owned.iter().zip(&targets).map(|(o, t)| o.pods.max(*t)).sum();
+        let total: i64 = owned
+            .iter()
+            .zip(&targets)
+            .map(|(o, t)| o.pods.max(*t))
+            .sum();
         let new = targets[new_index];
         if new > desired {
             targets[new_index] = desired;

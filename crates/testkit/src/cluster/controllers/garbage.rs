@@ -15,8 +15,10 @@ use crate::{ApiServer, DeleteOptions};
 
 pub(super) fn reconcile(api: &ApiServer) {
     let plurals = served_plurals();
-    let objects: Vec<(&'static str, Vec<Value>)> =
-        plurals.iter().map(|(p, _)| (*p, api.list(p))).collect();
+    let objects: Vec<(&'static str, Vec<Value>)> = plurals
+        .iter()
+        .map(|(p, _)| (*p, api.metadata_list(p)))
+        .collect();
     let uids: HashSet<&str> = objects
         .iter()
         .flat_map(|(_, os)| os.iter().map(uid))
