@@ -1,6 +1,7 @@
-//! `ballast demo`: the controller and the proxy as processes, three
-//! backends, steady traffic, and the controller killed while a backend is
-//! removed. Flags only; the scenario lives in `ballast-demo`.
+//! `ballast demo`: the controllers and the proxies as processes, three
+//! backends behind their own proxies, steady traffic in mutual TLS, and the
+//! destination controller killed while a backend is removed. Flags only; the
+//! scenario lives in `ballast-demo`.
 
 use anyhow::Context;
 use ballast_demo::{DemoConfig, ViewMode};
@@ -13,13 +14,20 @@ const DEMO_STEP: ballast_flags::DurationRange = duration(Duration::from_millis(1
 
 #[derive(ClapArgs)]
 #[command(
-    after_help = "Steps: (a) steady traffic through the proxy to web-a, web-b and web-c; (b) the \
+    after_help = "Identity: the demo generates a trust anchor and issuer for the run (in its temporary \
+directory, removed at the end) and runs `ballast identity`; the load client's proxy (service account \
+`load`) and each backend's own proxy (service account `web`) get certificates from it, so every \
+request from load to web crosses in mutual TLS.\n\
+Steps: (a) steady traffic through the proxy to web-a, web-b and web-c; (b) the destination \
 controller is killed with SIGKILL and stays down; (c) web-c is removed from the manifests and the \
 controller restarts on its old address; (d) the proxy stops sending to web-c and the rest carry \
-the traffic. Every request must succeed throughout. Exits non-zero if any step did not hold.\n\
-`ballast viz` runs beside them for the whole demo (the proxy is the meshed pod `load` in namespace \
-`demo`): its dashboard's address is printed once it is ready and again in the summary; `ballast stat \
-deploy -n demo --viz-addr ADDR` and `ballast tap deploy/load -n demo --viz-addr ADDR` read it meanwhile.\n\
+the traffic; (e) the proxies' own metrics show every connection from load to web was mutual TLS. \
+Every request must succeed throughout. Exits non-zero if any step did not hold.\n\
+`ballast viz` runs beside them for the whole demo (the proxies are the meshed pods of Deployments \
+`load` and `web` in namespace `demo`; viz taps them over mutual TLS as its own identity): its \
+dashboard's address is printed once it is ready and again in the summary; `ballast stat deploy -n \
+demo --viz-addr ADDR`, `ballast edges deploy -n demo --viz-addr ADDR` and `ballast tap deploy/load \
+-n demo --viz-addr ADDR` read it meanwhile.\n\
 Every flag can also be set by the environment variable shown."
 )]
 pub struct Args {
@@ -67,8 +75,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         },
         ..DemoConfig::new(ballast)
     };
-    // On SIGTERM or Ctrl-C the demo is dropped, which kills the controller
-    // and the proxy it started rather than leaving them running.
+    // On SIGTERM or Ctrl-C the demo is dropped, which kills the processes
+    // it started rather than leaving them running, and removes its directory.
     let outcome = tokio::select! {
         outcome = ballast_demo::run(config) => outcome?,
         () = ballast_sidecar::signal::shutdown() => anyhow::bail!("the demo was interrupted"),

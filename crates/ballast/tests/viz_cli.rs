@@ -1,14 +1,15 @@
 //! `ballast stat`, `edges`, `routes`, `tap` and `top` against a running
-//! demo: `ballast demo` starts the controller, the proxy (the meshed pod
-//! `load`), three backends (pods of Deployment `web`) and `ballast viz`,
-//! and prints the dashboard's address; the commands read that server.
+//! demo: `ballast demo` starts the controllers, the load client's proxy (the
+//! meshed pod `load`), three backends behind their own proxies (the meshed
+//! pods of Deployment `web`) and `ballast viz`, all with identities, and
+//! prints the dashboard's address; the commands read that server.
 
 mod support;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use ballast_vizcore::api::{StatResponse, TapEvent};
+use ballast_vizcore::api::{EdgesResponse, StatResponse, TapEvent};
 use support::demo::Demo;
 use tokio::process::Command;
 
@@ -98,8 +99,8 @@ async fn the_cli_reads_a_running_demo() {
     .await;
     let viz = ["--viz-addr", addr.as_str()];
 
-    // stat -o json: the API's answer; Deployment web (no proxy: the
-    // clients' view) carries the traffic, Deployment load is the meshed pod.
+    // stat -o json: the API's answer; Deployment web (three meshed pods,
+    // each behind its proxy) carries the traffic, Deployment load calls it.
     let answer: StatResponse = until(
         &with(
             &["stat", "deploy", "-n", "demo", "-t", "10s", "-o", "json"],
@@ -133,7 +134,7 @@ async fn the_cli_reads_a_running_demo() {
         .expect("web");
     assert_eq!(web.golden.success_rate, Some(1.0), "{web:?}");
     assert!(web.golden.rps > 0.0, "{web:?}");
-    assert_eq!(web.total_pods, 3, "{web:?}");
+    assert_eq!((web.meshed_pods, web.total_pods), (3, 3), "{web:?}");
     let load = answer
         .rows
         .iter()
@@ -164,7 +165,7 @@ async fn the_cli_reads_a_running_demo() {
         .find(|l| l.starts_with("web "))
         .expect("web row");
     let web_cells = cells(web_row);
-    assert_eq!(web_cells[1], "0/3", "{web_row}");
+    assert_eq!(web_cells[1], "3/3", "{web_row}");
     assert_eq!(web_cells[2], "100.00%", "{web_row}");
     assert!(web_cells[3].ends_with("rps"), "{web_row}");
     let load_row = run
@@ -174,7 +175,7 @@ async fn the_cli_reads_a_running_demo() {
         .expect("load row");
     assert_eq!(cells(load_row)[1], "1/1", "{load_row}");
 
-    // edges: load calls web, in plaintext (the demo runs without identity).
+    // edges: load calls web, in mutual TLS (the demo runs with identity).
     let run = until(&with(&["edges", "deploy", "-n", "demo"], &viz), |run| {
         (run.code == 0 && run.stdout.lines().any(|l| l.starts_with("load ")))
             .then(|| run.stdout.clone())
@@ -188,7 +189,26 @@ async fn the_cli_reads_a_running_demo() {
     let edge = run.lines().find(|l| l.starts_with("load ")).expect("edge");
     let edge = cells(edge);
     assert_eq!(edge[..4], ["load", "web", "demo", "demo"], "{run}");
-    assert_ne!(edge[4], "√", "{run}");
+    assert_eq!(edge[4], "√", "{run}");
+    // The API behind it names the identity load's proxy verified.
+    let (status, body) = support::http_get(
+        addr.parse().expect("viz address"),
+        "/api/edges?kind=deployment&namespace=demo",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let edges: EdgesResponse = serde_json::from_str(&body).expect("edges JSON");
+    let edge = edges
+        .edges
+        .iter()
+        .find(|e| e.src.name == "load" && e.dst.name == "web")
+        .unwrap_or_else(|| panic!("no edge load -> web: {body}"));
+    assert!(edge.mtls, "{edge:?}");
+    assert_eq!(
+        edge.server_id.as_deref(),
+        Some("web.demo.serviceaccount.identity.linkerd.cluster.local"),
+        "{edge:?}"
+    );
 
     // routes of Service web: its clients' route metrics.
     let run = until(&with(&["routes", "svc/web", "-n", "demo"], &viz), |run| {

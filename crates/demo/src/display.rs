@@ -301,6 +301,13 @@ pub fn render_summary(outcome: &DemoOutcome, colour: bool) -> String {
             converged.as_secs_f64()
         );
     }
+    if let Some(mtls) = &outcome.mtls {
+        let _ = writeln!(
+            text,
+            "\ntraffic from load to web was mutual TLS: {} -> {} ({} connections, none without TLS)",
+            mtls.client, mtls.server, mtls.connections
+        );
+    }
     if let Some(addr) = outcome.dashboard {
         let _ = writeln!(text, "\ndashboard: http://{addr}/");
     }
@@ -533,6 +540,7 @@ mod tests {
             backends: names(),
             logs: vec![("proxy".to_string(), vec!["a log line".to_string()])],
             dashboard: Some("127.0.0.1:8084".parse().expect("addr")),
+            mtls: None,
         };
         let text = render_summary(&outcome, false);
         assert!(text.contains("FAILED at step b"), "{text}");
@@ -552,6 +560,17 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("1.5 s after"), "{text}");
+        assert!(!text.contains("mutual TLS"), "{text}");
+        outcome.mtls = Some(crate::scenario::MutualTls {
+            client: "load.demo.serviceaccount.identity.linkerd.cluster.local".to_string(),
+            server: "web.demo.serviceaccount.identity.linkerd.cluster.local".to_string(),
+            connections: 3,
+        });
+        let text = render_summary(&outcome, false);
+        assert!(
+            text.contains("\ntraffic from load to web was mutual TLS: load.demo.serviceaccount.identity.linkerd.cluster.local -> web.demo.serviceaccount.identity.linkerd.cluster.local (3 connections, none without TLS)\n"),
+            "{text}"
+        );
         assert!(!text.contains("a log line"), "logs only on failure");
     }
 

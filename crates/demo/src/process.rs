@@ -170,10 +170,24 @@ pub async fn wait_ready(admin: SocketAddr, label: &str, deadline: Duration) -> a
 }
 
 async fn ready_status(admin: SocketAddr) -> Result<u16, String> {
-    use http_body_util::{BodyExt, Empty};
+    // The body is a word; it is read so the connection ends cleanly.
+    http_get(admin, "/ready", 1024, Duration::from_secs(1))
+        .await
+        .map(|(status, _)| status)
+}
+
+/// `GET http://ADDR/PATH` over HTTP/1.1 within `limit`: the status and at
+/// most `max_bytes` of the body (a longer body is an error).
+pub async fn http_get(
+    addr: SocketAddr,
+    path: &str,
+    max_bytes: usize,
+    limit: Duration,
+) -> Result<(u16, String), String> {
+    use http_body_util::{BodyExt, Empty, Limited};
     use hyper::body::Bytes;
     let ask = async {
-        let stream = tokio::net::TcpStream::connect(admin)
+        let stream = tokio::net::TcpStream::connect(addr)
             .await
             .map_err(|e| e.to_string())?;
         let (mut sender, driver) =
@@ -182,8 +196,8 @@ async fn ready_status(admin: SocketAddr) -> Result<u16, String> {
                 .map_err(|e| e.to_string())?;
         tokio::spawn(driver);
         let request = http::Request::builder()
-            .uri("/ready")
-            .header(http::header::HOST, admin.to_string())
+            .uri(path)
+            .header(http::header::HOST, addr.to_string())
             .body(Empty::<Bytes>::new())
             .map_err(|e| e.to_string())?;
         let response = sender
@@ -191,13 +205,16 @@ async fn ready_status(admin: SocketAddr) -> Result<u16, String> {
             .await
             .map_err(|e| e.to_string())?;
         let status = response.status().as_u16();
-        // The body is a word; read it so the connection ends cleanly.
-        let _ = response.into_body().collect().await;
-        Ok(status)
+        let body = Limited::new(response.into_body(), max_bytes)
+            .collect()
+            .await
+            .map_err(|e| format!("reading the body: {e}"))?
+            .to_bytes();
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
     };
-    tokio::time::timeout(Duration::from_secs(1), ask)
+    tokio::time::timeout(limit, ask)
         .await
-        .map_err(|_| "no answer within 1 s".to_string())?
+        .map_err(|_| format!("no answer within {limit:?}"))?
 }
 
 fn push_line(log: &Mutex<VecDeque<String>>, mut line: String) {

@@ -1,6 +1,7 @@
-//! The demo: three backends behind one Service, the controller and the
-//! proxy as real processes, steady traffic through the proxy, and the
-//! controller killed while the cluster changes under it.
+//! The demo: three backends behind one Service, each behind its own proxy,
+//! the load client's proxy, the controllers (destination and identity) and
+//! viz as real processes, steady traffic through the proxies in mutual TLS,
+//! and the destination controller killed while the cluster changes under it.
 //!
 //! | step | what happens | what must hold |
 //! |---|---|---|
@@ -10,6 +11,7 @@
 //! | c | web-c is removed from the manifests; the controller restarts on its old address | it restarted; every request succeeded |
 //! | d1 | the proxy hears of the removal | web-c gets no more traffic within the deadline; every request succeeded |
 //! | d2 | converged | web-c got nothing new; every answer came from web-a or web-b; every request succeeded |
+//! | e | the whole run, from the proxies' own counters | every connection from load to web was mutual TLS with web's identity; web's proxies accepted only mutual TLS, load's among them |
 //!
 //! No step asks every backend to be served within its own few seconds: the
 //! balancer rightly sends a light load to whichever endpoint answers fastest,
@@ -25,8 +27,10 @@ use anyhow::Context;
 
 use crate::backend::Backend;
 use crate::display::{Progress, View, ViewMode};
+use crate::identity::{self, Pki, ServiceAccount, CONTROL_NS, TRUST_DOMAIN};
 use crate::load::{LoadClient, LoadConfig, Snapshot};
 use crate::manifests::{self, LoadPod, Manifests, PodBackend};
+use crate::mtls::TlsTally;
 use crate::process::{self, Process};
 
 /// How often the demo's viz scrapes the proxy: often enough for a live
@@ -49,9 +53,17 @@ const REDRAW_EVERY: Duration = Duration::from_millis(200);
 const RECENT_SECS: u64 = 5;
 /// Log lines of each process put in the report of a failed demo.
 const REPORT_LOG_LINES: usize = 25;
+/// Largest `/metrics` page read from a proxy for the TLS check.
+const MAX_METRICS_BYTES: usize = 8 << 20;
+/// How long reading one proxy's `/metrics` may take.
+const METRICS_DEADLINE: Duration = Duration::from_secs(5);
+/// Where the backends listen: their proxies forward inbound connections to
+/// 127.0.0.1 at the backend's port, as a pod's proxy does.
+const BACKEND_IP: Ipv4Addr = Ipv4Addr::LOCALHOST;
 
 /// The backend that is removed.
 const REMOVED: &str = "web-c";
+/// Each web pod's IP: where its proxy listens (inbound, admin, tap).
 const PODS: [(&str, Ipv4Addr); 3] = [
     ("web-a", Ipv4Addr::new(127, 0, 0, 2)),
     ("web-b", Ipv4Addr::new(127, 0, 0, 3)),
@@ -131,6 +143,25 @@ pub struct DemoOutcome {
     pub logs: Vec<(String, Vec<String>)>,
     /// Where `ballast viz` served the dashboard while the demo ran.
     pub dashboard: Option<SocketAddr>,
+    /// The traffic's mutual TLS, when step e found every connection so.
+    pub mtls: Option<MutualTls>,
+}
+
+/// Load's traffic to web was mutual TLS: who spoke to whom, how often.
+#[derive(Clone, Debug)]
+pub struct MutualTls {
+    /// The load client's proxy's identity.
+    pub client: String,
+    /// The web pods' proxies' identity.
+    pub server: String,
+    /// Connections the load client's proxy opened to web, all mutual TLS.
+    pub connections: u64,
+}
+
+/// Where the proxies and viz get their certificates.
+struct Mesh {
+    anchors: PathBuf,
+    identity: SocketAddr,
 }
 
 /// Runs the demo, showing it on stdout, and returns how it went. An error
@@ -147,25 +178,48 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<DemoOutcome> {
         .prefix("ballast-demo-")
         .tempdir()
         .context("cannot create a directory for the demo's manifests")?;
+    // The cluster the controllers and viz read, apart from the key material
+    // and token files, which only the processes they belong to read.
+    let cluster_dir = dir.path().join("cluster");
+    let identity_dir = dir.path().join("identity");
+    for d in [&cluster_dir, &identity_dir] {
+        std::fs::create_dir(d).with_context(|| format!("cannot create {}", d.display()))?;
+    }
 
     let mut backends = Vec::new();
-    for (name, ip) in PODS {
-        let backend = Backend::start(name, SocketAddr::new(IpAddr::V4(ip), 0))
+    for (name, _) in PODS {
+        let backend = Backend::start(name, SocketAddr::new(IpAddr::V4(BACKEND_IP), 0))
             .await
-            .with_context(|| format!("cannot start backend {name} on {ip}"))?;
+            .with_context(|| format!("cannot start backend {name} on {BACKEND_IP}"))?;
         backends.push(backend);
     }
-    let pods: Vec<PodBackend> = backends
-        .iter()
-        .map(|b| PodBackend {
-            name: b.name().to_string(),
-            addr: b.addr(),
-        })
-        .collect();
-    let manifests = Manifests::write(dir.path(), &pods)?;
-    for pod in &pods {
-        view.say(&format!("backend {} listening on {}", pod.name, pod.addr));
-    }
+
+    let pki = Pki::generate(&config.ballast, &identity_dir.join("pki")).await?;
+    let load_sa = ServiceAccount::create(
+        &identity_dir,
+        manifests::NAMESPACE,
+        manifests::LOAD_DEPLOYMENT,
+    )?;
+    let web_sa = ServiceAccount::create(
+        &identity_dir,
+        manifests::NAMESPACE,
+        manifests::WEB_SERVICE_ACCOUNT,
+    )?;
+    let viz_sa = ServiceAccount::create(
+        &identity_dir,
+        identity::VIZ_NAMESPACE,
+        identity::VIZ_SERVICE_ACCOUNT,
+    )?;
+    let manifests = Manifests::write(&cluster_dir, &[&load_sa, &web_sa, &viz_sa])?;
+    let (identity_ca, identity_addr) = start_identity(&config, &pki, &manifests).await?;
+    view.say(&format!(
+        "identity controller listening on {identity_addr}; trust anchor and issuer generated in {}",
+        pki.dir().display()
+    ));
+    let mesh = Mesh {
+        anchors: pki.anchors(),
+        identity: identity_addr,
+    };
 
     let (controller, grpc) =
         start_controller(&config, &manifests, "127.0.0.1:0".parse()?, "controller").await?;
@@ -173,20 +227,49 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<DemoOutcome> {
         "controller listening on {grpc}, reading {}",
         manifests.dir().display()
     ));
-    let proxy = start_proxy(&config, grpc).await?;
+
+    // Each web pod is its backend behind its own proxy, at the pod's IP.
+    let mut web_proxies = Vec::new();
+    let mut pods = Vec::new();
+    for (backend, (name, ip)) in backends.iter().zip(PODS) {
+        let proxy =
+            start_web_proxy(&config, &mesh, &web_sa, grpc, name, ip, backend.addr()).await?;
+        pods.push(PodBackend {
+            name: name.to_string(),
+            addr: proxy.inbound,
+            admin_port: proxy.admin.port(),
+            tap_port: proxy.tap.port(),
+        });
+        web_proxies.push(proxy);
+    }
+    manifests.set_pods(&pods)?;
+    for (pod, backend) in pods.iter().zip(&backends) {
+        view.say(&format!(
+            "{}: backend on {}, behind its proxy on {} as {}",
+            pod.name,
+            backend.addr(),
+            pod.addr,
+            web_sa.identity()
+        ));
+    }
+
+    let proxy = start_proxy(&config, &mesh, &load_sa, grpc).await?;
     let outbound = proxy.outbound;
+    let load_admin = proxy.admin;
     // The proxy is the meshed `load` pod's: viz scrapes and taps it there.
     manifests.set_load(&LoadPod {
         admin: proxy.admin,
         tap: proxy.tap,
     })?;
-    let (viz, dashboard) = start_viz(&config, &manifests).await?;
+    let (viz, dashboard) = start_viz(&config, &mesh, &viz_sa, &manifests).await?;
     view.say(&format!("dashboard: http://{dashboard}/"));
     let proxy = proxy.process;
     let authority = manifests::authority();
     view.say(&format!(
-        "proxy outbound listening on {outbound}; sending {} rps for {authority} over {} connections",
-        config.rps, config.connections
+        "load proxy (as {}) outbound listening on {outbound}; sending {} rps for {authority} over {} connections, in mutual TLS to web",
+        load_sa.identity(),
+        config.rps,
+        config.connections
     ));
 
     let mut load_config = LoadConfig::new(outbound, authority);
@@ -201,15 +284,60 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<DemoOutcome> {
         backends,
         names: pods.iter().map(|p| p.name.clone()).collect(),
         proxy,
+        load_admin,
+        web_admins: web_proxies.iter().map(|p| p.admin).collect(),
+        web_proxies: web_proxies.into_iter().map(|p| p.process).collect(),
+        identity: identity_ca,
+        identities: (load_sa.identity(), web_sa.identity()),
         controller: Some(controller),
         viz,
         dashboard,
         logs: Vec::new(),
         steps: Vec::new(),
         convergence: None,
+        mtls: None,
     };
     demo.play(&manifests, &pods, grpc).await;
-    Ok(demo.finish().await)
+    let outcome = demo.finish().await;
+    // Removed here, once every process that read it is gone.
+    drop(dir);
+    Ok(outcome)
+}
+
+/// `ballast identity` on the run's issuer, checking tokens against the
+/// cluster's token Secrets.
+async fn start_identity(
+    config: &DemoConfig,
+    pki: &Pki,
+    manifests: &Manifests,
+) -> anyhow::Result<(Process, SocketAddr)> {
+    let args = [
+        "identity".to_string(),
+        "--addr".to_string(),
+        "127.0.0.1:0".to_string(),
+        "--admin-addr".to_string(),
+        "127.0.0.1:0".to_string(),
+        "--issuer-dir".to_string(),
+        pki.issuer_dir().display().to_string(),
+        "--trust-anchors".to_string(),
+        pki.anchors().display().to_string(),
+        "--manifests".to_string(),
+        manifests.dir().display().to_string(),
+        "--controller-namespace".to_string(),
+        CONTROL_NS.to_string(),
+        "--trust-domain".to_string(),
+        TRUST_DOMAIN.to_string(),
+    ];
+    let (process, addrs) = Process::start(
+        &config.ballast,
+        "identity",
+        &args,
+        &["identity gRPC listening on ", "admin listening on "],
+        START_DEADLINE,
+    )
+    .await?;
+    process::wait_ready(addrs[1], "identity", START_DEADLINE).await?;
+    Ok((process, addrs[0]))
 }
 
 async fn start_controller(
@@ -228,6 +356,11 @@ async fn start_controller(
         "127.0.0.1:0".to_string(),
         "--policy-addr".to_string(),
         "127.0.0.1:0".to_string(),
+        // Pods labelled by this control plane get an identity.
+        "--controller-namespace".to_string(),
+        CONTROL_NS.to_string(),
+        "--identity-trust-domain".to_string(),
+        TRUST_DOMAIN.to_string(),
     ];
     let (process, addrs) = Process::start(
         &config.ballast,
@@ -241,16 +374,78 @@ async fn start_controller(
     Ok((process, addrs[0]))
 }
 
-/// The demo proxy and where it listens.
+/// A proxy of the demo and where it listens.
 struct StartedProxy {
     process: Process,
     outbound: SocketAddr,
+    inbound: SocketAddr,
     admin: SocketAddr,
     tap: SocketAddr,
 }
 
-async fn start_proxy(config: &DemoConfig, destination: SocketAddr) -> anyhow::Result<StartedProxy> {
-    let args = [
+/// The flags giving a proxy the identity of `account`: a certificate from
+/// the demo's identity controller, and viz's identity as its one tapper.
+fn identity_flags(mesh: &Mesh, account: &ServiceAccount) -> Vec<String> {
+    [
+        "--identity-trust-anchors",
+        &mesh.anchors.display().to_string(),
+        "--identity-addr",
+        &mesh.identity.to_string(),
+        "--identity-token-file",
+        &account.token_file.display().to_string(),
+        "--identity-controller-namespace",
+        CONTROL_NS,
+        "--identity-trust-domain",
+        TRUST_DOMAIN,
+        "--pod-namespace",
+        &account.namespace,
+        "--pod-service-account",
+        &account.name,
+        "--tap-client-identity",
+        &identity::name(identity::VIZ_SERVICE_ACCOUNT, identity::VIZ_NAMESPACE),
+    ]
+    .map(str::to_string)
+    .to_vec()
+}
+
+/// Starts `ballast proxy` with `args` and waits until it is ready (which,
+/// with an identity, means it holds its certificate).
+async fn start_proxy_process(
+    config: &DemoConfig,
+    label: &str,
+    args: &[String],
+) -> anyhow::Result<StartedProxy> {
+    let (process, addrs) = Process::start(
+        &config.ballast,
+        label,
+        args,
+        &[
+            "outbound listening on ",
+            "inbound listening on ",
+            "admin listening on ",
+            "tap listening on ",
+        ],
+        START_DEADLINE,
+    )
+    .await?;
+    process::wait_ready(addrs[2], label, START_DEADLINE).await?;
+    Ok(StartedProxy {
+        process,
+        outbound: addrs[0],
+        inbound: addrs[1],
+        admin: addrs[2],
+        tap: addrs[3],
+    })
+}
+
+/// The load client's proxy (the `load` pod's), as `account`.
+async fn start_proxy(
+    config: &DemoConfig,
+    mesh: &Mesh,
+    account: &ServiceAccount,
+    destination: SocketAddr,
+) -> anyhow::Result<StartedProxy> {
+    let mut args = [
         "proxy",
         "--destination-addr",
         &destination.to_string(),
@@ -260,43 +455,76 @@ async fn start_proxy(config: &DemoConfig, destination: SocketAddr) -> anyhow::Re
         "127.0.0.1:0",
         "--admin-addr",
         "127.0.0.1:0",
-        // Plaintext (no identity): viz taps it as the `load` pod's proxy.
+        // Viz taps it as the `load` pod's proxy (mutual TLS as viz).
         "--tap-addr",
         "127.0.0.1:0",
         "--control-backoff-max",
         "2s",
-        // The demo runs no identity controller.
-        "--identity-disabled",
+        "--pod-name",
+        manifests::LOAD_POD,
+        "--pod-owner",
+        &format!("deployment/{}", manifests::LOAD_DEPLOYMENT),
+        "--pod-template-hash",
+        manifests::LOAD_HASH,
     ]
-    .map(str::to_string);
-    let (process, addrs) = Process::start(
-        &config.ballast,
+    .map(str::to_string)
+    .to_vec();
+    args.extend(identity_flags(mesh, account));
+    start_proxy_process(config, "proxy", &args).await
+}
+
+/// The proxy of web pod `name` at `ip`: inbound (mutual TLS as `account`),
+/// admin and tap on the pod's IP, forwarding to its backend at `backend`.
+async fn start_web_proxy(
+    config: &DemoConfig,
+    mesh: &Mesh,
+    account: &ServiceAccount,
+    destination: SocketAddr,
+    name: &str,
+    ip: Ipv4Addr,
+    backend: SocketAddr,
+) -> anyhow::Result<StartedProxy> {
+    let on_pod = SocketAddr::new(IpAddr::V4(ip), 0).to_string();
+    let mut args = [
         "proxy",
-        &args,
-        &[
-            "outbound listening on ",
-            "admin listening on ",
-            "tap listening on ",
-        ],
-        START_DEADLINE,
-    )
-    .await?;
-    process::wait_ready(addrs[1], "proxy", START_DEADLINE).await?;
-    Ok(StartedProxy {
-        process,
-        outbound: addrs[0],
-        admin: addrs[1],
-        tap: addrs[2],
-    })
+        // Its inbound policy comes from the controller, as a pod's does.
+        "--destination-addr",
+        &destination.to_string(),
+        // Unused (the backend calls nothing), but a port of its own.
+        "--outbound-addr",
+        "127.0.0.1:0",
+        "--inbound-addr",
+        &on_pod,
+        "--inbound-forward-port",
+        &backend.port().to_string(),
+        "--admin-addr",
+        &on_pod,
+        "--tap-addr",
+        &on_pod,
+        "--control-backoff-max",
+        "2s",
+        "--pod-name",
+        name,
+        "--pod-owner",
+        &format!("deployment/{}", manifests::SERVICE),
+        "--pod-template-hash",
+        manifests::WEB_HASH,
+    ]
+    .map(str::to_string)
+    .to_vec();
+    args.extend(identity_flags(mesh, account));
+    start_proxy_process(config, &format!("proxy of {name}"), &args).await
 }
 
 /// `ballast viz` on the demo's manifests: the dashboard and API address.
 /// It reads the cluster itself, so the controller's outage leaves it up.
 async fn start_viz(
     config: &DemoConfig,
+    mesh: &Mesh,
+    account: &ServiceAccount,
     manifests: &Manifests,
 ) -> anyhow::Result<(Process, SocketAddr)> {
-    let args = [
+    let mut args = vec![
         "viz".to_string(),
         "--manifests".to_string(),
         manifests.dir().display().to_string(),
@@ -308,7 +536,27 @@ async fn start_viz(
         VIZ_SCRAPE_INTERVAL.to_string(),
         "--scrape-timeout".to_string(),
         VIZ_SCRAPE_TIMEOUT.to_string(),
+        "--controller-namespace".to_string(),
+        CONTROL_NS.to_string(),
+        "--identity-trust-domain".to_string(),
+        TRUST_DOMAIN.to_string(),
     ];
+    // Taps are mutual TLS as viz's own identity, the one the proxies admit.
+    args.extend(
+        [
+            "--identity-trust-anchors",
+            &mesh.anchors.display().to_string(),
+            "--identity-addr",
+            &mesh.identity.to_string(),
+            "--identity-token-file",
+            &account.token_file.display().to_string(),
+            "--service-account",
+            &account.name,
+            "--namespace",
+            &account.namespace,
+        ]
+        .map(str::to_string),
+    );
     let (process, addrs) = Process::start(
         &config.ballast,
         "viz",
@@ -341,7 +589,17 @@ struct Demo {
     load: LoadClient,
     backends: Vec<Backend>,
     names: Vec<String>,
+    /// The load client's proxy, and its admin address.
     proxy: Process,
+    load_admin: SocketAddr,
+    /// The web pods' proxies (in the order of `names`), and their admin
+    /// addresses.
+    web_proxies: Vec<Process>,
+    web_admins: Vec<SocketAddr>,
+    /// `ballast identity`: up for the whole demo.
+    identity: Process,
+    /// The identities of load's and of web's proxies.
+    identities: (String, String),
     controller: Option<Process>,
     /// `ballast viz`: up for the whole demo, stopped at its end.
     viz: Process,
@@ -350,6 +608,7 @@ struct Demo {
     logs: Vec<(String, Vec<String>)>,
     steps: Vec<StepReport>,
     convergence: Option<Duration>,
+    mtls: Option<MutualTls>,
 }
 
 impl Demo {
@@ -357,14 +616,81 @@ impl Demo {
         if !self.warm_up().await {
             return;
         }
+        let run = self.mark();
         self.steady().await;
         self.controller_down().await;
-        let Some(restarted_at) = self.restart_without_web_c(manifests, pods, grpc).await else {
-            return;
-        };
-        if self.converge(restarted_at).await {
-            self.converged().await;
+        if let Some(restarted_at) = self.restart_without_web_c(manifests, pods, grpc).await {
+            if self.converge(restarted_at).await {
+                self.converged().await;
+            }
         }
+        // Whatever came before, how the traffic crossed the wire is checked.
+        self.mutual_tls(&run).await;
+    }
+
+    /// e: from the proxies' own counters, every connection from load to
+    /// web was mutual TLS, each end proving the identity the other expects.
+    async fn mutual_tls(&mut self, run: &Mark) {
+        let step = Step {
+            label: "e",
+            title: "load -> web mutual TLS (whole run)",
+            planned: Duration::ZERO,
+        };
+        let (load_id, web_id) = self.identities.clone();
+        let mut checks = Vec::new();
+
+        let mut outbound = TlsTally::default();
+        match read_metrics(self.load_admin).await {
+            Ok(page) => {
+                outbound.add_page(&page, "outbound", "dst");
+                checks.push(Check {
+                    text: format!(
+                        "the load proxy's connections to web were mutual TLS with {web_id} ({})",
+                        outbound.describe()
+                    ),
+                    passed: outbound.all_mtls_with(&web_id),
+                });
+            }
+            Err(error) => checks.push(Check {
+                text: format!("cannot read the load proxy's /metrics: {error}"),
+                passed: false,
+            }),
+        }
+
+        // Viz may tap a web proxy too (as its own identity): load's must be
+        // among the clients, and no connection may be without TLS.
+        let mut inbound = TlsTally::default();
+        let mut unread = Vec::new();
+        for (name, admin) in self.names.iter().zip(&self.web_admins) {
+            match read_metrics(*admin).await {
+                Ok(page) => inbound.add_page(&page, "inbound", "src"),
+                Err(error) => unread.push(format!("{name}: {error}")),
+            }
+        }
+        checks.push(Check {
+            text: if unread.is_empty() {
+                format!(
+                    "web's proxies accepted only mutual TLS, {load_id} among the clients ({})",
+                    inbound.describe()
+                )
+            } else {
+                format!(
+                    "cannot read the /metrics of web's proxies: {}",
+                    unread.join("; ")
+                )
+            },
+            passed: unread.is_empty()
+                && inbound.unsecured() == 0.0
+                && inbound.mtls.contains_key(&load_id),
+        });
+        if checks.iter().all(|c| c.passed) {
+            self.mtls = Some(MutualTls {
+                client: load_id,
+                server: web_id,
+                connections: outbound.secured() as u64,
+            });
+        }
+        self.report(&step, run, checks);
     }
 
     /// Waits until traffic reaches all three backends through the proxy.
@@ -617,6 +943,9 @@ impl Demo {
     async fn finish(mut self) -> DemoOutcome {
         let passed = !self.steps.is_empty() && self.steps.iter().all(StepReport::passed);
         self.proxy.kill().await;
+        for proxy in &mut self.web_proxies {
+            proxy.kill().await;
+        }
         if let Some(mut controller) = self.controller.take() {
             controller.kill().await;
             self.logs.push((
@@ -626,9 +955,18 @@ impl Demo {
         }
         self.logs
             .push(("proxy".to_string(), self.proxy.log_tail(REPORT_LOG_LINES)));
+        for proxy in &self.web_proxies {
+            self.logs
+                .push((proxy.label().to_string(), proxy.log_tail(REPORT_LOG_LINES)));
+        }
         self.viz.kill().await;
         self.logs
             .push(("viz".to_string(), self.viz.log_tail(REPORT_LOG_LINES)));
+        self.identity.kill().await;
+        self.logs.push((
+            "identity".to_string(),
+            self.identity.log_tail(REPORT_LOG_LINES),
+        ));
         let outcome = DemoOutcome {
             steps: self.steps,
             passed,
@@ -636,6 +974,7 @@ impl Demo {
             backends: self.names,
             logs: self.logs,
             dashboard: Some(self.dashboard),
+            mtls: self.mtls,
         };
         self.view.summary(&outcome);
         outcome
@@ -704,6 +1043,20 @@ impl Demo {
         if let Some(status) = self.proxy.exit_status() {
             checks.push(Check {
                 text: format!("the proxy exited ({status})"),
+                passed: false,
+            });
+        }
+        for proxy in &mut self.web_proxies {
+            if let Some(status) = proxy.exit_status() {
+                checks.push(Check {
+                    text: format!("the {} exited ({status})", proxy.label()),
+                    passed: false,
+                });
+            }
+        }
+        if let Some(status) = self.identity.exit_status() {
+            checks.push(Check {
+                text: format!("the identity controller exited ({status})"),
                 passed: false,
             });
         }
@@ -829,5 +1182,13 @@ impl Demo {
             recent_secs,
             last_error: last_error.as_deref(),
         });
+    }
+}
+
+/// A proxy's `/metrics` page.
+async fn read_metrics(admin: SocketAddr) -> Result<String, String> {
+    match process::http_get(admin, "/metrics", MAX_METRICS_BYTES, METRICS_DEADLINE).await? {
+        (200, page) => Ok(page),
+        (status, _) => Err(format!("{admin}/metrics answered {status}")),
     }
 }
