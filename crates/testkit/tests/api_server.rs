@@ -1003,6 +1003,12 @@ async fn services_get_cluster_ips_and_namespaces_their_name_label() {
     );
     assert_ne!(ip(&a), ip(&b));
     assert_eq!(ip(&h), "None");
+    // Defaulted as the API server does.
+    assert_eq!(a["spec"]["type"], "ClusterIP");
+    assert_eq!(
+        a["spec"]["ports"][0],
+        json!({"port": 80, "protocol": "TCP", "targetPort": 80})
+    );
     // A replace without the field keeps the allocated address.
     let mut replaced = svc("a", None);
     replaced["metadata"]["labels"] = json!({"x": "y"});
@@ -1032,6 +1038,10 @@ async fn services_get_cluster_ips_and_namespaces_their_name_label() {
         "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}}, "template": {"metadata": {"labels": {"app": "web"}}}}});
     let d1 = server.create(d.clone()).await.expect("create");
     assert_eq!(d1["metadata"]["generation"], 1);
+    assert_eq!(
+        d1["spec"]["strategy"],
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}})
+    );
     let d2 = server
         .patch_merge(
             "deployments",

@@ -268,6 +268,7 @@ fn defaults_on_create(resource: usize, obj: &mut Value) {
             map.insert("status".into(), status);
         }
     }
+    defaults_of_kind(plural, obj);
     if plural == "namespaces" {
         let name = text(obj, "/metadata/name").unwrap_or("").to_string();
         if let Some(meta) = meta_mut(obj) {
@@ -278,6 +279,111 @@ fn defaults_on_create(resource: usize, obj: &mut Value) {
                 labels.insert("kubernetes.io/metadata.name".into(), Value::String(name));
             }
         }
+    }
+}
+
+/// Sets `pointer` (under an existing object) to `value` when it is absent.
+fn default_at(obj: &mut Value, parent: &str, field: &str, value: Value) {
+    if let Some(map) = obj.pointer_mut(parent).and_then(Value::as_object_mut) {
+        map.entry(field.to_string()).or_insert(value);
+    }
+}
+
+/// The API server's defaulting of the fields controllers and kubelets read (and the
+/// ServiceAccount admission plugin's `serviceAccountName`), so objects look as on a
+/// real cluster whatever the manifest left out.
+fn defaults_of_kind(plural: &str, obj: &mut Value) {
+    let each_port =
+        |obj: &mut Value, list: &str, f: &dyn Fn(&mut serde_json::Map<String, Value>)| {
+            if let Some(items) = obj.pointer_mut(list).and_then(Value::as_array_mut) {
+                for item in items.iter_mut().filter_map(Value::as_object_mut) {
+                    f(item);
+                }
+            }
+        };
+    match plural {
+        "pods" => {
+            for (field, value) in [
+                ("restartPolicy", json!("Always")),
+                ("terminationGracePeriodSeconds", json!(30)),
+                ("dnsPolicy", json!("ClusterFirst")),
+                ("schedulerName", json!("default-scheduler")),
+                ("serviceAccountName", json!("default")),
+            ] {
+                default_at(obj, "/spec", field, value);
+            }
+            for list in ["initContainers", "containers"] {
+                let count = obj
+                    .pointer(&format!("/spec/{list}"))
+                    .and_then(Value::as_array)
+                    .map_or(0, Vec::len);
+                for i in 0..count {
+                    each_port(obj, &format!("/spec/{list}/{i}/ports"), &|p| {
+                        p.entry("protocol").or_insert(json!("TCP"));
+                    });
+                }
+            }
+        }
+        "services" => {
+            default_at(obj, "/spec", "type", json!("ClusterIP"));
+            default_at(obj, "/spec", "sessionAffinity", json!("None"));
+            each_port(obj, "/spec/ports", &|p| {
+                p.entry("protocol").or_insert(json!("TCP"));
+                if let Some(port) = p.get("port").cloned() {
+                    p.entry("targetPort").or_insert(port);
+                }
+            });
+        }
+        "deployments" => {
+            default_at(obj, "/spec", "replicas", json!(1));
+            default_at(obj, "/spec", "revisionHistoryLimit", json!(10));
+            default_at(obj, "/spec", "progressDeadlineSeconds", json!(600));
+            default_at(obj, "/spec", "strategy", json!({}));
+            default_at(obj, "/spec/strategy", "type", json!("RollingUpdate"));
+            if text(obj, "/spec/strategy/type") == Some("RollingUpdate") {
+                default_at(obj, "/spec/strategy", "rollingUpdate", json!({}));
+                default_at(
+                    obj,
+                    "/spec/strategy/rollingUpdate",
+                    "maxSurge",
+                    json!("25%"),
+                );
+                default_at(
+                    obj,
+                    "/spec/strategy/rollingUpdate",
+                    "maxUnavailable",
+                    json!("25%"),
+                );
+            }
+        }
+        "customresourcedefinitions" => {
+            // Established at once: there is no name conflict to wait for here.
+            let stored: Vec<Value> = obj
+                .pointer("/spec/versions")
+                .and_then(Value::as_array)
+                .map(|vs| {
+                    vs.iter()
+                        .filter(|v| v.get("storage") == Some(&json!(true)))
+                        .filter_map(|v| v.get("name").cloned())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let names = obj.pointer("/spec/names").cloned().unwrap_or(json!({}));
+            if let Some(map) = obj.as_object_mut() {
+                map.insert(
+                    "status".into(),
+                    json!({
+                        "acceptedNames": names,
+                        "conditions": [
+                            {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts"},
+                            {"type": "Established", "status": "True", "reason": "InitialNamesAccepted"},
+                        ],
+                        "storedVersions": stored,
+                    }),
+                );
+            }
+        }
+        _ => {}
     }
 }
 
