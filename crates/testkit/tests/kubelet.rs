@@ -368,10 +368,11 @@ async fn a_pod_reaches_another_through_its_service_cluster_ip_and_dns_names() {
         format!("until curl -sf -m 2 -o /dev/null {url}; do sleep 0.2; done; echo \"ok {url}\"; ")
     };
     let script = format!(
-        "{}{}{}{}echo \"headless=$(getent hosts web-headless | cut -d' ' -f1)\"; exec sleep 1000",
+        "{}{}{}{}{}echo \"headless=$(getent hosts web-headless | cut -d' ' -f1)\"; exec sleep 1000",
         get("http://10.96.0.50/"),
         get("http://web.default.svc.cluster.local/"),
         get("http://web/"),
+        get("http://web.default.svc.cluster.local.:80/"),
         get(&format!("http://{web_ip}:8080/")),
     );
     c.api.apply(shell("client", &script));
@@ -382,6 +383,10 @@ async fn a_pod_reaches_another_through_its_service_cluster_ip_and_dns_names() {
         "{log}"
     );
     assert!(log.contains("ok http://web/"), "{log}");
+    assert!(
+        log.contains("ok http://web.default.svc.cluster.local.:80/"),
+        "{log}"
+    );
     assert!(log.contains(&format!("headless={web_ip}")), "{log}");
     // From the node too (as the API server calls a webhook through its Service).
     c.node

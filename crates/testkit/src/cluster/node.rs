@@ -391,7 +391,11 @@ fn hosts_text(pod: &PodNames, services: &[ServiceEntry]) -> String {
     );
     for svc in services {
         let (ns, name) = (&svc.namespace, &svc.name);
-        let mut names = format!("{name}.{ns}.svc.cluster.local {name}.{ns}.svc {name}.{ns}");
+        // The fully qualified name with its root dot too: the hosts file matches names
+        // exactly, and Linkerd's proxies dial `NAME.NS.svc.cluster.local.:PORT`.
+        let mut names = format!(
+            "{name}.{ns}.svc.cluster.local {name}.{ns}.svc {name}.{ns} {name}.{ns}.svc.cluster.local."
+        );
         if *ns == pod.namespace {
             names.push(' ');
             names.push_str(name);
@@ -492,11 +496,15 @@ mod tests {
         );
         assert!(text.contains("10.244.0.2\tweb-0\n"), "{text}");
         assert!(
-            text.contains("10.96.0.10\tweb.ns.svc.cluster.local web.ns.svc web.ns web\n"),
+            text.contains(
+                "10.96.0.10\tweb.ns.svc.cluster.local web.ns.svc web.ns web.ns.svc.cluster.local. web\n"
+            ),
             "{text}"
         );
         assert!(
-            text.contains("10.96.0.12\tdb.data.svc.cluster.local db.data.svc db.data\n"),
+            text.contains(
+                "10.96.0.12\tdb.data.svc.cluster.local db.data.svc db.data db.data.svc.cluster.local.\n"
+            ),
             "{text}"
         );
         assert!(
@@ -504,7 +512,7 @@ mod tests {
             "{text}"
         );
         assert_eq!(
-            text.matches("peers.ns.svc.cluster.local").count(),
+            text.matches("\tpeers.ns.svc.cluster.local ").count(),
             2,
             "{text}"
         );
