@@ -460,3 +460,69 @@ async fn a_service_reference_goes_through_the_dialer() {
             .await
     );
 }
+
+#[tokio::test]
+async fn an_answer_over_the_bound_is_a_failure() {
+    let padding = "x".repeat(ballast_testkit::api_server::MAX_ANSWER + 1);
+    let hook = Webhook::start(Arc::new(move |_| {
+        (Duration::ZERO, json!({"allowed": true, "padding": padding}))
+    }))
+    .await;
+    let server = ApiServer::start().await;
+    server.apply(configuration("big", hook.url_config(), json!({})));
+    let err = server.create(pod("p1", "ns1")).await.expect_err("too big");
+    assert_eq!(err.code, 500);
+    assert!(err.message.contains("big.testkit.io"), "{}", err.message);
+    assert!(matches!(
+        &server.admission_calls()[0].outcome,
+        AdmissionOutcome::Failed { ignored: false, .. }
+    ));
+}
+
+#[tokio::test]
+async fn updates_are_reviewed_when_a_rule_asks_and_validating_webhooks_judge_the_result() {
+    let hook = Webhook::start(Arc::new(|review: &Value| {
+        let req = &review["request"];
+        if req["operation"] == "UPDATE" && req["object"]["data"]["forbidden"].is_string() {
+            return (
+                Duration::ZERO,
+                json!({"allowed": false, "status": {"code": 422, "message": "no forbidden keys"}}),
+            );
+        }
+        (Duration::ZERO, json!({"allowed": true}))
+    }))
+    .await;
+    let server = ApiServer::start().await;
+    let mut config = configuration("validate", hook.url_config(), json!({}));
+    config["kind"] = json!("ValidatingWebhookConfiguration");
+    config["webhooks"][0]["rules"] = json!([{"operations": ["UPDATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"]}]);
+    server.apply(config);
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ns1"}, "data": {"a": "1"}});
+    server.create(cm).await.expect("creates are not reviewed");
+    assert!(hook.reviews().is_empty());
+    server
+        .patch_merge("configmaps", "ns1", "c", json!({"data": {"b": "2"}}))
+        .await
+        .expect("allowed update");
+    let err = server
+        .patch_merge(
+            "configmaps",
+            "ns1",
+            "c",
+            json!({"data": {"forbidden": "x"}}),
+        )
+        .await
+        .expect_err("denied update");
+    assert_eq!(err.code, 422);
+    assert!(server.get("configmaps", "ns1", "c").expect("kept")["data"]
+        .get("forbidden")
+        .is_none());
+    let reviews = hook.reviews();
+    assert_eq!(reviews.len(), 2);
+    assert_eq!(reviews[0]["request"]["operation"], "UPDATE");
+    assert_eq!(
+        reviews[0]["request"]["oldObject"]["data"],
+        json!({"a": "1"})
+    );
+    assert_eq!(server.admission_calls()[0].phase, "validating");
+}
