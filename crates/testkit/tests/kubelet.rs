@@ -619,8 +619,14 @@ async fn a_pod_removed_from_the_store_is_stopped_and_its_sandbox_removed() {
         return;
     }
     let c = Cluster::start().await;
-    c.api.apply(shell("removed", "echo up; exec sleep 1000"));
+    // Its preStop hook is an HTTP GET the server logs.
+    let mut web = web_server("removed");
+    web["spec"]["containers"][0]["lifecycle"] =
+        json!({"preStop": {"httpGet": {"port": "http", "path": "/pre-stop"}}});
+    c.api.apply(web);
     c.wait_ready("removed").await;
+    let p = c.pod("removed").expect("stored");
+    assert!(p["status"]["startTime"].is_string(), "{p}");
     let netns = c
         .kubelet
         .pod_netns("default", "removed")
@@ -631,7 +637,7 @@ async fn a_pod_removed_from_the_store_is_stopped_and_its_sandbox_removed() {
         assert!(
             Instant::now() < deadline,
             "{netns} is still there\n{}",
-            c.kubelet.logs("default", "removed", "main")
+            c.kubelet.logs("default", "removed", "web")
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -639,6 +645,8 @@ async fn a_pod_removed_from_the_store_is_stopped_and_its_sandbox_removed() {
         c.pod("removed").is_none(),
         "the kubelet brought the pod back"
     );
+    let log = c.kubelet.logs("default", "removed", "web");
+    assert!(log.contains("GET /pre-stop"), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use super::env::{container_env, expand, PodFacts};
 use super::images::Images;
 use super::node::{Node, PodSandbox};
-use super::probe::{Probe, ProbeAction};
+use super::probe::{http_get, port, Probe, ProbeAction};
 use super::process::{ContainerLog, ProcessGroup, ProcessSpec};
 use super::volumes::{Mount, PodVolumes};
 use crate::api_server::lock;
@@ -210,6 +210,8 @@ struct PodRun {
     state: Mutex<PodState>,
     /// Wakes the status writer when a container's status changed.
     changed: tokio::sync::Notify,
+    /// `status.startTime`: when the kubelet took the pod (none while it cannot).
+    start_time: Option<String>,
 }
 
 pub(crate) fn now_rfc3339() -> String {
@@ -357,6 +359,7 @@ pub(crate) async fn run_pod(
             ..state
         }),
         changed: tokio::sync::Notify::new(),
+        start_time: Some(now_rfc3339()),
     });
 
     let (stop_tx, stop_rx) = watch::channel(None::<Instant>);
@@ -488,6 +491,7 @@ async fn setup_failed(
             ..state
         }),
         changed: tokio::sync::Notify::new(),
+        start_time: None,
     };
     run.write_status().await;
     let retry_at = Instant::now() + delay;
@@ -803,7 +807,39 @@ impl PodRun {
         }
     }
 
-    /// As the kubelet stops a container: its `preStop` exec hook (within the grace),
+    /// A `lifecycle` handler (`postStart`, `preStop`): `exec` in the container,
+    /// `httpGet` from the node to the pod IP, or `sleep`. `None` when there is none.
+    async fn run_hook(
+        &self,
+        which: Which,
+        spec: &ProcessSpec,
+        name: &str,
+    ) -> Option<Result<(), String>> {
+        let container = self.spec(which);
+        let hook = container.pointer(&format!("/lifecycle/{name}"))?;
+        if let Some(command) = hook.pointer("/exec/command").and_then(Value::as_array) {
+            let command: Vec<String> = command
+                .iter()
+                .filter_map(Value::as_str)
+                .map(String::from)
+                .collect();
+            return Some(self.exec(which, spec, &command).await);
+        }
+        if let Some(get) = hook.get("httpGet") {
+            let Some(port) = port(get.get("port"), container) else {
+                return Some(Err(format!("{name}: httpGet port not found")));
+            };
+            let path = get.get("path").and_then(Value::as_str).unwrap_or("/");
+            return Some(http_get(&self.k.node, self.ip, port, path).await);
+        }
+        if let Some(secs) = hook.pointer("/sleep/seconds").and_then(Value::as_u64) {
+            tokio::time::sleep(Duration::from_secs(secs)).await;
+            return Some(Ok(()));
+        }
+        Some(Err(format!("{name}: no exec, httpGet or sleep")))
+    }
+
+    /// As the kubelet stops a container: its `preStop` hook (within the grace),
     /// then SIGTERM, then SIGKILL at the deadline.
     async fn terminate(
         &self,
@@ -813,23 +849,14 @@ impl PodRun {
         group: &ProcessGroup,
         deadline: Instant,
     ) -> std::io::Result<ExitStatus> {
-        let hook = self
-            .spec(which)
-            .pointer("/lifecycle/preStop/exec/command")
-            .and_then(Value::as_array);
-        if let Some(hook) = hook {
-            let command: Vec<String> = hook
-                .iter()
-                .filter_map(Value::as_str)
-                .map(String::from)
-                .collect();
-            let ran = tokio::time::timeout_at(deadline, self.exec(which, spec, &command)).await;
-            if let Some(log) = self.log(which) {
-                match ran {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => log.note(&format!("FailedPreStopHook: {e}")),
-                    Err(_) => log.note("FailedPreStopHook: still running at the end of the grace"),
-                }
+        let hook = self.run_hook(which, spec, "preStop");
+        if let Some(ran) = tokio::time::timeout_at(deadline, hook).await.ok().flatten() {
+            if let (Err(e), Some(log)) = (ran, self.log(which)) {
+                log.note(&format!("FailedPreStopHook: {e}"));
+            }
+        } else if let Some(log) = self.log(which) {
+            if self.spec(which).pointer("/lifecycle/preStop").is_some() {
+                log.note("FailedPreStopHook: still running at the end of the grace");
             }
         }
         group.signal(Signal::SIGTERM);
@@ -894,24 +921,14 @@ impl PodRun {
 
         let mut exited: Option<std::io::Result<ExitStatus>> = None;
         let mut stopped = false;
-        if let Some(hook) = c
-            .pointer("/lifecycle/postStart/exec/command")
-            .and_then(Value::as_array)
-        {
-            let command: Vec<String> = hook
-                .iter()
-                .filter_map(Value::as_str)
-                .map(String::from)
-                .collect();
-            let result = tokio::select! {
-                r = self.exec(which, &spec, &command) => r,
-                _ = stop.wait_for(Option::is_some) => Ok(()),
-            };
-            if let Err(e) = result {
-                // As the kubelet: a failed postStart hook kills the container.
-                note(&format!("FailedPostStartHook: {e}"));
-                group.signal(Signal::SIGKILL);
-            }
+        let result = tokio::select! {
+            r = self.run_hook(which, &spec, "postStart") => r,
+            _ = stop.wait_for(Option::is_some) => None,
+        };
+        if let Some(Err(e)) = result {
+            // As the kubelet: a failed postStart hook kills the container.
+            note(&format!("FailedPostStartHook: {e}"));
+            group.signal(Signal::SIGKILL);
         }
         if let Some(tx) = started.take() {
             let _ = tx.send(());
@@ -1084,6 +1101,9 @@ impl PodRun {
             "containerStatuses": st.main.iter().map(ContainerStatus::json).collect::<Vec<_>>(),
             "qosClass": "BestEffort",
         });
+        if let Some(t) = &self.start_time {
+            status["startTime"] = json!(t);
+        }
         if let Some(ip) = st.pod_ip {
             status["podIP"] = json!(ip.to_string());
             status["podIPs"] = json!([{"ip": ip.to_string()}]);

@@ -39,7 +39,7 @@ pub(crate) struct Probe {
 }
 
 /// A port by number or by the name of one of the container's ports.
-fn port(v: Option<&Value>, container: &Value) -> Option<u16> {
+pub(crate) fn port(v: Option<&Value>, container: &Value) -> Option<u16> {
     match v? {
         Value::Number(n) => n.as_u64().and_then(|n| u16::try_from(n).ok()),
         Value::String(name) => name.parse().ok().or_else(|| {
@@ -150,7 +150,12 @@ impl Probe {
 }
 
 /// `GET path` on a fresh connection; 200 to 399 is success, as for the kubelet.
-async fn http_get(node: &Node, ip: Ipv4Addr, port: u16, path: &str) -> Result<(), String> {
+pub(crate) async fn http_get(
+    node: &Node,
+    ip: Ipv4Addr,
+    port: u16,
+    path: &str,
+) -> Result<(), String> {
     let mut conn = node
         .dial(SocketAddr::from((ip, port)))
         .await
