@@ -157,12 +157,16 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 ///
 /// It serves `pods` and `services` (core `v1`), `endpointslices`
 /// (`discovery.k8s.io/v1`), the policy resources the destination controller watches,
-/// and what `ballast check` reads: `namespaces`, `nodes`, `configmaps`, `secrets`,
+/// what `ballast check` reads: `namespaces`, `nodes`, `configmaps`, `secrets`,
 /// `serviceaccounts` (core `v1`), `deployments` (`apps/v1`), `clusterroles` and
 /// `clusterrolebindings` (`rbac.authorization.k8s.io/v1`) and
-/// `customresourcedefinitions` (`apiextensions.k8s.io/v1`). Namespaced types are served
-/// in one namespace and across namespaces; cluster-scoped ones (Namespace, Node, the
-/// cluster RBAC types, CRDs) at `/{plural}[/{name}]`, and are stored without a namespace:
+/// `customresourcedefinitions` (`apiextensions.k8s.io/v1`); and what a cluster runs:
+/// `replicasets` (`apps/v1`), `mutatingwebhookconfigurations` and
+/// `validatingwebhookconfigurations` (`admissionregistration.k8s.io/v1`),
+/// `poddisruptionbudgets` (`policy/v1`), `roles` and `rolebindings`, `events` (core).
+/// Namespaced types are served in one namespace and across namespaces; cluster-scoped
+/// ones (Namespace, Node, the cluster RBAC types, CRDs, webhook configurations) at
+/// `/{plural}[/{name}]`, and are stored without a namespace:
 ///
 /// - **LIST** with `limit`/`continue` (pages are consistent reads at the first page's
 ///   resourceVersion; a token older than the retained history is 410 Expired),
