@@ -526,3 +526,42 @@ async fn updates_are_reviewed_when_a_rule_asks_and_validating_webhooks_judge_the
     );
     assert_eq!(server.admission_calls()[0].phase, "validating");
 }
+
+#[tokio::test]
+async fn pods_the_controllers_create_pass_admission() {
+    use ballast_testkit::cluster::controllers::Controllers;
+    let hook = Webhook::start(injecting()).await;
+    let server = Arc::new(ApiServer::start().await);
+    server.apply(configuration("inject", hook.url_config(), json!({})));
+    let _controllers = Controllers::start(server.clone(), "node-1");
+    server
+        .create(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "ns1"},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}},
+            },
+        }))
+        .await
+        .expect("deployment");
+    let injected = |s: &ApiServer| {
+        let pods = s.list("pods");
+        pods.len() == 2
+            && pods
+                .iter()
+                .all(|p| p["metadata"]["annotations"]["injected"] == "yes")
+    };
+    assert!(
+        server.wait_until(DEADLINE, injected).await,
+        "{:#?}",
+        server.list("pods")
+    );
+    let reviewed: Vec<Value> = hook
+        .reviews()
+        .iter()
+        .map(|r| r["request"]["object"]["metadata"]["ownerReferences"][0]["kind"].clone())
+        .collect();
+    assert_eq!(reviewed, [json!("ReplicaSet"), json!("ReplicaSet")]);
+}
