@@ -784,3 +784,51 @@ async fn a_pod_waits_for_the_config_map_its_volume_needs() {
     c.wait_log("patient", "main", "setting=arrived", 30).await;
     c.wait_ready("patient").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_runs_thirty_pods_at_once_and_removes_them_all() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::start().await;
+    let started = Instant::now();
+    for i in 0..30 {
+        c.api.apply(shell(&format!("many-{i}"), "exec sleep 1000"));
+    }
+    let ready = |api: &ApiServer| api.list("pods").iter().filter(|p| is_ready(p)).count();
+    let all = c
+        .api
+        .wait_until(Duration::from_secs(60), |api| ready(api) == 30)
+        .await;
+    assert!(all, "{} of 30 ready", ready(&c.api));
+    let up = started.elapsed();
+    let netns: Vec<String> = (0..30)
+        .filter_map(|i| c.kubelet.pod_netns("default", &format!("many-{i}")))
+        .collect();
+    assert_eq!(netns.len(), 30);
+    let ips: std::collections::HashSet<String> = c
+        .api
+        .list("pods")
+        .iter()
+        .filter_map(|p| p["status"]["podIP"].as_str().map(String::from))
+        .collect();
+    assert_eq!(ips.len(), 30, "every pod has its own IP");
+    let deleting = Instant::now();
+    for i in 0..30 {
+        c.api.delete("v1", "Pod", "default", &format!("many-{i}"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let list = netns_list();
+        let left = netns.iter().filter(|n| list.contains(n.as_str())).count();
+        if left == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{left} sandboxes left");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "30 pods ready in {up:?}, removed in {:?}",
+        deleting.elapsed()
+    );
+}
