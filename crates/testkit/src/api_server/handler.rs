@@ -741,20 +741,29 @@ fn groups() -> Value {
 }
 
 fn resource_list(group: &str, version: &str) -> Value {
-    let resources: Vec<Value> = RESOURCES
-        .iter()
-        .filter(|r| r.group == group && r.version == version)
-        .map(|r| {
-            json!({
-                "name": r.plural,
-                "singularName": r.singular,
+    let mut resources: Vec<Value> = Vec::new();
+    for (i, r) in RESOURCES.iter().enumerate() {
+        if r.group != group || r.version != version {
+            continue;
+        }
+        resources.push(json!({
+            "name": r.plural,
+            "singularName": r.singular,
+            "namespaced": r.namespaced,
+            "kind": r.kind,
+            "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+            "shortNames": r.short_names,
+        }));
+        if resources::has_status(i) {
+            resources.push(json!({
+                "name": format!("{}/status", r.plural),
+                "singularName": "",
                 "namespaced": r.namespaced,
                 "kind": r.kind,
-                "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
-                "shortNames": r.short_names,
-            })
-        })
-        .collect();
+                "verbs": ["get", "patch", "update"],
+            }));
+        }
+    }
     let group_version = if group.is_empty() {
         version.to_string()
     } else {
