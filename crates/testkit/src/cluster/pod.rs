@@ -459,7 +459,14 @@ fn setup(k: &KubeletShared, pod: &Value, uid: &str, ns: &str, name: &str) -> Res
     let init = mounts("initContainers")?;
     let main = mounts("containers")?;
     resources.volumes = Some(volumes);
-    lock(&k.pods).insert(uid.to_string(), resources);
+    // Checked under the lock the kubelet's drop takes after setting `closed`: what is
+    // registered here is freed by that drop, and what comes after is freed here.
+    let mut pods = lock(&k.pods);
+    if k.closed.load(Ordering::SeqCst) {
+        drop(pods);
+        return Err("the kubelet is stopped".to_string());
+    }
+    pods.insert(uid.to_string(), resources);
     Ok((netns, ip, init, main))
 }
 
