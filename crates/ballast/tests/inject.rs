@@ -591,3 +591,21 @@ fn a_pod_with_another_meshs_sidecar_is_not_injected() {
     let report = String::from_utf8_lossy(&out.stderr);
     assert!(report.contains("istio-proxy"), "{report}");
 }
+
+/// Defect: viz recognised only a container named `linkerd-proxy`, and inject
+/// named it otherwise, so the dashboard showed nothing for injected pods.
+/// The pod `ballast inject` writes is one the index (viz's model) finds the
+/// proxy of, at the admin and tap ports injection declares.
+#[test]
+fn an_injected_pod_is_one_viz_finds_the_proxy_of() {
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: web-1, namespace: shop}\n\
+               spec:\n  containers: [{name: web, image: nginx}]\n";
+    let text = stdout(&ballast(&["-"], Some(pod)));
+    let mut injected: Value = serde_saphyr::from_str(&text).expect("one pod");
+    injected["status"] = serde_json::json!({"phase": "Running", "podIP": "10.0.0.1"});
+    let wire: ballast_destination::resource::PodWire =
+        serde_json::from_value(injected).expect("a pod the index reads");
+    let pod = ballast_destination::resource::Pod::try_from(wire).expect("valid");
+    let ports = pod.proxy_ports.expect("the index sees a meshed pod");
+    assert_eq!((ports.admin, ports.tap), (4191, 4190));
+}

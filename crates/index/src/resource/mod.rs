@@ -66,7 +66,7 @@ pub const USED_ANNOTATIONS: &[&str] = &[
     service::FAILURE_ACCRUAL_JITTER_ANNOTATION,
 ];
 /// Label set by Linkerd's proxy injector on meshed pods.
-pub const CONTROL_PLANE_NS_LABEL: &str = "linkerd.io/control-plane-ns";
+pub use ballast_controlplane::CONTROL_PLANE_NS_LABEL;
 
 /// A Kubernetes object the index understands.
 ///

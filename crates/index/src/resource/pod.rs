@@ -120,7 +120,9 @@ struct ContainerWire {
 }
 
 /// The container Linkerd's injector adds, and its inbound listener setting.
-const PROXY_CONTAINER: &str = "linkerd-proxy";
+/// Linkerd's and injection's name for the proxy container (one source:
+/// `ballast-controlplane`, so viz finds what inject makes).
+use ballast_controlplane::pod::{ADMIN_PORT_NAME, PROXY_CONTAINER, TAP_PORT_NAME};
 const PROXY_INBOUND_ENV: &str = "LINKERD2_PROXY_INBOUND_LISTEN_ADDR";
 
 #[derive(Deserialize, Clone, Debug)]
@@ -255,8 +257,8 @@ impl TryFrom<PodWire> for Pod {
                         .unwrap_or(default)
                 };
                 ProxyPorts {
-                    admin: named(["linkerd-admin", "proxy-admin"], ProxyPorts::DEFAULT_ADMIN),
-                    tap: named(["linkerd-tap", "proxy-tap"], ProxyPorts::DEFAULT_TAP),
+                    admin: named([ADMIN_PORT_NAME, "proxy-admin"], ProxyPorts::DEFAULT_ADMIN),
+                    tap: named([TAP_PORT_NAME, "proxy-tap"], ProxyPorts::DEFAULT_TAP),
                 }
             });
         let annotations = w.metadata.take_used_annotations();

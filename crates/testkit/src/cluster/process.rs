@@ -47,8 +47,18 @@ impl ProcessSpec {
             "set -e\necho {} > /proc/sys/kernel/hostname\n",
             quote(&self.hostname)
         );
-        for m in &self.mounts {
+        // Parents before children, and each mount point made where it is
+        // missing: a volume at /run (the init container's) hides the host's
+        // /run/secrets/..., and a container runtime makes the nested mount
+        // point inside it, in the volume, never on the host.
+        let mut mounts: Vec<&Mount> = self.mounts.iter().collect();
+        mounts.sort_by_key(|m| m.target.split('/').filter(|c| !c.is_empty()).count());
+        for m in mounts {
             let (src, dst) = (quote(&m.source.to_string_lossy()), quote(&m.target));
+            script.push_str(&format!(
+                "if [ ! -e {dst} ]; then if [ -d {src} ]; then mkdir -p {dst}; \
+                 else mkdir -p \"$(dirname {dst})\" && : > {dst}; fi; fi\n"
+            ));
             script.push_str(&format!("mount --bind {src} {dst}\n"));
             if m.read_only {
                 script.push_str(&format!("mount -o remount,bind,ro {dst}\n"));
@@ -222,7 +232,10 @@ mod tests {
         let script = spec.script(&["/bin/echo".into(), "it's".into()]);
         assert_eq!(
             script,
-            "set -e\necho 'web-0' > /proc/sys/kernel/hostname\nmount --bind '/tmp/v/config' '/etc/app'\n\
+            "set -e\necho 'web-0' > /proc/sys/kernel/hostname\n\
+             if [ ! -e '/etc/app' ]; then if [ -d '/tmp/v/config' ]; then mkdir -p '/etc/app'; \
+             else mkdir -p \"$(dirname '/etc/app')\" && : > '/etc/app'; fi; fi\n\
+             mount --bind '/tmp/v/config' '/etc/app'\n\
              mount -o remount,bind,ro '/etc/app'\n\
              exec setpriv --reuid=2102 --regid=2102 --clear-groups -- '/bin/echo' 'it'\\''s'\n"
         );
