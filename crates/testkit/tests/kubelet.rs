@@ -832,3 +832,79 @@ async fn a_node_runs_thirty_pods_at_once_and_removes_them_all() {
         deleting.elapsed()
     );
 }
+
+/// A stand-in for a mesh proxy: accepts what the pod's iptables redirect to
+/// 127.0.0.1:4140, logs the original destination (SO_ORIGINAL_DST), and relays one
+/// request there.
+const RELAY: &str = r#"
+import socket, struct
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 4140))
+s.listen(16)
+while True:
+    c, _ = s.accept()
+    raw = c.getsockopt(socket.SOL_IP, 80, 16)
+    port = struct.unpack("!H", raw[2:4])[0]
+    ip = socket.inet_ntoa(raw[4:8])
+    print(f"orig={ip}:{port}", flush=True)
+    u = socket.create_connection((ip, port), timeout=5)
+    u.sendall(c.recv(65536))
+    while True:
+        b = u.recv(65536)
+        if not b:
+            break
+        c.sendall(b)
+    c.close()
+    u.close()
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_in_the_pod_sees_the_cluster_ip_as_the_original_destination() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::start().await;
+    c.api.apply(web_server("web-0"));
+    c.api.apply(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"clusterIP": "10.96.0.50", "selector": {"app": "web"},
+                 "ports": [{"name": "http", "port": 80, "targetPort": "http"}]},
+    }));
+    // As a proxy's init container: the pod's own nat OUTPUT sends what the app opens
+    // to the proxy, except the proxy's own (uid 2102). Service DNAT happens later, on
+    // the node, so the proxy sees the cluster IP, as on a real node.
+    c.api.apply(pod(
+        "meshed",
+        json!({"app": "meshed"}),
+        json!({
+            "terminationGracePeriodSeconds": 1,
+            "initContainers": [{
+                "name": "init",
+                "image": "shell",
+                "command": ["sh", "-c",
+                    "iptables -t nat -A OUTPUT -p tcp -d 10.96.0.0/12 -m owner ! --uid-owner 2102 -j REDIRECT --to-ports 4140"],
+            }],
+            "containers": [
+                {
+                    "name": "proxy",
+                    "image": "python",
+                    "args": ["-c", RELAY],
+                    "securityContext": {"runAsUser": 2102},
+                },
+                {
+                    "name": "app",
+                    "image": "shell",
+                    "command": ["sh", "-c",
+                        "until out=$(curl -sf -m 2 http://web/); do sleep 0.2; done; \
+                         echo \"listing=$(echo \"$out\" | grep -q 'Directory listing' && echo yes)\"; exec sleep 1000"],
+                },
+            ],
+        }),
+    ));
+    let app = c.wait_log("meshed", "app", "listing=", 30).await;
+    assert!(app.contains("listing=yes"), "{app}");
+    let proxy = c.kubelet.logs("default", "meshed", "proxy");
+    assert!(proxy.contains("orig=10.96.0.50:80"), "{proxy}");
+}
