@@ -1,0 +1,352 @@
+//! The cluster in a box for the installed-mesh tests: one node, its kubelet
+//! and the cluster's controllers over the API server emulation, with the
+//! image table mapping install's images to the built binaries, and the
+//! application the tests mesh.
+
+#![allow(dead_code)]
+
+use std::{
+    path::PathBuf,
+    process::Command,
+    sync::{Arc, Weak},
+    time::{Duration, Instant},
+};
+
+use ballast_testkit::{
+    cluster::{controllers::Controllers, ImageSpec, Images, Kubelet, Node},
+    ApiServer, ServiceRef,
+};
+use serde_json::Value;
+
+/// Why this machine cannot run these tests, if it cannot.
+pub fn missing_tools() -> Option<String> {
+    let out = Command::new("id").arg("-u").output().ok()?;
+    if String::from_utf8_lossy(&out.stdout).trim() != "0" {
+        return Some("not root (network namespaces need it)".into());
+    }
+    for tool in [
+        "ip",
+        "iptables",
+        "iptables-restore",
+        "setpriv",
+        "unshare",
+        "mount",
+    ] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            return Some(format!("{tool} is not installed"));
+        }
+    }
+    None
+}
+
+/// False (after saying why) when the test cannot run here; under CI, a failure.
+pub fn can_run() -> bool {
+    match missing_tools() {
+        None => true,
+        Some(why) if std::env::var_os("CI").is_some() => {
+            panic!("the installed-mesh tests cannot run: {why} (install it in .ci/run)")
+        }
+        Some(why) => {
+            eprintln!("SKIPPED: {why}");
+            false
+        }
+    }
+}
+
+/// The built binaries the images stand for: `ballast` (the controller image)
+/// and `ballast-proxy` (the proxy and init images), beside it.
+pub fn binaries() -> (PathBuf, PathBuf) {
+    let ballast = PathBuf::from(env!("CARGO_BIN_EXE_ballast"));
+    let proxy = ballast.with_file_name("ballast-proxy");
+    assert!(
+        proxy.exists(),
+        "{} is not built: `cargo build -p ballast-sidecar` (cargo test --workspace builds it)",
+        proxy.display()
+    );
+    (ballast, proxy)
+}
+
+/// The image table: install's image names to the binaries.
+pub fn images() -> Images {
+    let (ballast, proxy) = binaries();
+    Images::new()
+        .with(
+            "ballast:latest",
+            ImageSpec::entrypoint(&ballast).command("ballast", &ballast),
+        )
+        .with(
+            "ballast-proxy:latest",
+            ImageSpec::entrypoint(&proxy).command("ballast-proxy", &proxy),
+        )
+        .with(
+            "ballast-init:latest",
+            ImageSpec::entrypoint(&proxy).command("ballast-proxy", &proxy),
+        )
+        // The application: `ballast backend` servers, and callers in a shell.
+        .with(
+            "app:latest",
+            ImageSpec::entrypoint(&ballast).command("ballast", &ballast),
+        )
+        .with(
+            "tools:latest",
+            ImageSpec::entrypoint("/bin/sh")
+                .command("sh", "/bin/sh")
+                .command("curl", "/usr/bin/curl"),
+        )
+}
+
+/// One node, its kubelet and the cluster's controllers over an API server.
+pub struct ClusterBox {
+    pub api: Arc<ApiServer>,
+    pub kubelet: Kubelet,
+    _controllers: Controllers,
+    dir: tempfile::TempDir,
+    pub started: Instant,
+}
+
+impl ClusterBox {
+    pub async fn start() -> ClusterBox {
+        let started = Instant::now();
+        let api = Arc::new(ApiServer::start().await);
+        let node = Arc::new(Node::start("node-1", api.addr()).expect("the node starts"));
+        // Webhooks are called at their Service's cluster IP, from the node, as
+        // the API server of a cluster reaches them.
+        let weak: Weak<ApiServer> = Arc::downgrade(&api);
+        let dial_node = node.clone();
+        api.set_service_dialer(move |svc: ServiceRef| {
+            let api = weak.clone();
+            let node = dial_node.clone();
+            async move {
+                let ip = api
+                    .upgrade()
+                    .and_then(|api| api.get("services", &svc.namespace, &svc.name))
+                    .and_then(|s| s["spec"]["clusterIP"].as_str().map(String::from))
+                    .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
+                    .ok_or_else(|| {
+                        std::io::Error::new(
+                            std::io::ErrorKind::NotFound,
+                            format!("no cluster IP for {}/{}", svc.namespace, svc.name),
+                        )
+                    })?;
+                node.dial((ip, svc.port).into()).await
+            }
+        });
+        let controllers = Controllers::start(api.clone(), node.name());
+        let kubelet = Kubelet::start(api.clone(), node, images()).expect("the kubelet starts");
+        ClusterBox {
+            api,
+            kubelet,
+            _controllers: controllers,
+            dir: tempfile::tempdir().expect("tempdir"),
+            started,
+        }
+    }
+
+    /// Creates every document of `yaml`, in order, as `kubectl apply` would
+    /// on an empty cluster (through admission).
+    pub async fn apply(&self, yaml: &str) {
+        let docs: Vec<Value> = serde_saphyr::from_multiple(yaml).expect("manifests parse");
+        for doc in docs.into_iter().filter(Value::is_object) {
+            let what = format!("{} {}", doc["kind"], doc["metadata"]["name"]);
+            if let Err(e) = self.api.create(doc).await {
+                panic!("applying {what}: {e:?}");
+            }
+        }
+    }
+
+    /// `GET http://ADDR/PATH` from inside the node: (status, body).
+    pub async fn get(
+        &self,
+        addr: std::net::SocketAddr,
+        path: &str,
+    ) -> Result<(u16, String), String> {
+        use http_body_util::{BodyExt, Empty};
+        let stream = self
+            .kubelet
+            .node()
+            .dial(addr)
+            .await
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake::<_, Empty<hyper::body::Bytes>>(
+                hyper_util::rt::TokioIo::new(stream),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        let req = http::Request::get(path)
+            .header(http::header::HOST, addr.to_string())
+            .body(Empty::new())
+            .map_err(|e| e.to_string())?;
+        let rsp = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
+            .await
+            .map_err(|_| "no answer in 10s".to_string())?
+            .map_err(|e| e.to_string())?;
+        let status = rsp.status().as_u16();
+        let body = rsp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    }
+
+    /// The pods of `namespace` labelled `app=APP`.
+    pub fn pods_of(&self, namespace: &str, app: &str) -> Vec<Value> {
+        self.api
+            .list("pods")
+            .into_iter()
+            .filter(|p| {
+                p["metadata"]["namespace"] == namespace && p["metadata"]["labels"]["app"] == app
+            })
+            .collect()
+    }
+
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.api.write_kubeconfig(self.dir.path())
+    }
+
+    /// Every pod of `namespace` with its status and its containers' logs.
+    pub fn describe(&self, namespace: &str) -> String {
+        let mut out = String::new();
+        for pod in self.api.list("pods") {
+            if pod["metadata"]["namespace"] != namespace {
+                continue;
+            }
+            let name = pod["metadata"]["name"].as_str().unwrap_or("?");
+            out.push_str(&format!("pod {name}: {}\n", pod["status"]));
+            for list in ["initContainers", "containers"] {
+                for c in pod["spec"][list].as_array().into_iter().flatten() {
+                    let c = c["name"].as_str().unwrap_or("?");
+                    let log = self.kubelet.logs(namespace, name, c);
+                    let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                    out.push_str(&format!("--- {c} (last lines):\n"));
+                    for line in tail.iter().rev() {
+                        out.push_str(line);
+                        out.push('\n');
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Waits until every Deployment of `namespace` has all its replicas ready.
+    pub async fn wait_deployments_ready(&self, namespace: &str, within: Duration) {
+        let ready = self
+            .api
+            .wait_until(within, |api| {
+                let deployments: Vec<Value> = api
+                    .list("deployments")
+                    .into_iter()
+                    .filter(|d| d["metadata"]["namespace"] == namespace)
+                    .collect();
+                !deployments.is_empty()
+                    && deployments.iter().all(|d| {
+                        let want = d["spec"]["replicas"].as_u64().unwrap_or(1);
+                        d["status"]["readyReplicas"].as_u64() == Some(want)
+                    })
+            })
+            .await;
+        assert!(
+            ready,
+            "the Deployments of {namespace} were not all ready within {within:?}\n{}",
+            self.describe(namespace)
+        );
+    }
+}
+
+/// An application shaped like Linkerd's emojivoto, in a namespace annotated
+/// `linkerd.io/inject: enabled`: `web` calls `emoji` and `voting`, and
+/// `vote-bot` calls `web`. Every Deployment is created as a user writes it;
+/// the pods are injected by the webhook.
+pub fn emojivoto() -> String {
+    let backend = |name: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {name}, namespace: emojivoto}}\n\
+             ---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: emojivoto}}\n\
+             spec:\n  selector: {{app: {name}}}\n  ports: [{{name: http, port: 80, targetPort: 8080}}]\n\
+             ---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {name}, namespace: emojivoto}}\n\
+             spec:\n  replicas: 1\n  selector: {{matchLabels: {{app: {name}}}}}\n  template:\n\
+             \x20   metadata: {{labels: {{app: {name}}}}}\n\
+             \x20   spec:\n      serviceAccountName: {name}\n      containers:\n\
+             \x20     - name: {name}\n        image: app:latest\n        command: [ballast]\n\
+             \x20       args: [backend, --addr, \"0.0.0.0:8080\", --name, {name}]\n\
+             \x20       ports: [{{name: http, containerPort: 8080}}]\n"
+        )
+    };
+    // A caller: a loop of curl through the pod's proxy, one line per request.
+    let caller = |targets: &[&str]| {
+        let urls: Vec<String> = targets
+            .iter()
+            .map(|t| format!("http://{t}.emojivoto.svc.cluster.local/"))
+            .collect();
+        format!(
+            "      - name: caller\n        image: tools:latest\n        command: [sh, -c]\n\
+             \x20       args:\n          - 'while :; do for u in {}; do if curl -sf -m 5 -o /dev/null $u; then echo ok $u; else echo fail $u; fi; done; sleep 0.2; done'\n",
+            urls.join(" ")
+        )
+    };
+    let mut out = String::from(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: emojivoto\n  annotations: {linkerd.io/inject: enabled}\n",
+    );
+    for name in ["emoji", "voting", "web"] {
+        out.push_str(&backend(name));
+    }
+    // web's pod also calls emoji and voting (its second container).
+    let web_caller = caller(&["emoji", "voting"]);
+    let web_end = "        args: [backend, --addr, \"0.0.0.0:8080\", --name, web]\n        ports: [{name: http, containerPort: 8080}]\n";
+    out = out.replace(web_end, &format!("{web_end}{web_caller}"));
+    out.push_str(
+        "---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {name: vote-bot, namespace: emojivoto}\n\
+         ---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: vote-bot, namespace: emojivoto}\n\
+         spec:\n  replicas: 1\n  selector: {matchLabels: {app: vote-bot}}\n  template:\n\
+         \x20   metadata: {labels: {app: vote-bot}}\n\
+         \x20   spec:\n      serviceAccountName: vote-bot\n      containers:\n",
+    );
+    out.push_str(&caller(&["web"]));
+    out
+}
+
+impl ClusterBox {
+    /// A cluster with `ballast install`'s output applied and its control
+    /// plane ready.
+    pub async fn installed() -> ClusterBox {
+        let (ballast, _) = binaries();
+        let cluster = ClusterBox::start().await;
+        let install = Command::new(&ballast)
+            .arg("install")
+            .output()
+            .expect("ballast install runs");
+        assert!(install.status.success(), "{install:?}");
+        cluster
+            .apply(&String::from_utf8_lossy(&install.stdout))
+            .await;
+        cluster
+            .wait_deployments_ready("ballast", Duration::from_secs(120))
+            .await;
+        cluster
+    }
+
+    /// The log of container `container` of the first pod of `app` in `namespace`.
+    pub fn log_of(&self, namespace: &str, app: &str, container: &str) -> String {
+        self.pods_of(namespace, app)
+            .first()
+            .and_then(|p| p["metadata"]["name"].as_str().map(String::from))
+            .map(|pod| self.kubelet.logs(namespace, &pod, container))
+            .unwrap_or_default()
+    }
+
+    /// The first pod of `app` in `namespace`: its IP.
+    pub fn pod_ip(&self, namespace: &str, app: &str) -> std::net::IpAddr {
+        self.pods_of(namespace, app)
+            .first()
+            .and_then(|p| p["status"]["podIP"].as_str().and_then(|ip| ip.parse().ok()))
+            .unwrap_or_else(|| panic!("no pod IP for {namespace}/{app}"))
+    }
+}
