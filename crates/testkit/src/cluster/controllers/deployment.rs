@@ -255,7 +255,11 @@ fn replica_set_for(
         template["metadata"]["labels"] = json!({});
     }
     template["metadata"]["labels"]["pod-template-hash"] = json!(hash);
-    let mut selector = d.pointer("/spec/selector").cloned().unwrap_or(json!({}));
+    let mut selector = d
+        .pointer("/spec/selector")
+        .filter(|s| s.is_object())
+        .cloned()
+        .unwrap_or(json!({}));
     if !selector.get("matchLabels").is_some_and(Value::is_object) {
         selector["matchLabels"] = json!({});
     }
