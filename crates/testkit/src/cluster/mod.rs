@@ -43,6 +43,7 @@ pub mod kubelet;
 mod netns;
 pub mod node;
 mod pod;
+mod pod_status;
 mod probe;
 mod process;
 mod volumes;

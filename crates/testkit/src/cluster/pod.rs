@@ -9,10 +9,10 @@ use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::process::Child;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use super::env::{container_env, expand, PodFacts};
 use super::images::Images;
 use super::node::{Node, PodSandbox};
+use super::pod_status::{now_rfc3339, pod_status, ContainerStatus, PodState, State, Which};
 use super::probe::{http_get, port, Probe, ProbeAction};
 use super::process::{ContainerLog, ProcessGroup, ProcessSpec};
 use super::volumes::{Mount, PodVolumes};
@@ -98,102 +99,6 @@ impl Drop for PodResources {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
-enum State {
-    Waiting {
-        reason: String,
-        message: String,
-    },
-    Running {
-        started_at: String,
-    },
-    Terminated {
-        exit_code: i32,
-        signal: Option<i32>,
-        reason: String,
-        started_at: String,
-        finished_at: String,
-    },
-}
-
-impl State {
-    fn json(&self) -> Value {
-        match self {
-            State::Waiting { reason, message } => {
-                json!({"waiting": {"reason": reason, "message": message}})
-            }
-            State::Running { started_at } => json!({"running": {"startedAt": started_at}}),
-            State::Terminated {
-                exit_code,
-                signal,
-                reason,
-                started_at,
-                finished_at,
-            } => {
-                let mut t = json!({"exitCode": exit_code, "reason": reason,
-                    "startedAt": started_at, "finishedAt": finished_at});
-                if let Some(s) = signal {
-                    t["signal"] = json!(s);
-                }
-                json!({ "terminated": t })
-            }
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-struct ContainerStatus {
-    name: String,
-    image: String,
-    state: State,
-    last: Option<State>,
-    ready: bool,
-    started: bool,
-    restarts: u32,
-}
-
-impl ContainerStatus {
-    fn json(&self) -> Value {
-        json!({
-            "name": self.name,
-            "image": self.image,
-            "imageID": "",
-            "ready": self.ready,
-            "started": self.started,
-            "restartCount": self.restarts,
-            "state": self.state.json(),
-            "lastState": self.last.as_ref().map_or(json!({}), State::json),
-        })
-    }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Which {
-    Init(usize),
-    Main(usize),
-}
-
-#[derive(Clone)]
-struct PodState {
-    init: Vec<ContainerStatus>,
-    main: Vec<ContainerStatus>,
-    initialized: bool,
-    /// Set when an init container failed under `restartPolicy: Never`.
-    failed: bool,
-    /// Why the sandbox or volumes could not be made.
-    setup_error: Option<String>,
-    pod_ip: Option<Ipv4Addr>,
-}
-
-impl PodState {
-    fn status(&mut self, which: Which) -> &mut ContainerStatus {
-        match which {
-            Which::Init(i) => &mut self.init[i],
-            Which::Main(i) => &mut self.main[i],
-        }
-    }
-}
-
 /// A pod being run: its spec as first seen (pods are immutable where it matters).
 struct PodRun {
     k: Arc<KubeletShared>,
@@ -212,29 +117,6 @@ struct PodRun {
     changed: tokio::sync::Notify,
     /// `status.startTime`: when the kubelet took the pod (none while it cannot).
     start_time: Option<String>,
-}
-
-pub(crate) fn now_rfc3339() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
 }
 
 fn containers(pod: &Value, field: &str) -> Vec<Value> {
@@ -1055,71 +937,13 @@ impl PodRun {
     }
 
     fn status_json(&self) -> Value {
-        let st = lock(&self.state);
-        let now = now_rfc3339();
-        let all_ready = !st.main.is_empty() && st.main.iter().all(|c| c.ready);
-        let condition = |kind: &str, ok: bool, reason: Option<&str>| {
-            let mut c = json!({"type": kind, "status": if ok { "True" } else { "False" },
-                "lastProbeTime": null, "lastTransitionTime": now});
-            if let (false, Some(r)) = (ok, reason) {
-                c["reason"] = json!(r);
-            }
-            c
-        };
-        let terminated = |c: &ContainerStatus| -> Option<bool> {
-            match &c.state {
-                State::Terminated { exit_code, .. } => Some(*exit_code == 0),
-                _ => None,
-            }
-        };
-        let all_done: Option<Vec<bool>> = st.main.iter().map(terminated).collect();
-        let phase = if st.failed {
-            "Failed"
-        } else if !st.initialized || st.setup_error.is_some() {
-            "Pending"
-        } else {
-            match (all_done, self.restart_policy.as_str()) {
-                (Some(done), "Never") if !done.is_empty() => {
-                    if done.iter().all(|ok| *ok) {
-                        "Succeeded"
-                    } else {
-                        "Failed"
-                    }
-                }
-                (Some(done), "OnFailure") if !done.is_empty() && done.iter().all(|ok| *ok) => {
-                    "Succeeded"
-                }
-                _ if st.main.iter().any(|c| c.started || c.restarts > 0) => "Running",
-                _ => "Pending",
-            }
-        };
         let host_ip = self.k.node.ip().to_string();
-        let mut status = json!({
-            "phase": phase,
-            "hostIP": host_ip,
-            "hostIPs": [{"ip": host_ip}],
-            "conditions": [
-                condition("PodScheduled", true, None),
-                condition("Initialized", st.initialized, Some("ContainersNotInitialized")),
-                condition("ContainersReady", all_ready, Some("ContainersNotReady")),
-                condition("Ready", all_ready, Some("ContainersNotReady")),
-            ],
-            "initContainerStatuses": st.init.iter().map(ContainerStatus::json).collect::<Vec<_>>(),
-            "containerStatuses": st.main.iter().map(ContainerStatus::json).collect::<Vec<_>>(),
-            "qosClass": "BestEffort",
-        });
-        if let Some(t) = &self.start_time {
-            status["startTime"] = json!(t);
-        }
-        if let Some(ip) = st.pod_ip {
-            status["podIP"] = json!(ip.to_string());
-            status["podIPs"] = json!([{"ip": ip.to_string()}]);
-        }
-        if let Some(e) = &st.setup_error {
-            status["reason"] = json!("FailedCreatePodSandBox");
-            status["message"] = json!(e);
-        }
-        status
+        pod_status(
+            &lock(&self.state),
+            &self.restart_policy,
+            &host_ip,
+            self.start_time.as_deref(),
+        )
     }
 
     /// Writes the status (through the status subresource, at the stored
