@@ -198,12 +198,8 @@ fn applies(
             .get("resources")
             .and_then(Value::as_array)
             .is_some_and(|vs| {
-                vs.iter().any(|v| {
-                    v == "*"
-                        || v == "*/*"
-                        || v == rt.plural
-                        || v.as_str() == Some(&format!("{}/*", rt.plural))
-                })
+                // `pods/*` names subresources only, which are not reviewed here.
+                vs.iter().any(|v| v == "*" || v == "*/*" || v == rt.plural)
             });
         let scope_ok = match rule.get("scope").and_then(Value::as_str).unwrap_or("*") {
             "Cluster" => !rt.namespaced,

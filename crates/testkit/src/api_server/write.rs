@@ -698,9 +698,9 @@ pub(crate) async fn patch(
         let mut patched = current.clone();
         patch::apply(kind, &mut patched, body).map_err(|(code, m)| ApiError::new(code, m))?;
         let patched_rv = text(&patched, "/metadata/resourceVersion").map(String::from);
-        let explicit_rv = patched_rv.as_deref() != Some(current_rv.as_str());
-        if explicit_rv {
-            // The patch named another resourceVersion: optimistic concurrency.
+        // A patch that names another resourceVersion asks for optimistic concurrency;
+        // one that removes it writes unconditionally.
+        if patched_rv.as_deref().is_some_and(|rv| rv != current_rv) {
             return Err(conflict(resource, name));
         }
         let ns = RESOURCES[resource].namespaced.then_some(namespace);
