@@ -750,6 +750,21 @@ async fn writes_through_the_kube_client_create_replace_patch_and_delete() {
         .expect("apply merges");
     assert_eq!(applied.data.as_ref().map(|d| d.len()), Some(2));
 
+    // A dry run answers as the write would and stores nothing.
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let mut c3 = cm.clone();
+    c3.metadata.name = Some("c3".into());
+    let would = maps.create(&dry, &c3).await.expect("dry create");
+    assert_eq!(would.metadata.name.as_deref(), Some("c3"));
+    assert!(server.get("configmaps", "ns1", "c3").is_none());
+    maps.delete("c2", &DeleteParams::default().dry_run())
+        .await
+        .expect("dry delete");
+    assert!(server.get("configmaps", "ns1", "c2").is_some());
+
     maps.delete("c1", &DeleteParams::default())
         .await
         .expect("delete");
@@ -761,7 +776,7 @@ async fn writes_through_the_kube_client_create_replace_patch_and_delete() {
             .expect_err("twice"),
     );
     assert_eq!(gone.code, 404);
-    assert_eq!(server.count("create", "configmaps"), 2);
+    assert_eq!(server.count("create", "configmaps"), 3);
 }
 
 #[tokio::test]

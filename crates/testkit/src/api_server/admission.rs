@@ -104,6 +104,7 @@ pub(crate) async fn admit(
     op: Operation,
     mut obj: Value,
     old: Option<&Value>,
+    dry_run: bool,
 ) -> Result<Value, ApiError> {
     for (phase, plural) in [
         ("mutating", "mutatingwebhookconfigurations"),
@@ -126,7 +127,20 @@ pub(crate) async fn admit(
                 if !applies(hook, resource, op, &obj, old, &ns_labels) {
                     continue;
                 }
-                obj = call_one(shared, config_name, phase, hook, resource, op, obj, old).await?;
+                obj = call_one(
+                    shared,
+                    Review {
+                        configuration: config_name,
+                        phase,
+                        hook,
+                        resource,
+                        op,
+                        old,
+                        dry_run,
+                    },
+                    obj,
+                )
+                .await?;
             }
         }
     }
@@ -230,17 +244,27 @@ fn applies(
         || old.is_some_and(|o| selects(object_selector, &labels_of(o)))
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn call_one(
-    shared: &Arc<Shared>,
-    configuration: &str,
+/// One webhook's review of one write.
+struct Review<'a> {
+    configuration: &'a str,
     phase: &'static str,
-    hook: &Value,
+    hook: &'a Value,
     resource: usize,
     op: Operation,
-    obj: Value,
-    old: Option<&Value>,
-) -> Result<Value, ApiError> {
+    old: Option<&'a Value>,
+    dry_run: bool,
+}
+
+async fn call_one(shared: &Arc<Shared>, review: Review<'_>, obj: Value) -> Result<Value, ApiError> {
+    let Review {
+        configuration,
+        phase,
+        hook,
+        resource,
+        op,
+        old,
+        dry_run,
+    } = review;
     let rt = &RESOURCES[resource];
     let hook_name = hook
         .get("name")
@@ -270,7 +294,7 @@ async fn call_one(
             "userInfo": {"username": "system:admin", "groups": ["system:masters", "system:authenticated"]},
             "object": obj,
             "oldObject": old.cloned().unwrap_or(Value::Null),
-            "dryRun": false,
+            "dryRun": dry_run,
             "options": if op == Operation::Create {
                 json!({"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"})
             } else {

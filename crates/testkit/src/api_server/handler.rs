@@ -308,9 +308,11 @@ fn refused(resource: usize, name: &str, e: &ApiError) -> Response<Body> {
     json_response(e.code, &body)
 }
 
-/// The delete options of the query and of a `DeleteOptions` body (the body wins).
-fn delete_options(raw_query: &str, body: &[u8]) -> Result<DeleteOptions, String> {
+/// The delete options of the query and of a `DeleteOptions` body (the body wins),
+/// and whether the body asks for a dry run (`dryRun: ["All"]`).
+fn delete_options(raw_query: &str, body: &[u8]) -> Result<(DeleteOptions, bool), String> {
     let mut opts = DeleteOptions::default();
+    let mut dry_run = false;
     for (k, v) in form_urlencoded::parse(raw_query.as_bytes()) {
         match &*k {
             "gracePeriodSeconds" => {
@@ -332,6 +334,10 @@ fn delete_options(raw_query: &str, body: &[u8]) -> Result<DeleteOptions, String>
         if let Some(p) = v.get("propagationPolicy").and_then(Value::as_str) {
             opts.propagation_policy = Some(p.to_string());
         }
+        dry_run = v
+            .get("dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|d| d.iter().any(|x| x == "All"));
     }
     if let Some(p) = &opts.propagation_policy {
         if !matches!(p.as_str(), "Background" | "Foreground" | "Orphan") {
@@ -341,7 +347,7 @@ fn delete_options(raw_query: &str, body: &[u8]) -> Result<DeleteOptions, String>
             ));
         }
     }
-    Ok(opts)
+    Ok((opts, dry_run))
 }
 
 /// POST, PUT, PATCH and DELETE on resources.
@@ -362,6 +368,23 @@ async fn write_request(
         Ok(b) => b,
         Err((code, message)) => return failure(code, &message),
     };
+    let mut dry_run = false;
+    for (k, v) in form_urlencoded::parse(raw_query.as_bytes()) {
+        match (&*k, &*v) {
+            ("dryRun", "All") => dry_run = true,
+            ("dryRun", "") => {}
+            ("dryRun", other) => {
+                return failure(
+                    400,
+                    &format!(
+                        "dryRun: unsupported value {:?}: supported values: \"All\"",
+                        bounded(other)
+                    ),
+                )
+            }
+            _ => {}
+        }
+    }
     let ok = |code: u16, v: &Value| json_response(code, v);
     match (method, route) {
         (_, Route::NotFound) => failure(404, "the server could not find the requested resource"),
@@ -381,7 +404,7 @@ async fn write_request(
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .to_string();
-            match write::create(shared, resource, namespace.as_deref(), obj).await {
+            match write::create(shared, resource, namespace.as_deref(), obj, dry_run).await {
                 Ok(v) => ok(201, &v),
                 Err(e) => refused(resource, &name, &e),
             }
@@ -410,7 +433,7 @@ async fn write_request(
                 Err(e) => return failure(400, &e),
             };
             let ns = RESOURCES[resource].namespaced.then_some(namespace.as_str());
-            match write::update(shared, resource, ns, Some(&name), obj, part).await {
+            match write::update(shared, resource, ns, Some(&name), obj, part, dry_run).await {
                 Ok(v) => ok(200, &v),
                 Err(e) => refused(resource, &name, &e),
             }
@@ -447,7 +470,17 @@ async fn write_request(
                 Ok(p) => p,
                 Err(e) => return failure(400, &e),
             };
-            match write::patch(shared, resource, &namespace, &name, kind, &patch, part).await {
+            match write::patch(
+                shared,
+                resource,
+                &(namespace, name.clone()),
+                kind,
+                &patch,
+                part,
+                dry_run,
+            )
+            .await
+            {
                 Ok((v, created)) => ok(if created { 201 } else { 200 }, &v),
                 Err(e) => refused(resource, &name, &e),
             }
@@ -460,11 +493,12 @@ async fn write_request(
                 name,
             },
         ) => {
-            let opts = match delete_options(&raw_query, &body) {
+            let (opts, body_dry_run) = match delete_options(&raw_query, &body) {
                 Ok(o) => o,
                 Err(e) => return failure(400, &e),
             };
-            match write::delete(shared, resource, &namespace, &name, &opts) {
+            let dry_run = dry_run || body_dry_run;
+            match write::delete(shared, resource, &namespace, &name, &opts, dry_run) {
                 Ok(v) => ok(200, &v),
                 Err(e) => refused(resource, &name, &e),
             }
@@ -475,7 +509,14 @@ async fn write_request(
                 resource,
                 namespace,
             },
-        ) => delete_collection(shared, resource, namespace.as_deref(), &raw_query, &body),
+        ) => delete_collection(
+            shared,
+            resource,
+            namespace.as_deref(),
+            &raw_query,
+            &body,
+            dry_run,
+        ),
         _ => failure(
             405,
             "the server does not allow this method on the requested resource",
@@ -490,11 +531,13 @@ fn delete_collection(
     namespace: Option<&str>,
     raw_query: &str,
     body: &[u8],
+    dry_run: bool,
 ) -> Response<Body> {
-    let (query, opts) = match (Query::parse(raw_query), delete_options(raw_query, body)) {
-        (Ok(q), Ok(o)) => (q, o),
-        (Err(e), _) | (_, Err(e)) => return failure(400, &e),
-    };
+    let (query, (opts, body_dry_run)) =
+        match (Query::parse(raw_query), delete_options(raw_query, body)) {
+            (Ok(q), Ok(o)) => (q, o),
+            (Err(e), _) | (_, Err(e)) => return failure(400, &e),
+        };
     let filter = match Filter::parse(
         query.label_selector.as_deref(),
         query.field_selector.as_deref(),
@@ -527,7 +570,7 @@ fn delete_collection(
     };
     let mut items = Vec::new();
     for (ns, name) in keys {
-        if let Ok(v) = write::delete(shared, resource, &ns, &name, &opts) {
+        if let Ok(v) = write::delete(shared, resource, &ns, &name, &opts, dry_run || body_dry_run) {
             items.push(v);
         }
     }

@@ -194,7 +194,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 ///   `Conflict`), PATCH (`application/merge-patch+json`, `json-patch+json`,
 ///   `strategic-merge-patch+json` as a merge patch, `apply-patch+yaml` as
 ///   create-or-merge), DELETE (`gracePeriodSeconds`, `propagationPolicy`, query or
-///   `DeleteOptions` body) and DELETE of a collection; `.../NAME/status` reads and
+///   `DeleteOptions` body) and DELETE of a collection; `dryRun=All` (query, or a
+///   `DeleteOptions` body's `dryRun`) checks, admits and answers without storing; `.../NAME/status` reads and
 ///   writes only the status of the types that have one, and writes of the object keep
 ///   its stored status. Bodies are read up to [`MAX_BODY`] (413 beyond). Every refusal
 ///   is a `Status`. Creates and updates go through admission (see [`ApiServer::create`]).
@@ -368,7 +369,7 @@ impl ApiServer {
             .pointer("/metadata/namespace")
             .and_then(Value::as_str)
             .map(String::from);
-        write::create(&self.shared, resource, namespace.as_deref(), obj).await
+        write::create(&self.shared, resource, namespace.as_deref(), obj, false).await
     }
 
     /// Replaces an object as a PUT does (the stored status is kept where the type has a
@@ -376,7 +377,16 @@ impl ApiServer {
     /// 409), through admission.
     pub async fn update(&self, obj: Value) -> Result<Value, ApiError> {
         let resource = resource_of(&obj)?;
-        write::update(&self.shared, resource, None, None, obj, write::Part::Object).await
+        write::update(
+            &self.shared,
+            resource,
+            None,
+            None,
+            obj,
+            write::Part::Object,
+            false,
+        )
+        .await
     }
 
     /// Replaces only the status of an object, as a PUT of `.../status` does (a given
@@ -386,7 +396,16 @@ impl ApiServer {
         if !resources::has_status(resource) {
             return Err(ApiError::new(404, "the type has no status subresource"));
         }
-        write::update(&self.shared, resource, None, None, obj, write::Part::Status).await
+        write::update(
+            &self.shared,
+            resource,
+            None,
+            None,
+            obj,
+            write::Part::Status,
+            false,
+        )
+        .await
     }
 
     /// Applies a JSON merge patch to an object (namespace `""` for cluster-scoped
@@ -402,11 +421,11 @@ impl ApiServer {
         write::patch(
             &self.shared,
             resource,
-            namespace,
-            name,
+            &(namespace.to_string(), name.to_string()),
             patch::PatchType::Merge,
             &patch,
             write::Part::Object,
+            false,
         )
         .await
         .map(|(v, _)| v)
@@ -423,7 +442,7 @@ impl ApiServer {
         opts: &DeleteOptions,
     ) -> Result<Value, ApiError> {
         let resource = plural_of(plural)?;
-        write::delete(&self.shared, resource, namespace, name, opts)
+        write::delete(&self.shared, resource, namespace, name, opts, false)
     }
 
     /// Removes an object for good at once, whatever its kind and marks (the kubelet's

@@ -488,6 +488,7 @@ fn commit(
     key: &Key,
     mut obj: Value,
     expect: Expect,
+    dry_run: bool,
 ) -> Result<Committed, ApiError> {
     let stored = {
         let mut store = lock(&shared.store);
@@ -533,6 +534,10 @@ fn commit(
                 spec.insert("clusterIPs".into(), json!([ip]));
             }
         }
+        if dry_run {
+            // Everything a write checks and allocates, nothing stored.
+            return Ok(Committed::Done(obj));
+        }
         let (stored, change) = store.apply(obj).map_err(|e| ApiError::new(400, e))?;
         if let Some(change) = change {
             shared.publish(change);
@@ -577,6 +582,7 @@ pub(crate) async fn create(
     resource: usize,
     path_namespace: Option<&str>,
     mut obj: Value,
+    dry_run: bool,
 ) -> Result<Value, ApiError> {
     let key = shape(resource, path_namespace, None, &mut obj)?;
     if get_current(shared, resource, &key).is_some() {
@@ -588,7 +594,7 @@ pub(crate) async fn create(
     }
     refuse_in_terminating_namespace(shared, resource, &key.0)?;
     defaults_on_create(resource, &mut obj);
-    let obj = admission::admit(shared, resource, Operation::Create, obj, None).await?;
+    let obj = admission::admit(shared, resource, Operation::Create, obj, None, dry_run).await?;
     // A webhook may not rename or move the object.
     if text(&obj, "/metadata/name") != Some(key.1.as_str()) {
         return Err(ApiError::new(
@@ -599,7 +605,7 @@ pub(crate) async fn create(
             ),
         ));
     }
-    match commit(shared, resource, &key, obj, Expect::Absent)? {
+    match commit(shared, resource, &key, obj, Expect::Absent, dry_run)? {
         Committed::Done(v) => Ok(v),
         Committed::Raced => Err(conflict(resource, &key.1)),
     }
@@ -614,6 +620,7 @@ pub(crate) async fn update(
     path_name: Option<&str>,
     mut obj: Value,
     part: Part,
+    dry_run: bool,
 ) -> Result<Value, ApiError> {
     let key = shape(resource, path_namespace, path_name, &mut obj)?;
     let given_rv = text(&obj, "/metadata/resourceVersion").map(String::from);
@@ -627,7 +634,7 @@ pub(crate) async fn update(
         if given_rv.as_ref().is_some_and(|rv| *rv != current_rv) {
             return Err(conflict(resource, &key.1));
         }
-        match replace(shared, resource, &key, &current, obj.clone(), part).await? {
+        match replace(shared, resource, &key, &current, obj.clone(), part, dry_run).await? {
             Committed::Done(v) => return Ok(v),
             Committed::Raced if given_rv.is_some() => return Err(conflict(resource, &key.1)),
             Committed::Raced => {}
@@ -645,6 +652,7 @@ async fn replace(
     current: &Value,
     mut new: Value,
     part: Part,
+    dry_run: bool,
 ) -> Result<Committed, ApiError> {
     let current_rv = text(current, "/metadata/resourceVersion")
         .unwrap_or("")
@@ -654,7 +662,15 @@ async fn replace(
         meta.insert("resourceVersion".into(), Value::String(current_rv.clone()));
     }
     let new = if part == Part::Object {
-        admission::admit(shared, resource, Operation::Update, new, Some(current)).await?
+        admission::admit(
+            shared,
+            resource,
+            Operation::Update,
+            new,
+            Some(current),
+            dry_run,
+        )
+        .await?
     } else {
         new
     };
@@ -667,7 +683,14 @@ async fn replace(
             ),
         ));
     }
-    commit(shared, resource, key, new, Expect::Revision(current_rv))
+    commit(
+        shared,
+        resource,
+        key,
+        new,
+        Expect::Revision(current_rv),
+        dry_run,
+    )
 }
 
 /// PATCH: applies a patch to the stored object or its status. An apply patch
@@ -675,20 +698,22 @@ async fn replace(
 pub(crate) async fn patch(
     shared: &Arc<Shared>,
     resource: usize,
-    namespace: &str,
-    name: &str,
+    key: &Key,
     kind: PatchType,
     body: &Value,
     part: Part,
+    dry_run: bool,
 ) -> Result<(Value, bool), ApiError> {
-    let key: Key = (namespace.to_string(), name.to_string());
+    let (namespace, name) = (key.0.as_str(), key.1.as_str());
     for _ in 0..RACE_RETRIES {
-        let Some(current) = get_current(shared, resource, &key) else {
+        let Some(current) = get_current(shared, resource, key) else {
             if kind == PatchType::Apply && part == Part::Object {
                 let ns = RESOURCES[resource].namespaced.then_some(namespace);
                 let mut obj = body.clone();
                 shape(resource, ns, Some(name), &mut obj)?;
-                return create(shared, resource, ns, obj).await.map(|v| (v, true));
+                return create(shared, resource, ns, obj, dry_run)
+                    .await
+                    .map(|v| (v, true));
             }
             return Err(not_found(resource, name));
         };
@@ -705,7 +730,7 @@ pub(crate) async fn patch(
         }
         let ns = RESOURCES[resource].namespaced.then_some(namespace);
         shape(resource, ns, Some(name), &mut patched)?;
-        match replace(shared, resource, &key, &current, patched, part).await? {
+        match replace(shared, resource, key, &current, patched, part, dry_run).await? {
             Committed::Done(v) => return Ok((v, false)),
             Committed::Raced => {}
         }
@@ -723,6 +748,7 @@ pub(crate) fn delete(
     namespace: &str,
     name: &str,
     opts: &DeleteOptions,
+    dry_run: bool,
 ) -> Result<Value, ApiError> {
     if let Some(g) = opts.grace_period_seconds {
         if g < 0 {
@@ -746,6 +772,9 @@ pub(crate) fn delete(
             _ => None,
         };
         let Some(marked) = marked else {
+            if dry_run {
+                return Ok(current);
+            }
             let removed = remove_now(shared, resource, &key);
             if opts.propagation_policy.as_deref() == Some("Orphan") {
                 orphan(shared, &current);
@@ -755,7 +784,14 @@ pub(crate) fn delete(
         if marked == current {
             return Ok(current);
         }
-        match commit(shared, resource, &key, marked, Expect::Revision(rv))? {
+        match commit(
+            shared,
+            resource,
+            &key,
+            marked,
+            Expect::Revision(rv),
+            dry_run,
+        )? {
             Committed::Done(v) => return Ok(v),
             Committed::Raced => {}
         }
@@ -854,7 +890,7 @@ fn orphan(shared: &Shared, owner: &Value) {
                 .to_string();
             // A dependent changed meanwhile keeps its reference; the collector then
             // deletes it, which is what a lost race with Orphan does on a real cluster.
-            let _ = commit(shared, resource, &key, d, Expect::Revision(rv));
+            let _ = commit(shared, resource, &key, d, Expect::Revision(rv), false);
         }
     }
 }
