@@ -1,17 +1,15 @@
 //! A pod's volumes as files under the kubelet's directory, and the mounts that put
 //! them at each container's `mountPath`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
-use std::sync::Mutex;
 
 use rand::Rng;
 use serde_json::Value;
 
 use super::env::{object_data, PodFacts};
-use crate::api_server::lock;
 use crate::ApiServer;
 
 /// Where the service-account volume is mounted in every container.
@@ -299,64 +297,129 @@ fn new_token(api: &ApiServer, ns: &str, sa: &str, audiences: &[&str]) -> String 
     token
 }
 
-/// Mount points the kubelets of this process made on the host, with how many mounts
-/// use each: removed only when the last user is gone, since every container's private
-/// mount namespace binds over the same host path.
-static MADE: Mutex<BTreeMap<PathBuf, usize>> = Mutex::new(BTreeMap::new());
+/// Where kubelets (of every test process) record the mount points they made on the
+/// host and who uses them: one `PID<TAB>PATH` line per use. Every container's private
+/// mount namespace binds over the same host path, so a path is removed only when its
+/// last user is gone, whichever process made it (and once its users' processes have
+/// died, by the next kubelet that looks).
+const MOUNT_POINTS: &str = "/run/ballast-testkit/mount-points";
+
+/// Runs `f` on the registry's entries under an exclusive lock and writes them back;
+/// entries of processes that are gone are dropped first, and what only they used is
+/// removed.
+fn with_mount_points<T>(f: impl FnOnce(&mut Vec<(u32, PathBuf)>) -> T) -> io::Result<T> {
+    use std::io::{Read, Seek, Write};
+    let path = Path::new(MOUNT_POINTS);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)?;
+    file.lock()?;
+    let mut text = String::new();
+    file.read_to_string(&mut text)?;
+    let mut entries: Vec<(u32, PathBuf)> = text
+        .lines()
+        .filter_map(|l| {
+            let (pid, path) = l.split_once('\t')?;
+            Some((pid.parse().ok()?, PathBuf::from(path)))
+        })
+        .collect();
+    let alive = |pid: u32| Path::new(&format!("/proc/{pid}")).exists();
+    let (live, dead): (Vec<_>, Vec<_>) = entries.drain(..).partition(|(pid, _)| alive(*pid));
+    entries = live;
+    let mut orphans: Vec<PathBuf> = dead
+        .into_iter()
+        .map(|(_, p)| p)
+        .filter(|p| !entries.iter().any(|(_, q)| q == p))
+        .collect();
+    // Deepest first, so that a directory is empty when its turn comes.
+    orphans.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    orphans.dedup();
+    for p in &orphans {
+        remove_made(p);
+    }
+    let out = f(&mut entries);
+    let text: String = entries
+        .iter()
+        .map(|(pid, p)| format!("{pid}\t{}\n", p.display()))
+        .collect();
+    file.set_len(0)?;
+    file.rewind()?;
+    file.write_all(text.as_bytes())?;
+    Ok(out)
+}
+
+/// rmdir or unlink of an empty file: never more than what was made.
+fn remove_made(path: &Path) {
+    if path.is_dir() {
+        let _ = std::fs::remove_dir(path);
+    } else if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
+        let _ = std::fs::remove_file(path);
+    }
+}
 
 /// A host path made (if missing) to mount over, released on drop.
 pub(crate) struct MountPoint {
-    /// What this handle counts, deepest last.
-    counted: Vec<PathBuf>,
+    /// The paths this handle uses (made by it or by another kubelet), deepest last.
+    used: Vec<PathBuf>,
 }
 
 impl MountPoint {
     fn make(target: &Path, dir: bool) -> io::Result<MountPoint> {
-        let mut made = lock(&MADE);
-        let mut counted = Vec::new();
-        let mut path = PathBuf::new();
-        let components: Vec<_> = target.components().collect();
-        for (i, c) in components.iter().enumerate() {
-            path.push(c);
-            let last = i + 1 == components.len();
-            if let Some(n) = made.get_mut(&path) {
-                *n += 1;
-                counted.push(path.clone());
-                continue;
+        let me = std::process::id();
+        // Owned from the start: on an error, its drop releases what was taken.
+        let mut point = MountPoint { used: Vec::new() };
+        with_mount_points(|entries| -> io::Result<()> {
+            let mut path = PathBuf::new();
+            let components: Vec<_> = target.components().collect();
+            for (i, c) in components.iter().enumerate() {
+                path.push(c);
+                let last = i + 1 == components.len();
+                let made_by_a_kubelet = entries.iter().any(|(_, p)| *p == path);
+                // `exists` follows symlinks (/var/run -> /run): that is what mount does.
+                if !made_by_a_kubelet {
+                    if path.exists() {
+                        continue;
+                    }
+                    if last && !dir {
+                        std::fs::write(&path, b"")?;
+                    } else {
+                        std::fs::create_dir(&path)?;
+                    }
+                }
+                entries.push((me, path.clone()));
+                point.used.push(path.clone());
             }
-            // `exists` follows symlinks (/var/run -> /run): that is what mount does.
-            if path.exists() {
-                continue;
-            }
-            if last && !dir {
-                std::fs::write(&path, b"")?;
-            } else {
-                std::fs::create_dir(&path)?;
-            }
-            made.insert(path.clone(), 1);
-            counted.push(path.clone());
-        }
-        Ok(MountPoint { counted })
+            Ok(())
+        })??;
+        Ok(point)
     }
 }
 
 impl Drop for MountPoint {
     fn drop(&mut self) {
-        let mut made = lock(&MADE);
-        for path in self.counted.iter().rev() {
-            let Some(n) = made.get_mut(path) else {
-                continue;
-            };
-            *n -= 1;
-            if *n == 0 {
-                made.remove(path);
-                // rmdir and unlink of an empty file: never more than what was made.
-                if path.is_dir() {
-                    let _ = std::fs::remove_dir(path);
-                } else {
-                    let _ = std::fs::remove_file(path);
+        if self.used.is_empty() {
+            return;
+        }
+        let me = std::process::id();
+        let used = std::mem::take(&mut self.used);
+        let released = with_mount_points(|entries| {
+            for path in used.iter().rev() {
+                if let Some(i) = entries.iter().position(|(pid, p)| *pid == me && p == path) {
+                    entries.remove(i);
+                }
+                if !entries.iter().any(|(_, p)| p == path) {
+                    remove_made(path);
                 }
             }
+        });
+        if let Err(e) = released {
+            tracing::warn!(error = %e, "testkit: mount points not released");
         }
     }
 }
