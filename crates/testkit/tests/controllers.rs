@@ -567,3 +567,54 @@ async fn deleting_a_namespace_removes_its_content_then_the_namespace() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_paused_deployment_waits_and_spent_replica_sets_beyond_the_history_limit_go() {
+    let api = Arc::new(ApiServer::start().await);
+    let _controllers = Controllers::start(api.clone(), NODE);
+    let _kubelet = TestKubelet::start(api.clone(), true);
+    let mut d = deployment("web", "ns1", 1, json!({}));
+    d["spec"]["revisionHistoryLimit"] = json!(0);
+    api.create(d).await.expect("create");
+    let image = |s: &ApiServer| {
+        in_ns(s, "pods", "ns1")
+            .iter()
+            .map(|p| text(p, "/spec/containers/0/image"))
+            .collect::<Vec<_>>()
+    };
+    assert!(api.wait_until(DEADLINE, |s| image(s) == ["web:1"]).await);
+    let paused = json!({"spec": {"paused": true, "template": {"spec": {"containers": [{"name": "main", "image": "web:2"}]}}}});
+    api.patch_merge("deployments", "ns1", "web", paused)
+        .await
+        .expect("patch");
+    // Paused: the change is observed, but no ReplicaSet is made and no pod moves.
+    let observed = |s: &ApiServer| {
+        s.get("deployments", "ns1", "web")
+            .is_some_and(|d| d["status"]["observedGeneration"] == 2)
+    };
+    assert!(api.wait_until(DEADLINE, observed).await);
+    assert_eq!(image(&api), ["web:1"]);
+    assert_eq!(in_ns(&api, "replicasets", "ns1").len(), 1);
+
+    api.patch_merge(
+        "deployments",
+        "ns1",
+        "web",
+        json!({"spec": {"paused": false}}),
+    )
+    .await
+    .expect("resume");
+    // The old ReplicaSet, scaled to zero and empty, is beyond a history of 0.
+    assert!(
+        api.wait_until(DEADLINE, |s| image(s) == ["web:2"]
+            && in_ns(s, "replicasets", "ns1").len() == 1)
+            .await,
+        "{:#?}",
+        in_ns(&api, "replicasets", "ns1")
+    );
+    let rs = &in_ns(&api, "replicasets", "ns1")[0];
+    assert_eq!(
+        rs["metadata"]["annotations"]["deployment.kubernetes.io/revision"],
+        "2"
+    );
+}

@@ -40,6 +40,16 @@ pub(super) async fn reconcile(api: &ApiServer) {
     }
 }
 
+/// A ReplicaSet's `deployment.kubernetes.io/revision` (0 when missing).
+fn revision_of(rs: &Value) -> u64 {
+    text(
+        rs,
+        "/metadata/annotations/deployment.kubernetes.io~1revision",
+    )
+    .parse()
+    .unwrap_or(0)
+}
+
 fn replicas_of(v: &Value) -> i64 {
     v.pointer("/spec/replicas")
         .and_then(Value::as_i64)
@@ -113,9 +123,16 @@ async fn reconcile_one(api: &ApiServer, d: &Value, sets: &[Value], pods: &[Value
         unavailable = 1;
     }
 
+    // A paused Deployment keeps its ReplicaSets as they are and makes none; its
+    // status still follows the Pods.
+    let paused = d.pointer("/spec/paused") == Some(&json!(true));
     // The new ReplicaSet, made with as many replicas as the surge allows.
     let new_index = match new_index {
         Some(i) => i,
+        None if paused => {
+            write_status(api, d, &owned, None, desired, unavailable).await;
+            return;
+        }
         None => {
             let replicas = if recreate {
                 if old_total == 0 {
@@ -126,7 +143,8 @@ async fn reconcile_one(api: &ApiServer, d: &Value, sets: &[Value], pods: &[Value
             } else {
                 desired.min((desired + surge - old_total).max(0))
             };
-            let rs = replica_set_for(d, &template, &hash, &new_name, replicas, owned.len());
+            let revision = owned.iter().map(|o| revision_of(&o.rs)).max().unwrap_or(0) + 1;
+            let rs = replica_set_for(d, &template, &hash, &new_name, replicas, revision);
             match api.create(rs).await {
                 Ok(rs) => owned.push(Owned {
                     rs,
@@ -144,7 +162,8 @@ async fn reconcile_one(api: &ApiServer, d: &Value, sets: &[Value], pods: &[Value
     };
 
     let mut targets: Vec<i64> = owned.iter().map(|o| o.replicas).collect();
-    if recreate {
+    if paused {
+    } else if recreate {
         let old_pods: i64 = owned
             .iter()
             .enumerate()
@@ -201,9 +220,42 @@ async fn reconcile_one(api: &ApiServer, d: &Value, sets: &[Value], pods: &[Value
         }
     }
 
+    // Old ReplicaSets scaled to zero and empty, beyond `revisionHistoryLimit`
+    // (default 10), oldest first.
+    let limit = d
+        .pointer("/spec/revisionHistoryLimit")
+        .and_then(Value::as_i64)
+        .unwrap_or(10)
+        .max(0) as usize;
+    let mut spent: Vec<&Owned> = owned
+        .iter()
+        .enumerate()
+        .filter(|(i, o)| *i != new_index && targets[*i] == 0 && o.replicas == 0 && o.pods == 0)
+        .map(|(_, o)| o)
+        .collect();
+    spent.sort_by_key(|o| revision_of(&o.rs));
+    let excess = spent.len().saturating_sub(limit);
+    for o in spent.iter().take(excess) {
+        let _ = api.delete_with("replicasets", ns, name(&o.rs), &Default::default());
+    }
+
+    write_status(api, d, &owned, Some(new_index), desired, unavailable).await;
+}
+
+/// The Deployment's status from its ReplicaSets' Pods (`updatedReplicas` counts the
+/// new ReplicaSet's, none when it is not made yet).
+async fn write_status(
+    api: &ApiServer,
+    d: &Value,
+    owned: &[Owned],
+    new_index: Option<usize>,
+    desired: i64,
+    unavailable: i64,
+) {
     let total_pods: i64 = owned.iter().map(|o| o.pods).sum();
     let total_ready: i64 = owned.iter().map(|o| o.ready).sum();
-    let updated = owned[new_index].pods;
+    let updated = new_index.and_then(|i| owned.get(i)).map_or(0, |o| o.pods);
+    let available = total_ready >= desired - unavailable;
     let mut status = json!({
         "replicas": total_pods,
         "updatedReplicas": updated,
@@ -213,8 +265,8 @@ async fn reconcile_one(api: &ApiServer, d: &Value, sets: &[Value], pods: &[Value
         "conditions": [
             {
                 "type": "Available",
-                "status": if total_ready >= desired - unavailable { "True" } else { "False" },
-                "reason": if total_ready >= desired - unavailable { "MinimumReplicasAvailable" } else { "MinimumReplicasUnavailable" },
+                "status": if available { "True" } else { "False" },
+                "reason": if available { "MinimumReplicasAvailable" } else { "MinimumReplicasUnavailable" },
             },
             {
                 "type": "Progressing",
@@ -229,6 +281,7 @@ async fn reconcile_one(api: &ApiServer, d: &Value, sets: &[Value], pods: &[Value
     if d.get("status") != Some(&status) {
         let mut with = d.clone();
         with["status"] = status;
+        // A conflict means a newer Deployment: the next reconcile writes its status.
         let _ = api.update_status(with).await;
     }
 }
@@ -239,7 +292,7 @@ fn replica_set_for(
     hash: &str,
     rs_name: &str,
     replicas: i64,
-    revision: usize,
+    revision: u64,
 ) -> Value {
     let mut template = template.clone();
     if !template.is_object() {
@@ -271,7 +324,7 @@ fn replica_set_for(
             "name": rs_name,
             "namespace": namespace(d),
             "labels": template["metadata"]["labels"].clone(),
-            "annotations": {"deployment.kubernetes.io/revision": (revision + 1).to_string()},
+            "annotations": {"deployment.kubernetes.io/revision": revision.to_string()},
             "ownerReferences": [owner_reference(d)],
         },
         "spec": {
