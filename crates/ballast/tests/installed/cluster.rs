@@ -8,13 +8,13 @@
 use std::{
     path::PathBuf,
     process::Command,
-    sync::{Arc, Weak},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use ballast_testkit::{
     cluster::{controllers::Controllers, ImageSpec, Images, Kubelet, Node},
-    ApiServer, ServiceRef,
+    ApiServer,
 };
 use serde_json::Value;
 
@@ -113,28 +113,8 @@ impl ClusterBox {
         let started = Instant::now();
         let api = Arc::new(ApiServer::start().await);
         let node = Arc::new(Node::start("node-1", api.addr()).expect("the node starts"));
-        // Webhooks are called at their Service's cluster IP, from the node, as
-        // the API server of a cluster reaches them.
-        let weak: Weak<ApiServer> = Arc::downgrade(&api);
-        let dial_node = node.clone();
-        api.set_service_dialer(move |svc: ServiceRef| {
-            let api = weak.clone();
-            let node = dial_node.clone();
-            async move {
-                let ip = api
-                    .upgrade()
-                    .and_then(|api| api.get("services", &svc.namespace, &svc.name))
-                    .and_then(|s| s["spec"]["clusterIP"].as_str().map(String::from))
-                    .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
-                    .ok_or_else(|| {
-                        std::io::Error::new(
-                            std::io::ErrorKind::NotFound,
-                            format!("no cluster IP for {}/{}", svc.namespace, svc.name),
-                        )
-                    })?;
-                node.dial((ip, svc.port).into()).await
-            }
-        });
+        // The kubelet installs the API server's dialer for webhooks named by
+        // Service (their cluster IP, dialled from the node).
         let controllers = Controllers::start(api.clone(), node.name());
         let kubelet = Kubelet::start(api.clone(), node, images()).expect("the kubelet starts");
         ClusterBox {
@@ -280,7 +260,8 @@ pub fn emojivoto() -> String {
              \x20       ports: [{{name: http, containerPort: 8080}}]\n"
         )
     };
-    // A caller: a loop of curl through the pod's proxy, one line per request.
+    // A caller: a loop of curl through the pod's proxy, one line per request
+    // (`ok URL SECONDS` or `fail URL`).
     let caller = |targets: &[&str]| {
         let urls: Vec<String> = targets
             .iter()
@@ -288,7 +269,7 @@ pub fn emojivoto() -> String {
             .collect();
         format!(
             "      - name: caller\n        image: tools:latest\n        command: [sh, -c]\n\
-             \x20       args:\n          - 'while :; do for u in {}; do if curl -sf -m 5 -o /dev/null $u; then echo ok $u; else echo fail $u; fi; done; sleep 0.2; done'\n",
+             \x20       args:\n          - 'while :; do for u in {}; do if t=$(curl -sf -m 5 -o /dev/null -w \"%{{time_total}}\" $u); then echo ok $u $t; else echo fail $u; fi; done; sleep 0.2; done'\n",
             urls.join(" ")
         )
     };
@@ -348,5 +329,114 @@ impl ClusterBox {
             .first()
             .and_then(|p| p["status"]["podIP"].as_str().and_then(|ip| ip.parse().ok()))
             .unwrap_or_else(|| panic!("no pod IP for {namespace}/{app}"))
+    }
+}
+
+/// A `ballast backend` Deployment `name` in `namespace` answering its own
+/// name on 8080, with its ServiceAccount and a Service `name` (port 80 to
+/// 8080), as the objects to create.
+pub fn backend_objects(namespace: &str, name: &str) -> Vec<Value> {
+    use serde_json::json;
+    vec![
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": name, "namespace": namespace}}),
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": name, "namespace": namespace},
+               "spec": {"selector": {"app": name},
+                        "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}}),
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+               "metadata": {"name": name, "namespace": namespace},
+               "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                        "template": {"metadata": {"labels": {"app": name}},
+                                     "spec": {"serviceAccountName": name, "containers": [{
+                                         "name": name, "image": "app:latest", "command": ["ballast"],
+                                         "args": ["backend", "--addr", "0.0.0.0:8080", "--name", name],
+                                         "ports": [{"name": "http", "containerPort": 8080}]}]}}}}),
+    ]
+}
+
+/// A Deployment `name` in `namespace` (service account `name`, created with
+/// it) whose container `caller` (`tools:latest`) runs `sh -c SCRIPT`; its pod
+/// template carries `pod_annotations` (a JSON object).
+pub fn caller_objects(
+    namespace: &str,
+    name: &str,
+    script: &str,
+    pod_annotations: Value,
+) -> Vec<Value> {
+    use serde_json::json;
+    vec![
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": name, "namespace": namespace}}),
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+               "metadata": {"name": name, "namespace": namespace},
+               "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                        "template": {"metadata": {"labels": {"app": name},
+                                                  "annotations": pod_annotations},
+                                     "spec": {"serviceAccountName": name, "containers": [{
+                                         "name": "caller", "image": "tools:latest",
+                                         "command": ["sh", "-c"], "args": [script]}]}}}}),
+    ]
+}
+
+impl ClusterBox {
+    /// Creates each object, in order, through the API server (and admission).
+    pub async fn create_all(&self, objects: Vec<Value>) {
+        for obj in objects {
+            let what = format!("{} {}", obj["kind"], obj["metadata"]["name"]);
+            if let Err(e) = self.api.create(obj).await {
+                panic!("creating {what}: {e:?}");
+            }
+        }
+    }
+
+    /// Polls the log of `container` of `app`'s first pod until `cond` holds
+    /// (a log changes no stored object, so `wait_until` would not see it);
+    /// false when `within` passed first.
+    pub async fn wait_for_log(
+        &self,
+        namespace: &str,
+        app: &str,
+        container: &str,
+        within: Duration,
+        mut cond: impl FnMut(&str) -> bool,
+    ) -> bool {
+        let until = Instant::now() + within;
+        loop {
+            if cond(&self.log_of(namespace, app, container)) {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Whether the proxy of `app`'s first pod counts an outbound mutual-TLS
+    /// connection to `server_id` (`tcp_open_total` on its `/metrics`); with its
+    /// `tcp_open_total` lines, to say why not.
+    pub async fn outbound_mtls_to(
+        &self,
+        namespace: &str,
+        app: &str,
+        server_id: &str,
+    ) -> (bool, String) {
+        let ip = self.pod_ip(namespace, app);
+        let metrics = match self.get((ip, 4191).into(), "/metrics").await {
+            Ok((200, body)) => body,
+            Ok((status, body)) => return (false, format!("/metrics: {status} {body}")),
+            Err(e) => return (false, format!("/metrics: {e}")),
+        };
+        let open: Vec<&str> = metrics
+            .lines()
+            .filter(|l| l.starts_with("tcp_open_total{"))
+            .collect();
+        let secured = open.iter().any(|l| {
+            l.contains("direction=\"outbound\"")
+                && l.contains("tls=\"true\"")
+                && l.contains(&format!("server_id=\"{server_id}\""))
+        });
+        (secured, open.join("\n"))
     }
 }
