@@ -13,6 +13,7 @@ mod inject;
 mod injector;
 mod install;
 mod uninstall;
+mod upgrade;
 mod version;
 mod viz;
 mod viz_server;
@@ -64,6 +65,9 @@ enum Command {
     Demo(demo::Args),
     /// Print every manifest a cluster needs (`ballast install | kubectl apply -f -`).
     Install(Box<install::Args>),
+    /// Print the installed control plane as this version renders it, keeping
+    /// its settings and key material (`ballast upgrade | kubectl apply -f -`).
+    Upgrade(Box<upgrade::Args>),
     /// Print references to everything `install` made (`ballast uninstall | kubectl delete -f -`).
     Uninstall(uninstall::Args),
     /// Print this binary's version and the installed control plane's.
@@ -112,6 +116,7 @@ fn main() -> std::process::ExitCode {
         Command::Demo(args) => on_runtime(demo::run(args)),
         Command::Install(args) => on_runtime(install::run(*args)),
         Command::Uninstall(args) => on_runtime(uninstall::run(args)),
+        Command::Upgrade(args) => on_runtime(upgrade::run(*args)),
         Command::Version(args) => on_runtime(version::run(args)),
         Command::Inject(args) => on_runtime(inject::run(*args)),
         Command::Injector(args) => on_runtime(injector::run(*args)),

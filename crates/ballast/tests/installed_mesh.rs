@@ -201,3 +201,95 @@ async fn an_application_injected_by_the_webhook_talks_over_mutual_tls() {
         caller_log("vote-bot")
     );
 }
+
+/// Test 3 of the installed whole: `ballast upgrade` re-renders the installed
+/// control plane (here with a new controller image) keeping its settings and
+/// key material; applied, the controllers roll one replica at a time while
+/// the meshed application keeps calling, and no request fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_rolls_the_control_plane_with_no_failed_request() {
+    if !can_run() {
+        return;
+    }
+    let (ballast, _) = binaries();
+    let cluster = ClusterBox::installed().await;
+    let anchors_before = cluster
+        .api
+        .get("configmaps", "ballast", "linkerd-identity-trust-roots");
+    cluster.apply(&emojivoto()).await;
+    cluster
+        .wait_deployments_ready("emojivoto", Duration::from_secs(120))
+        .await;
+    let calls = |cluster: &ClusterBox| {
+        let log = cluster.log_of("emojivoto", "vote-bot", "caller");
+        (
+            log.matches("ok http").count(),
+            log.matches("fail http").count(),
+        )
+    };
+    let upgrade = tokio::process::Command::new(&ballast)
+        .args([
+            "upgrade",
+            "--controller-image",
+            "ballast:v2",
+            "--kubeconfig",
+        ])
+        .arg(cluster.kubeconfig())
+        .output()
+        .await
+        .expect("ballast upgrade runs");
+    assert!(upgrade.status.success(), "{upgrade:?}");
+    let rendered = String::from_utf8_lossy(&upgrade.stdout).to_string();
+    assert!(rendered.contains("image: ballast:v2"), "{rendered}");
+    let before = calls(&cluster);
+    cluster.apply_over(&rendered).await;
+    let rolled = cluster
+        .api
+        .wait_until(Duration::from_secs(180), |api| {
+            let deployments: Vec<Value> = api
+                .list("deployments")
+                .into_iter()
+                .filter(|d| d["metadata"]["namespace"] == "ballast")
+                .collect();
+            let pods: Vec<Value> = api
+                .list("pods")
+                .into_iter()
+                .filter(|p| p["metadata"]["namespace"] == "ballast")
+                .collect();
+            deployments.iter().all(|d| {
+                let want = d["spec"]["replicas"].as_u64();
+                d["status"]["updatedReplicas"].as_u64() == want
+                    && d["status"]["readyReplicas"].as_u64() == want
+                    && d["status"]["replicas"].as_u64() == want
+            }) && pods
+                .iter()
+                .all(|p| p["spec"]["containers"][0]["image"] == "ballast:v2")
+        })
+        .await;
+    assert!(
+        rolled,
+        "the control plane rolled to ballast:v2\n{}",
+        cluster.describe("ballast")
+    );
+    // Calls go on after the roll, over the same trust anchors.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while calls(&cluster).0 < before.0 + 20 {
+        assert!(Instant::now() < deadline, "calls stopped after the upgrade");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let after = calls(&cluster);
+    eprintln!(
+        "upgrade: {} calls during and after the roll, {} failed",
+        after.0 - before.0 + after.1 - before.1,
+        after.1 - before.1
+    );
+    assert_eq!(after.1, before.1, "calls failed during the upgrade");
+    assert_eq!(
+        cluster
+            .api
+            .get("configmaps", "ballast", "linkerd-identity-trust-roots")
+            .map(|c| c["data"].clone()),
+        anchors_before.map(|c| c["data"].clone()),
+        "the trust anchors are kept"
+    );
+}

@@ -15,6 +15,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod installed;
 pub mod manifests;
 pub mod pki;
 pub mod yaml;

@@ -78,6 +78,11 @@ pub fn images() -> Images {
             "ballast:latest",
             ImageSpec::entrypoint(&ballast).command("ballast", &ballast),
         )
+        // A second tag of the controller image, for upgrades.
+        .with(
+            "ballast:v2",
+            ImageSpec::entrypoint(&ballast).command("ballast", &ballast),
+        )
         .with(
             "ballast-proxy:latest",
             ImageSpec::entrypoint(&proxy).command("ballast-proxy", &proxy),
@@ -185,6 +190,23 @@ impl ClusterBox {
                 p["metadata"]["namespace"] == namespace && p["metadata"]["labels"]["app"] == app
             })
             .collect()
+    }
+
+    /// Creates or replaces every document of `yaml`, as `kubectl apply` does
+    /// on a cluster that has them (through admission; a replaced
+    /// Deployment's template change rolls it).
+    pub async fn apply_over(&self, yaml: &str) {
+        let docs: Vec<Value> = serde_saphyr::from_multiple(yaml).expect("manifests parse");
+        for doc in docs.into_iter().filter(Value::is_object) {
+            let what = format!("{} {}", doc["kind"], doc["metadata"]["name"]);
+            let result = match self.api.create(doc.clone()).await {
+                Err(e) if e.code == 409 => self.api.update(doc).await,
+                other => other,
+            };
+            if let Err(e) = result {
+                panic!("applying {what}: {e:?}");
+            }
+        }
     }
 
     pub fn kubeconfig(&self) -> PathBuf {
