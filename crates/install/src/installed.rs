@@ -66,7 +66,9 @@ fn data(object: &Value, key: &str, what: &str, base64: bool) -> Result<String, I
 /// The configuration and key material the installed objects were rendered
 /// from: upgrading keeps the trust anchors, the issuer and the webhook's
 /// certificate, and every setting install took a flag for.
-pub fn read(objects: &InstalledObjects<'_>) -> Result<(InstallConfig, KeyMaterial), InstalledError> {
+pub fn read(
+    objects: &InstalledObjects<'_>,
+) -> Result<(InstallConfig, KeyMaterial), InstalledError> {
     let ns = objects.namespace;
     let missing = |what: &str| InstalledError::Missing(what.to_string(), ns.to_string());
     let destination = first_container(objects.deployments, DESTINATION)
@@ -134,10 +136,12 @@ pub fn read(objects: &InstalledObjects<'_>) -> Result<(InstallConfig, KeyMateria
         .and_then(|w| w["clientConfig"]["caBundle"].as_str())
         .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
         .and_then(|b| String::from_utf8(b).ok())
-        .ok_or_else(|| missing(&format!(
-            "MutatingWebhookConfiguration {}'s caBundle",
-            manifests::WEBHOOK_CONFIGURATION
-        )))?;
+        .ok_or_else(|| {
+            missing(&format!(
+                "MutatingWebhookConfiguration {}'s caBundle",
+                manifests::WEBHOOK_CONFIGURATION
+            ))
+        })?;
     let material = KeyMaterial {
         identity: IdentityPki {
             trust_anchors_pem: data(trust_roots, "ca-bundle.crt", &roots_what, false)?,
@@ -184,8 +188,8 @@ mod tests {
             )
             .expect("webhook tls"),
         };
-        let docs: Vec<Value> = serde_saphyr::from_multiple(&crate::install_yaml(&config, &material))
-            .expect("parses");
+        let docs: Vec<Value> =
+            serde_saphyr::from_multiple(&crate::install_yaml(&config, &material)).expect("parses");
         let find = |kind: &str, name: &str| {
             docs.iter()
                 .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
@@ -219,6 +223,9 @@ mod tests {
             webhook_configuration: None,
         })
         .unwrap_err();
-        assert!(e.to_string().contains("Deployment ballast-destination"), "{e}");
+        assert!(
+            e.to_string().contains("Deployment ballast-destination"),
+            "{e}"
+        );
     }
 }
