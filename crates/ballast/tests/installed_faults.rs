@@ -331,3 +331,160 @@ async fn the_mesh_rides_out_controller_and_api_server_faults_under_load() {
         cluster.log_of("emojivoto", "vote-bot", "caller")
     );
 }
+
+/// A caller Deployment in emojivoto calling `url` in a loop through its proxy
+/// (`ok URL SECONDS` / `fail URL` lines), as the application's callers do.
+fn caller_deployment(name: &str, url: &str) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {name}, namespace: emojivoto}}\n\
+         spec:\n  replicas: 1\n  selector: {{matchLabels: {{app: {name}}}}}\n  template:\n\
+         \x20   metadata: {{labels: {{app: {name}}}}}\n\
+         \x20   spec:\n      containers:\n      - name: caller\n        image: tools:latest\n\
+         \x20       command: [sh, -c]\n        args:\n\
+         \x20         - 'while :; do if t=$(curl -sf -m 5 -o /dev/null -w \"%{{time_total}}\" {url}); then echo ok {url} $t; else echo fail {url}; fi; sleep 0.2; done'\n"
+    )
+}
+
+/// The seeds, reproduced on the installed mesh: a Terminating pod holding a
+/// live pod's IP (seed 000) and a Service whose targetPort is the proxy's own
+/// inbound port (seed 004's loop).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seeds_reproduced_on_the_installed_mesh_change_nothing_for_callers() {
+    if !can_run() {
+        return;
+    }
+    let cluster = ClusterBox::installed().await;
+    cluster.apply(&emojivoto()).await;
+    cluster
+        .wait_deployments_ready("emojivoto", Duration::from_secs(120))
+        .await;
+    requests_flow(&cluster, 20, "before the seeds").await;
+
+    // Seed 000: a Terminating pod (as AWS's CNI leaves one) with web's IP.
+    let web_ip = cluster.pod_ip("emojivoto", "web");
+    cluster.api.apply(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "queues-work-0", "namespace": "emojivoto",
+                     "labels": {"app": "queues-work"},
+                     "deletionTimestamp": "2026-12-03T00:00:00Z"},
+        "spec": {"nodeName": "another-node", "containers": [{"name": "work", "image": "tools:latest",
+                 "ports": [{"containerPort": 8080}]}]},
+        "status": {"phase": "Running", "podIP": web_ip.to_string(),
+                   "podIPs": [{"ip": web_ip.to_string()}]},
+    }));
+    // A caller by web's pod IP: its proxy asks the controller about that IP.
+    cluster
+        .apply(&caller_deployment(
+            "direct",
+            &format!("http://{web_ip}:8080/"),
+        ))
+        .await;
+    // Seed 004: a Service sending to the proxy's own inbound port.
+    let loop_applied = Instant::now();
+    cluster
+        .apply(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: web-loop, namespace: emojivoto}\n\
+             spec:\n  selector: {app: web}\n  ports: [{name: http, port: 80, targetPort: 4143}]\n",
+        )
+        .await;
+    cluster
+        .apply(&caller_deployment(
+            "looper",
+            "http://web-loop.emojivoto.svc.cluster.local/",
+        ))
+        .await;
+    cluster
+        .wait_deployments_ready("emojivoto", Duration::from_secs(120))
+        .await;
+
+    // The IP lookup answers the live pod: calls by IP succeed, in mutual TLS.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while cluster
+        .log_of("emojivoto", "direct", "caller")
+        .matches("ok http")
+        .count()
+        < 20
+    {
+        assert!(
+            Instant::now() < deadline,
+            "calls by web's IP did not flow: {}",
+            cluster.log_of("emojivoto", "direct", "caller")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let direct = cluster.log_of("emojivoto", "direct", "caller");
+    assert_eq!(direct.matches("fail http").count(), 0, "{direct}");
+    let (_, metrics) = cluster
+        .get(
+            (cluster.pod_ip("emojivoto", "direct"), 4191).into(),
+            "/metrics",
+        )
+        .await
+        .expect("direct's proxy metrics");
+    assert!(
+        metrics.lines().any(|l| l.starts_with("tcp_open_total{")
+            && l.contains("direction=\"outbound\"")
+            && l.contains("tls=\"true\"")
+            && l.contains(
+                "server_id=\"web.emojivoto.serviceaccount.identity.ballast.cluster.local\""
+            )),
+        "the call by IP is not mutual TLS to web"
+    );
+
+    // The loop: each call fails (fast, not after curl's 5 s), and web's proxy
+    // is not restarted by it.
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(60);
+    while cluster
+        .log_of("emojivoto", "looper", "caller")
+        .matches("fail http")
+        .count()
+        < 10
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the looper's calls did not fail: {}",
+            cluster.log_of("emojivoto", "looper", "caller")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let fails = cluster
+        .log_of("emojivoto", "looper", "caller")
+        .matches("fail http")
+        .count();
+    let ran = loop_applied.elapsed().as_secs_f64();
+    eprintln!(
+        "{fails} calls into the proxy's own port failed within {ran:.1}s of the looper's creation"
+    );
+    // Each failed at once: a call that hung would take curl's 5 s.
+    assert!(
+        fails as f64 * 5.0 > ran,
+        "{fails} failures in {ran:.1}s: calls into the loop hang"
+    );
+    let web = cluster.pods_of("emojivoto", "web").remove(0);
+    for status in web["status"]["containerStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        assert_eq!(status["restartCount"], 0, "{status}");
+    }
+    // Meanwhile the application's own calls went on without a failure, and
+    // no destination controller was restarted.
+    let log = cluster.log_of("emojivoto", "vote-bot", "caller");
+    assert_eq!(log.matches("fail http").count(), 0, "{log}");
+    let restarts: u64 = cluster
+        .api
+        .list("pods")
+        .iter()
+        .filter(|p| p["metadata"]["labels"]["app.kubernetes.io/name"] == "ballast-destination")
+        .flat_map(|p| {
+            p["status"]["containerStatuses"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|s| s["restartCount"].as_u64())
+        .sum();
+    assert_eq!(restarts, 0, "a destination controller restarted");
+}
