@@ -488,3 +488,107 @@ async fn the_seeds_reproduced_on_the_installed_mesh_change_nothing_for_callers()
         .sum();
     assert_eq!(restarts, 0, "a destination controller restarted");
 }
+
+/// The sum of a counter's samples whose labels contain every one of `labels`.
+fn counter(metrics: &str, name: &str, labels: &[&str]) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The identity controller down past its proxies' certificate renewals:
+/// certificates are issued for 120 s (install's 24 h, shortened so that a
+/// renewal falls inside the test; leaves are backdated by the 20 s clock-skew
+/// allowance, so each lives 140 s and is renewed at 70% of it, about 98 s), the
+/// identity controller is away from 5 s to 105 s after the application was
+/// ready, over the proxies' renewal and the controllers', and back before
+/// either expires.
+/// Proxies serve on their current certificate meanwhile: no call fails, and
+/// each renews once the controller is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_down_past_a_certificate_renewal_fails_no_call() {
+    if !can_run() {
+        return;
+    }
+    let (ballast, _) = cluster::binaries();
+    let cluster = ClusterBox::start().await;
+    let install = std::process::Command::new(&ballast)
+        .arg("install")
+        .output()
+        .expect("ballast install runs");
+    assert!(install.status.success(), "{install:?}");
+    let rendered = String::from_utf8_lossy(&install.stdout)
+        .replace("--issuance-lifetime=24h", "--issuance-lifetime=120s");
+    assert!(rendered.contains("--issuance-lifetime=120s"));
+    cluster.apply(&rendered).await;
+    cluster
+        .wait_deployments_ready("ballast", Duration::from_secs(120))
+        .await;
+    cluster.apply(&emojivoto()).await;
+    cluster
+        .wait_deployments_ready("emojivoto", Duration::from_secs(120))
+        .await;
+    let app_ready = Instant::now();
+    requests_flow(&cluster, 20, "before identity went away").await;
+    let phase = Phase::start(&cluster, "identity down past a renewal");
+    under_load(Duration::from_secs(5).saturating_sub(app_ready.elapsed())).await;
+    scale(&cluster, "ballast-identity", 0).await;
+    let gone = cluster
+        .api
+        .wait_until(Duration::from_secs(60), |api| {
+            !api.list("pods")
+                .iter()
+                .any(|p| p["metadata"]["labels"]["app.kubernetes.io/name"] == "ballast-identity")
+        })
+        .await;
+    assert!(gone, "the identity pods went away");
+    under_load(Duration::from_secs(105).saturating_sub(app_ready.elapsed())).await;
+    let web_ip = cluster.pod_ip("emojivoto", "web");
+    let (_, during) = cluster
+        .get((web_ip, 4191).into(), "/metrics")
+        .await
+        .expect("web's proxy metrics");
+    scale(&cluster, "ballast-identity", 2).await;
+    cluster
+        .wait_deployments_ready("ballast", Duration::from_secs(120))
+        .await;
+    // Each proxy renews once the controller is back.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let renewed_before = counter(&during, "identity_cert_refresh_total", &["result=\"ok\""]);
+    loop {
+        let (_, now) = cluster
+            .get((web_ip, 4191).into(), "/metrics")
+            .await
+            .expect("web's proxy metrics");
+        if counter(&now, "identity_cert_refresh_total", &["result=\"ok\""]) > renewed_before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "web's proxy did not renew after identity came back:\n{}",
+            now.lines()
+                .filter(|l| l.starts_with("identity_"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    requests_flow(&cluster, 20, "after identity came back").await;
+    let (_, failed) = phase.end(&cluster);
+    let failed_renewals = counter(&during, "identity_cert_refresh_total", &[])
+        - counter(&during, "identity_cert_refresh_total", &["result=\"ok\""]);
+    eprintln!("web's proxy: {failed_renewals} failed renewals while identity was away");
+    assert!(
+        failed_renewals > 0.0,
+        "no renewal was attempted while identity was away: the test did not cover one\n{}",
+        during
+            .lines()
+            .filter(|l| l.starts_with("identity_") || l.starts_with("process_start"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert_eq!(failed, 0, "calls failed while identity was away");
+}

@@ -189,6 +189,44 @@ async fn an_application_injected_by_the_webhook_talks_over_mutual_tls() {
             );
         }
     }
+    // And `ballast viz` (installed, scraping every meshed pod) shows each
+    // edge as mutual TLS, as `ballast edges` and the dashboard read it.
+    let viz_ip: std::net::IpAddr = cluster
+        .api
+        .list("pods")
+        .into_iter()
+        .find(|p| p["metadata"]["labels"]["app.kubernetes.io/name"] == "ballast-viz")
+        .and_then(|p| p["status"]["podIP"].as_str().and_then(|ip| ip.parse().ok()))
+        .expect("a viz pod");
+    let wanted = [("web", "emoji"), ("web", "voting"), ("vote-bot", "web")];
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut last = String::new();
+    loop {
+        if let Ok((200, body)) = cluster
+            .get(
+                (viz_ip, 8084).into(),
+                "/api/edges?kind=deployment&namespace=emojivoto",
+            )
+            .await
+        {
+            let edges: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+            let secured = |src: &str, dst: &str| {
+                edges["edges"].as_array().into_iter().flatten().any(|e| {
+                    e["src"]["name"] == src && e["dst"]["name"] == dst && e["mtls"] == true
+                })
+            };
+            if wanted.iter().all(|(s, d)| secured(s, d)) {
+                break;
+            }
+            last = body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "viz does not show every edge as mutual TLS: {last}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+
     let failed: usize = ["web", "vote-bot"]
         .iter()
         .map(|app| caller_log(app).matches("fail ").count())
