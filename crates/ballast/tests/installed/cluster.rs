@@ -462,3 +462,23 @@ impl ClusterBox {
         (secured, open.join("\n"))
     }
 }
+
+/// A caller's failed calls after its first success with the same URL: a
+/// caller may start before its target has a ready endpoint, and its proxy
+/// then fails fast until one is (that is the proxy doing its job, not a
+/// failure of the mesh).
+pub fn failures_after_first_success(log: &str) -> usize {
+    let mut answered = std::collections::HashSet::new();
+    let mut failures = 0;
+    for line in log.lines() {
+        let mut words = line.split(' ');
+        match (words.next(), words.next()) {
+            (Some("ok"), Some(url)) => {
+                answered.insert(url.to_string());
+            }
+            (Some("fail"), Some(url)) if answered.contains(url) => failures += 1,
+            _ => {}
+        }
+    }
+    failures
+}
