@@ -482,3 +482,11 @@ pub fn failures_after_first_success(log: &str) -> usize {
     }
     failures
 }
+
+/// The heavy box tests of one test binary run one at a time: two clusters at
+/// once on a 2-core machine stretch the timings they ride out (a
+/// certificate's lifetime, curl's timeout) for no coverage gained.
+pub async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static BOX: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    BOX.lock().await
+}
