@@ -157,19 +157,6 @@ fn kill_destination(cluster: &ClusterBox, pod: &str) {
     assert!(killed > 0, "no destination process found in {netns}");
 }
 
-async fn scale(cluster: &ClusterBox, deployment: &str, replicas: u32) {
-    cluster
-        .api
-        .patch_merge(
-            "deployments",
-            "ballast",
-            deployment,
-            json!({"spec": {"replicas": replicas}}),
-        )
-        .await
-        .expect("scaled");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_mesh_rides_out_controller_and_api_server_faults_under_load() {
     if !can_run() {
@@ -240,19 +227,10 @@ async fn the_mesh_rides_out_controller_and_api_server_faults_under_load() {
     // B. Every destination replica down for a minute: proxies route on
     // what they know.
     let phase = Phase::start(&cluster, "every destination replica down for 60s");
-    scale(&cluster, "ballast-destination", 0).await;
-    let gone = cluster
-        .api
-        .wait_until(Duration::from_secs(60), |api| {
-            !api.list("pods")
-                .iter()
-                .any(|p| p["metadata"]["labels"]["app.kubernetes.io/name"] == "ballast-destination")
-        })
-        .await;
-    assert!(gone, "the destination pods went away");
+    cluster.scale("ballast-destination", 0).await;
     under_load(Duration::from_secs(60)).await;
     requests_flow(&cluster, 20, "while no destination controller runs").await;
-    scale(&cluster, "ballast-destination", 2).await;
+    cluster.scale("ballast-destination", 2).await;
     cluster
         .wait_deployments_ready("ballast", Duration::from_secs(120))
         .await;
@@ -421,22 +399,14 @@ async fn the_seeds_reproduced_on_the_installed_mesh_change_nothing_for_callers()
         0,
         "{direct}"
     );
-    let (_, metrics) = cluster
-        .get(
-            (cluster.pod_ip("emojivoto", "direct"), 4191).into(),
-            "/metrics",
+    let (secured, open) = cluster
+        .outbound_mtls_to(
+            "emojivoto",
+            "direct",
+            "web.emojivoto.serviceaccount.identity.ballast.cluster.local",
         )
-        .await
-        .expect("direct's proxy metrics");
-    assert!(
-        metrics.lines().any(|l| l.starts_with("tcp_open_total{")
-            && l.contains("direction=\"outbound\"")
-            && l.contains("tls=\"true\"")
-            && l.contains(
-                "server_id=\"web.emojivoto.serviceaccount.identity.ballast.cluster.local\""
-            )),
-        "the call by IP is not mutual TLS to web"
-    );
+        .await;
+    assert!(secured, "the call by IP is not mutual TLS to web:\n{open}");
 
     // The loop: each call fails (fast, not after curl's 5 s), and web's proxy
     // is not restarted by it.
@@ -521,20 +491,12 @@ async fn identity_down_past_a_certificate_renewal_fails_no_call() {
         return;
     }
     let _one = cluster::one_at_a_time().await;
-    let (ballast, _) = cluster::binaries();
-    let cluster = ClusterBox::start().await;
-    let install = std::process::Command::new(&ballast)
-        .arg("install")
-        .output()
-        .expect("ballast install runs");
-    assert!(install.status.success(), "{install:?}");
-    let rendered = String::from_utf8_lossy(&install.stdout)
-        .replace("--issuance-lifetime=24h", "--issuance-lifetime=180s");
-    assert!(rendered.contains("--issuance-lifetime=180s"));
-    cluster.apply(&rendered).await;
-    cluster
-        .wait_deployments_ready("ballast", Duration::from_secs(120))
-        .await;
+    let cluster = ClusterBox::installed_with(|rendered| {
+        let shorter = rendered.replace("--issuance-lifetime=24h", "--issuance-lifetime=180s");
+        assert!(shorter.contains("--issuance-lifetime=180s"));
+        shorter
+    })
+    .await;
     cluster.apply(&emojivoto()).await;
     cluster
         .wait_deployments_ready("emojivoto", Duration::from_secs(120))
@@ -543,23 +505,14 @@ async fn identity_down_past_a_certificate_renewal_fails_no_call() {
     requests_flow(&cluster, 20, "before identity went away").await;
     let phase = Phase::start(&cluster, "identity down past a renewal");
     under_load(Duration::from_secs(5).saturating_sub(app_ready.elapsed())).await;
-    scale(&cluster, "ballast-identity", 0).await;
-    let gone = cluster
-        .api
-        .wait_until(Duration::from_secs(60), |api| {
-            !api.list("pods")
-                .iter()
-                .any(|p| p["metadata"]["labels"]["app.kubernetes.io/name"] == "ballast-identity")
-        })
-        .await;
-    assert!(gone, "the identity pods went away");
+    cluster.scale("ballast-identity", 0).await;
     under_load(Duration::from_secs(150).saturating_sub(app_ready.elapsed())).await;
     let web_ip = cluster.pod_ip("emojivoto", "web");
     let (_, during) = cluster
         .get((web_ip, 4191).into(), "/metrics")
         .await
         .expect("web's proxy metrics");
-    scale(&cluster, "ballast-identity", 2).await;
+    cluster.scale("ballast-identity", 2).await;
     cluster
         .wait_deployments_ready("ballast", Duration::from_secs(120))
         .await;
@@ -632,16 +585,7 @@ async fn a_service_created_while_the_controller_is_down_is_reachable_then_secure
     cluster
         .wait_deployments_ready("emojivoto", Duration::from_secs(120))
         .await;
-    scale(&cluster, "ballast-destination", 0).await;
-    let gone = cluster
-        .api
-        .wait_until(Duration::from_secs(60), |api| {
-            !api.list("pods")
-                .iter()
-                .any(|p| p["metadata"]["labels"]["app.kubernetes.io/name"] == "ballast-destination")
-        })
-        .await;
-    assert!(gone, "the destination pods went away");
+    cluster.scale("ballast-destination", 0).await;
     // The new service and its clients, created while no controller runs.
     let fresh = emojivoto()
         .split("---\n")
@@ -693,7 +637,7 @@ async fn a_service_created_while_the_controller_is_down_is_reachable_then_secure
     eprintln!("while the controller was down: hammer's proxy holds {open} outbound connections");
     assert!(open <= 10.0, "connections pile up: {open}");
     // The controller back: new connections to the new service are mutual TLS.
-    scale(&cluster, "ballast-destination", 2).await;
+    cluster.scale("ballast-destination", 2).await;
     cluster
         .wait_deployments_ready("ballast", Duration::from_secs(120))
         .await;

@@ -15,10 +15,7 @@ mod cluster;
 
 use cluster::{binaries, can_run, emojivoto, ClusterBox};
 use serde_json::Value;
-use std::{
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 /// Test 1 of the installed whole: `ballast install`'s output, unchanged,
 /// makes a control plane whose pods all become Ready, and `ballast check`
@@ -29,18 +26,7 @@ async fn install_output_applied_unchanged_becomes_ready_and_check_passes() {
         return;
     }
     let (ballast, _) = binaries();
-    let cluster = ClusterBox::start().await;
-    let install = Command::new(&ballast)
-        .arg("install")
-        .output()
-        .expect("ballast install runs");
-    assert!(install.status.success(), "{install:?}");
-    cluster
-        .apply(&String::from_utf8_lossy(&install.stdout))
-        .await;
-    cluster
-        .wait_deployments_ready("ballast", Duration::from_secs(120))
-        .await;
+    let cluster = ClusterBox::installed().await;
     eprintln!(
         "control plane ready {:.1}s after the cluster started",
         cluster.started.elapsed().as_secs_f64()
@@ -85,19 +71,7 @@ async fn an_application_injected_by_the_webhook_talks_over_mutual_tls() {
     if !can_run() {
         return;
     }
-    let (ballast, _) = binaries();
-    let cluster = ClusterBox::start().await;
-    let install = Command::new(&ballast)
-        .arg("install")
-        .output()
-        .expect("ballast install runs");
-    assert!(install.status.success(), "{install:?}");
-    cluster
-        .apply(&String::from_utf8_lossy(&install.stdout))
-        .await;
-    cluster
-        .wait_deployments_ready("ballast", Duration::from_secs(120))
-        .await;
+    let cluster = ClusterBox::installed().await;
     let app_started = Instant::now();
     cluster.apply(&emojivoto()).await;
     cluster
@@ -159,36 +133,17 @@ async fn an_application_injected_by_the_webhook_talks_over_mutual_tls() {
 
     // Every edge is mutual TLS, by the callers' proxies' own counters.
     for (app, targets) in [("web", vec!["emoji", "voting"]), ("vote-bot", vec!["web"])] {
-        let pod = cluster.pods_of("emojivoto", app).remove(0);
-        let ip: std::net::IpAddr = pod["status"]["podIP"]
-            .as_str()
-            .and_then(|ip| ip.parse().ok())
-            .expect("a pod IP");
-        let (status, metrics) = cluster
-            .get((ip, 4191).into(), "/metrics")
-            .await
-            .expect("the proxy's /metrics");
-        assert_eq!(status, 200);
         for target in targets {
             let identity =
                 format!("{target}.emojivoto.serviceaccount.identity.ballast.cluster.local");
-            let secured = metrics.lines().any(|l| {
-                l.starts_with("tcp_open_total{")
-                    && l.contains("direction=\"outbound\"")
-                    && l.contains("tls=\"true\"")
-                    && l.contains(&format!("server_id=\"{identity}\""))
-            });
+            let (secured, open) = cluster.outbound_mtls_to("emojivoto", app, &identity).await;
             assert!(
                 secured,
-                "{app} -> {target} is not mutual TLS to {identity}:\n{}",
-                metrics
-                    .lines()
-                    .filter(|l| l.starts_with("tcp_open_total"))
-                    .collect::<Vec<_>>()
-                    .join("\n")
+                "{app} -> {target} is not mutual TLS to {identity}:\n{open}"
             );
         }
     }
+
     // And `ballast viz` (installed, scraping every meshed pod) shows each
     // edge as mutual TLS, as `ballast edges` and the dashboard read it.
     let viz_ip: std::net::IpAddr = cluster

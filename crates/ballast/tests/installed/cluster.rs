@@ -320,6 +320,12 @@ impl ClusterBox {
     /// A cluster with `ballast install`'s output applied and its control
     /// plane ready.
     pub async fn installed() -> ClusterBox {
+        ClusterBox::installed_with(|rendered| rendered).await
+    }
+
+    /// [`ClusterBox::installed`], with install's output changed by `edit`
+    /// first (a fault test's shorter certificate lifetime).
+    pub async fn installed_with(edit: impl FnOnce(String) -> String) -> ClusterBox {
         let (ballast, _) = binaries();
         let cluster = ClusterBox::start().await;
         let install = Command::new(&ballast)
@@ -327,13 +333,38 @@ impl ClusterBox {
             .output()
             .expect("ballast install runs");
         assert!(install.status.success(), "{install:?}");
-        cluster
-            .apply(&String::from_utf8_lossy(&install.stdout))
-            .await;
+        let rendered = edit(String::from_utf8_lossy(&install.stdout).into_owned());
+        cluster.apply(&rendered).await;
         cluster
             .wait_deployments_ready("ballast", Duration::from_secs(120))
             .await;
         cluster
+    }
+
+    /// Scales control plane Deployment `deployment` to `replicas`; at 0,
+    /// waits until its pods are gone.
+    pub async fn scale(&self, deployment: &str, replicas: u32) {
+        self.api
+            .patch_merge(
+                "deployments",
+                "ballast",
+                deployment,
+                serde_json::json!({"spec": {"replicas": replicas}}),
+            )
+            .await
+            .expect("scaled");
+        if replicas > 0 {
+            return;
+        }
+        let gone = self
+            .api
+            .wait_until(Duration::from_secs(60), |api| {
+                !api.list("pods")
+                    .iter()
+                    .any(|p| p["metadata"]["labels"]["app.kubernetes.io/name"] == deployment)
+            })
+            .await;
+        assert!(gone, "the pods of {deployment} went away");
     }
 
     /// The log of container `container` of the first pod of `app` in `namespace`.
