@@ -72,6 +72,8 @@ async fn an_application_injected_by_the_webhook_talks_over_mutual_tls() {
         return;
     }
     let cluster = ClusterBox::installed().await;
+    // The wire between the application's pods, from before it starts.
+    let capture = cluster.capture_between_pods();
     let app_started = Instant::now();
     cluster.apply(&emojivoto()).await;
     cluster
@@ -144,6 +146,27 @@ async fn an_application_injected_by_the_webhook_talks_over_mutual_tls() {
         }
     }
 
+    // The wire between the pods carried TLS only: every connection opened
+    // between them started with a TLS handshake both ways, and no packet
+    // between them carried plaintext HTTP.
+    let segments = capture.stop().expect("the capture is read back");
+    let app_ips: Vec<std::net::Ipv4Addr> = cluster
+        .api
+        .list("pods")
+        .into_iter()
+        .filter(|p| p["metadata"]["namespace"] == "emojivoto")
+        .filter_map(|p| p["status"]["podIP"].as_str()?.parse().ok())
+        .collect();
+    let (opened, wrong) = cluster::tls_only(&segments, &app_ips);
+    eprintln!(
+        "the wire between the application's pods: {} segments, {opened} connections opened, all TLS",
+        segments.len()
+    );
+    assert!(
+        opened >= 3 && wrong.is_empty(),
+        "{opened} connections opened between {app_ips:?} (want the 3 edges at least); not TLS: {wrong:#?}"
+    );
+
     // And `ballast viz` (installed, scraping every meshed pod) shows each
     // edge as mutual TLS, as `ballast edges` and the dashboard read it.
     let viz_ip: std::net::IpAddr = cluster
@@ -181,6 +204,9 @@ async fn an_application_injected_by_the_webhook_talks_over_mutual_tls() {
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+
+    // `ballast stat` agrees with the proxies' own counters.
+    stat_agrees_with_the_proxies(&cluster, viz_ip).await;
 
     let failed: usize = ["web", "vote-bot"]
         .iter()
@@ -285,4 +311,181 @@ async fn upgrade_rolls_the_control_plane_with_no_failed_request() {
         anchors_before.map(|c| c["data"].clone()),
         "the trust anchors are kept"
     );
+}
+
+/// The workloads `ballast stat` is compared on, and their callers.
+const SERVED: &[&str] = &["web", "emoji", "voting"];
+const CALLERS: &[&str] = &["web", "vote-bot"];
+
+/// Requests the inbound side of `app`'s proxy answered (its `response_total`
+/// series with `direction="inbound"`), summed over its pods.
+async fn inbound_responses(cluster: &ClusterBox, app: &str) -> u64 {
+    let mut total = 0.0;
+    for pod in cluster.pods_of("emojivoto", app) {
+        let Some(ip) = pod["status"]["podIP"]
+            .as_str()
+            .and_then(|ip| ip.parse().ok())
+        else {
+            continue;
+        };
+        let ip: std::net::IpAddr = ip;
+        let (code, page) = cluster
+            .get((ip, 4191).into(), "/metrics")
+            .await
+            .expect("the proxy's /metrics");
+        assert_eq!(code, 200, "{page}");
+        total += page
+            .lines()
+            .filter(|l| l.starts_with("response_total{") && l.contains("direction=\"inbound\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    total as u64
+}
+
+/// Each of [`SERVED`]'s inbound counts once they stop changing (the callers
+/// are stopped; a request in flight finishes).
+async fn settled_counts(cluster: &ClusterBox) -> Vec<u64> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = Vec::new();
+    loop {
+        let mut now = Vec::new();
+        for app in SERVED {
+            now.push(inbound_responses(cluster, app).await);
+        }
+        if now == last {
+            return now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the counters never settled: {now:?}"
+        );
+        last = now;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// The end times (Unix seconds) of viz's history points, and its interval.
+async fn viz_points(cluster: &ClusterBox, viz: std::net::IpAddr) -> (Vec<u64>, u64) {
+    let path = "/api/stat?kind=deployment&namespace=emojivoto&name=web";
+    let (code, body) = cluster
+        .get((viz, 8084).into(), path)
+        .await
+        .expect("viz answers");
+    assert_eq!(code, 200, "{body}");
+    let stat: Value = serde_json::from_str(&body).expect("stat JSON");
+    let points = stat["rows"][0]["spark"]["t"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_u64)
+        .collect();
+    (points, stat["interval_secs"].as_u64().unwrap_or(10))
+}
+
+/// Waits until viz has at least `n` history points ending after `after`;
+/// returns them.
+async fn wait_viz_points(
+    cluster: &ClusterBox,
+    viz: std::net::IpAddr,
+    after: u64,
+    n: usize,
+) -> Vec<u64> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (points, _) = viz_points(cluster, viz).await;
+        let newer: Vec<u64> = points.into_iter().filter(|t| *t > after).collect();
+        if newer.len() >= n {
+            return newer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "viz made no new history points after {after}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// `ballast stat deploy -n emojivoto` counts exactly the requests the
+/// proxies counted. Traffic is made to start and stop between viz's scrapes:
+/// the callers are stopped until viz has a whole quiet cycle, let go for a
+/// few requests, stopped again until viz has scraped the end; a window from
+/// that quiet cycle on then holds exactly the difference of the counters.
+async fn stat_agrees_with_the_proxies(cluster: &ClusterBox, viz: std::net::IpAddr) {
+    for app in CALLERS {
+        cluster.signal_callers("emojivoto", app, "STOP");
+    }
+    let before = settled_counts(cluster).await;
+    let quiet_from = unix_now();
+    // The first point after the stop may still hold requests from before it;
+    // the cycle ending at the second one is quiet.
+    let quiet = wait_viz_points(cluster, viz, quiet_from, 2).await;
+    for app in CALLERS {
+        cluster.signal_callers("emojivoto", app, "CONT");
+    }
+    let from = cluster
+        .log_of("emojivoto", "vote-bot", "caller")
+        .lines()
+        .count();
+    let more = cluster
+        .wait_for_log(
+            "emojivoto",
+            "vote-bot",
+            "caller",
+            Duration::from_secs(60),
+            |log| log.lines().count() >= from + 10,
+        )
+        .await;
+    assert!(more, "vote-bot made no requests after it was let go");
+    for app in CALLERS {
+        cluster.signal_callers("emojivoto", app, "STOP");
+    }
+    let after = settled_counts(cluster).await;
+    let settled_at = unix_now();
+    wait_viz_points(cluster, viz, settled_at, 1).await;
+    let (points, interval) = viz_points(cluster, viz).await;
+    let cycles = points.iter().filter(|t| **t > quiet[0]).count() as u64;
+
+    let (ballast, _) = cluster::binaries();
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", cluster.kubelet.node().netns()])
+        .arg(&ballast)
+        .args(["stat", "deploy", "-n", "emojivoto", "-o", "json"])
+        .arg(format!("--time-window={}s", cycles * interval))
+        .arg(format!("--viz-addr={viz}:8084"))
+        .output()
+        .expect("ballast stat runs");
+    assert!(out.status.success(), "{out:?}");
+    let stat: Value = serde_json::from_slice(&out.stdout).expect("stat -o json");
+    for (i, app) in SERVED.iter().enumerate() {
+        let row = stat["rows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["resource"]["name"] == *app)
+            .unwrap_or_else(|| panic!("no stat row for {app}: {stat}"));
+        let counted = after[i] - before[i];
+        eprintln!(
+            "ballast stat deploy/{app}: {} requests over {}s; its proxies counted {counted}",
+            row["golden"]["requests"],
+            cycles * interval
+        );
+        assert!(counted > 0, "{app} served nothing while the callers ran");
+        assert_eq!(
+            (row["source"].as_str(), row["golden"]["requests"].as_u64()),
+            (Some("inbound"), Some(counted)),
+            "ballast stat and the proxies disagree on {app}: {row}"
+        );
+        assert_eq!(row["golden"]["successes"].as_u64(), Some(counted), "{row}");
+    }
+    for app in CALLERS {
+        cluster.signal_callers("emojivoto", app, "CONT");
+    }
 }

@@ -283,7 +283,7 @@ pub fn emojivoto() -> String {
         )
     };
     // A caller: a loop of curl through the pod's proxy, one line per request
-    // (`ok URL SECONDS` or `fail URL`).
+    // (`ok URL SECONDS`, or `fail URL rc=CURL_EXIT HTTP_CODE SECONDS`).
     let caller = |targets: &[&str]| {
         let urls: Vec<String> = targets
             .iter()
@@ -291,7 +291,7 @@ pub fn emojivoto() -> String {
             .collect();
         format!(
             "      - name: caller\n        image: tools:latest\n        command: [sh, -c]\n\
-             \x20       args:\n          - 'while :; do for u in {}; do if t=$(curl -sf -m 5 -o /dev/null -w \"%{{time_total}}\" $u); then echo ok $u $t; else echo fail $u; fi; done; sleep 0.2; done'\n",
+             \x20       args:\n          - 'while :; do for u in {}; do o=$(curl -s -m 5 -o /dev/null -w \"%{{http_code}} %{{time_total}}\" $u); r=$?; case \"$r $o\" in \"0 2\"*) echo ok $u ${{o#* }};; *) echo fail $u rc=$r $o;; esac; done; sleep 0.2; done'\n",
             urls.join(" ")
         )
     };
@@ -520,4 +520,115 @@ pub fn failures_after_first_success(log: &str) -> usize {
 pub async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
     static BOX: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     BOX.lock().await
+}
+
+impl ClusterBox {
+    /// Captures the TCP traffic between pods on the node's bridge (every
+    /// pod-to-pod packet is routed through it) until stopped; the node's own
+    /// (probes, the API server) is left out.
+    pub fn capture_between_pods(&self) -> ballast_testkit::cluster::capture::Capture {
+        let node = self.kubelet.node();
+        let [a, b, c, _] = node.ip().octets();
+        let pods = format!("{a}.{b}.{c}.0/24");
+        let filter = format!(
+            "tcp and src net {pods} and dst net {pods} and not host {}",
+            node.ip()
+        );
+        ballast_testkit::cluster::capture::Capture::start(
+            node,
+            &filter,
+            &self.dir.path().join("pods.pcap"),
+        )
+        .expect("tcpdump captures on the node's bridge")
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`) to every process of the `caller`
+    /// container of `app`'s pods: the shell loop stops making requests (one
+    /// in flight completes) and goes on.
+    pub fn signal_callers(&self, namespace: &str, app: &str, signal: &str) {
+        let mut signalled = 0;
+        for pod in self.pods_of(namespace, app) {
+            let Some(name) = pod["metadata"]["name"].as_str() else {
+                continue;
+            };
+            let netns = self
+                .kubelet
+                .pod_netns(namespace, name)
+                .expect("the pod's network namespace");
+            let pids = Command::new("ip")
+                .args(["netns", "pids", &netns])
+                .output()
+                .expect("ip netns pids");
+            for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                // The caller's loop is `sh -c 'while :; ... curl ...'`.
+                if cmdline.windows(10).any(|w| w == b"-c\0while :") {
+                    let ok = Command::new("kill")
+                        .args([&format!("-{signal}"), pid])
+                        .status()
+                        .is_ok_and(|s| s.success());
+                    signalled += usize::from(ok);
+                }
+            }
+        }
+        assert!(
+            signalled > 0,
+            "no caller loop of {namespace}/{app} to {signal}"
+        );
+    }
+}
+
+/// What the wire between `pods` carried in `segments`: the connections
+/// opened during the capture, and what was not TLS. Each such connection's
+/// first bytes both ways must be a TLS record, and no segment between them
+/// (the connections already open included) may carry plaintext HTTP.
+pub fn tls_only(
+    segments: &[ballast_testkit::cluster::capture::Segment],
+    pods: &[std::net::Ipv4Addr],
+) -> (usize, Vec<String>) {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::net::SocketAddrV4;
+    let between = |s: &&ballast_testkit::cluster::capture::Segment| {
+        pods.contains(s.src.ip()) && pods.contains(s.dst.ip())
+    };
+    let opened: BTreeSet<(SocketAddrV4, SocketAddrV4)> = segments
+        .iter()
+        .filter(between)
+        .filter(|s| s.opens)
+        .map(|s| (s.src, s.dst))
+        .collect();
+    let mut first: BTreeMap<(SocketAddrV4, SocketAddrV4), &[u8]> = BTreeMap::new();
+    let mut wrong = Vec::new();
+    for s in segments
+        .iter()
+        .filter(between)
+        .filter(|s| !s.payload.is_empty())
+    {
+        if opened.contains(&(s.src, s.dst)) || opened.contains(&(s.dst, s.src)) {
+            first.entry((s.src, s.dst)).or_insert(&s.payload);
+        }
+        for marker in [&b"HTTP/1.1"[..], b"HTTP/1.0", b"PRI * HTTP/2.0"] {
+            if s.payload.windows(marker.len()).any(|w| w == marker) {
+                wrong.push(format!(
+                    "{} -> {}: plaintext {:?}",
+                    s.src,
+                    s.dst,
+                    String::from_utf8_lossy(marker)
+                ));
+            }
+        }
+    }
+    for ((src, dst), payload) in &first {
+        // A TLS record: handshake (22) or alert (21), version 3.x.
+        let tls = payload.len() >= 3 && matches!(payload[0], 21 | 22) && payload[1] == 3;
+        if !tls {
+            let head: Vec<u8> = payload.iter().take(16).copied().collect();
+            wrong.push(format!(
+                "{src} -> {dst} opened with {head:02x?}, not a TLS record"
+            ));
+        }
+    }
+    wrong.sort();
+    wrong.dedup();
+    (opened.len(), wrong)
 }

@@ -35,6 +35,7 @@
 //! ```
 
 mod api_endpoint;
+pub mod capture;
 pub mod controllers;
 mod env;
 mod images;

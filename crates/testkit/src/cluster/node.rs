@@ -29,7 +29,7 @@ pub const MAX_PODS: usize = 64;
 /// The Service CIDR: cluster IPs are routed to the bridge so that the node's own
 /// connections reach the DNAT rules.
 pub const SERVICE_CIDR: &str = "10.96.0.0/12";
-const BRIDGE: &str = "cbr0";
+pub(crate) const BRIDGE: &str = "cbr0";
 const SERVICES_CHAIN: &str = "BOX-SERVICES";
 const POSTROUTING_CHAIN: &str = "BOX-POSTROUTING";
 const REJECT_CHAIN: &str = "BOX-NO-ENDPOINTS";
