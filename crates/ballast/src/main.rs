@@ -5,6 +5,7 @@
 mod backend;
 mod check;
 mod controller;
+mod dashboard;
 mod demo;
 mod destination;
 mod diagnostics;

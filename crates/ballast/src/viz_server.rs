@@ -46,9 +46,13 @@ meshed pods (a `linkerd-proxy` container, Running, with an IP) are scraped at th
 A pod whose scrape fails is retried after 1, 2, 4 ... up to 30 intervals, each delay lowered by \
 up to half at random per pod, and shown unreachable meanwhile. At most --scrape-concurrency pages \
 of at most --max-page-bytes are held at once.\n\
-Every flag can also be set by the environment variable shown."
+Every flag can also be set by the environment variable shown.",
+    args_conflicts_with_subcommands = true
 )]
 pub struct Args {
+    #[command(subcommand)]
+    action: Option<VizAction>,
+
     /// Address of the dashboard and its JSON API (/, /assets/*, /api/*,
     /// /live, /ready); Linkerd viz's web port.
     #[arg(long, env = "BALLAST_VIZ_ADDR", default_value = "127.0.0.1:8084")]
@@ -240,7 +244,18 @@ fn scrape_timeout(
     }
 }
 
+/// What `ballast viz` does besides running viz.
+#[derive(clap::Subcommand)]
+enum VizAction {
+    /// Open the installed dashboard on a local port, through the Kubernetes
+    /// API server (as `linkerd viz dashboard` does).
+    Dashboard(crate::dashboard::Args),
+}
+
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(VizAction::Dashboard(dashboard)) = args.action {
+        return crate::dashboard::run(dashboard).await;
+    }
     let scrape_timeout = scrape_timeout(args.scrape_timeout, args.scrape_interval)?;
     let source_config = controller::SourceConfig {
         manifests: args.manifests.clone(),

@@ -205,6 +205,9 @@ async fn an_application_injected_by_the_webhook_talks_over_mutual_tls() {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 
+    // `ballast viz dashboard` opens it locally, through the API server.
+    dashboard_through_the_api_server(&cluster).await;
+
     // `ballast stat` agrees with the proxies' own counters.
     stat_agrees_with_the_proxies(&cluster, viz_ip).await;
 
@@ -488,4 +491,112 @@ async fn stat_agrees_with_the_proxies(cluster: &ClusterBox, viz: std::net::IpAdd
     for app in CALLERS {
         cluster.signal_callers("emojivoto", app, "CONT");
     }
+}
+
+/// `ballast viz dashboard --show url` on the user's machine (here: outside
+/// the cluster's network, with the kubeconfig) serves the installed
+/// dashboard and its API on a local port, and stops on SIGTERM.
+async fn dashboard_through_the_api_server(cluster: &ClusterBox) {
+    use std::io::BufRead;
+    let (ballast, _) = binaries();
+    let mut child = std::process::Command::new(&ballast)
+        .args([
+            "viz",
+            "dashboard",
+            "--show",
+            "url",
+            "--port",
+            "0",
+            "--wait",
+            "60s",
+        ])
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("ballast viz dashboard starts");
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let url = loop {
+        match rx.recv_timeout(Duration::from_secs(90)) {
+            Ok(line) if line.starts_with("http://") => break line,
+            Ok(_) => continue,
+            Err(e) => {
+                let _ = child.kill();
+                panic!("ballast viz dashboard printed no URL: {e}");
+            }
+        }
+    };
+    let addr: std::net::SocketAddr = url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("the URL names a local address");
+    let get = |path: &'static str| async move {
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+                .await
+                .expect("handshake");
+        tokio::spawn(conn);
+        let req = http::Request::get(path)
+            .header("host", addr.to_string())
+            .body(http_body_util::Empty::<hyper::body::Bytes>::new())
+            .expect("request");
+        let rsp = send.send_request(req).await.expect("an answer");
+        let status = rsp.status().as_u16();
+        let csp = rsp
+            .headers()
+            .get("content-security-policy")
+            .and_then(|v| v.to_str().ok())
+            .map(String::from);
+        use http_body_util::BodyExt;
+        let body = rsp.into_body().collect().await.expect("a body").to_bytes();
+        (status, csp, String::from_utf8_lossy(&body).into_owned())
+    };
+    let (status, csp, page) = get("/").await;
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page.contains("<html") || page.contains("<!doctype"),
+        "{page}"
+    );
+    assert_eq!(csp.as_deref(), Some("default-src 'self'"));
+    let (status, _, overview) = get("/api/overview").await;
+    assert_eq!(status, 200, "{overview}");
+    let overview: Value = serde_json::from_str(&overview).expect("overview JSON");
+    assert!(
+        overview["namespaces"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|n| n["resource"]["name"] == "emojivoto" && n["meshed_pods"].as_u64() >= Some(4)),
+        "the dashboard's overview shows the meshed application: {overview}"
+    );
+    let (status, _, _) = get("/api/no-such-thing").await;
+    assert_eq!(status, 404);
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        if let Some(exit) = child.try_wait().expect("wait") {
+            break exit;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("ballast viz dashboard did not stop on SIGTERM");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(exit.success(), "{exit:?}");
+    eprintln!("ballast viz dashboard served {url} through the API server");
 }

@@ -66,6 +66,8 @@ pub mod port {
     pub const DESTINATION: u16 = 8086;
     pub const POLICY: u16 = 8090;
     pub const IDENTITY: u16 = 8080;
+    /// The dashboard and its JSON API (Linkerd viz's web port).
+    pub const VIZ: u16 = 8084;
 }
 
 /// The three settings every other name follows from.

@@ -22,7 +22,7 @@ pub const WEBHOOK_PATH: &str = "/inject";
 pub const INJECTOR_PORT: u16 = 8443;
 pub const INJECTOR_ADMIN_PORT: u16 = 9995;
 /// Linkerd viz web's port (the dashboard and JSON API), and viz's admin port.
-pub const VIZ_PORT: u16 = 8084;
+pub const VIZ_PORT: u16 = ballast_controlplane::port::VIZ;
 pub const VIZ_ADMIN_PORT: u16 = 9994;
 /// The label (on a namespace or a pod) that keeps the webhook away, as Linkerd's.
 pub const WEBHOOKS_LABEL: &str = "config.linkerd.io/admission-webhooks";

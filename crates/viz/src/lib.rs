@@ -15,6 +15,7 @@ use ballast_vizcore::targets::Snapshot;
 pub mod assets;
 pub mod cli;
 pub mod collector;
+pub mod forward;
 pub mod metrics;
 pub mod prometheus;
 pub mod scrape;

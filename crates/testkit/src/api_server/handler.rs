@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use super::patch::{self, PatchType};
 use super::resources::{self, Route, RESOURCES};
 use super::selector::{bounded, Filter};
+use super::service_proxy;
 use super::status::{self, failure, json_response, Body};
 use super::store::{Key, ReadError};
 use super::write::{self, ApiError, DeleteOptions, Part};
@@ -188,6 +189,12 @@ pub(crate) async fn handle(
     let fault = *lock(&shared.fault);
     if let Some((code, retry_after)) = fault {
         return Ok(status::fault(code, retry_after));
+    }
+    if let Some(target) = service_proxy::parse(&path) {
+        return Ok(match target {
+            Ok(target) => service_proxy::forward(&shared, target, req).await,
+            Err(e) => failure(400, &e),
+        });
     }
     if req.method() == Method::POST && path == TOKEN_REVIEWS {
         return Ok(token_review(&shared, req).await);

@@ -7,6 +7,7 @@ mod handler;
 mod patch;
 mod resources;
 mod selector;
+mod service_proxy;
 mod status;
 mod store;
 mod watch;
@@ -188,6 +189,9 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 ///   asks for one of their audiences (or none); otherwise the answer carries the
 ///   API server's `token audiences ... is invalid` error. Unknown tokens are not
 ///   authenticated.
+/// - **Service proxy** (`GET /api/v1/namespaces/NS/services/NAME[:PORT]/proxy/PATH`):
+///   sent on to the Service over plain HTTP through the dialer the cluster installs
+///   ([`ApiServer::set_service_dialer`]), the answer streamed back.
 ///
 /// - **Writes** as the API server makes them: POST (create; 409 `AlreadyExists`), PUT
 ///   (replace; a `metadata.resourceVersion` other than the stored one is 409
