@@ -1073,3 +1073,45 @@ async fn services_get_cluster_ips_and_namespaces_their_name_label() {
         .expect("patch");
     assert_eq!(d3["metadata"]["generation"], 2);
 }
+
+/// Gateway API's and Linkerd's HTTPRoute share the plural `httproutes`: each
+/// is served at its own group's path and holds only its own objects.
+#[tokio::test]
+async fn both_groups_httproutes_are_served_apart() {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let server = ApiServer::start().await;
+    let client = client(&server).await;
+    let api = |group: &str, version: &str| {
+        let gvk = GroupVersionKind::gvk(group, version, "HTTPRoute");
+        Api::<DynamicObject>::namespaced_with(
+            client.clone(),
+            "ns1",
+            &ApiResource::from_gvk_with_plural(&gvk, "httproutes"),
+        )
+    };
+    let (gateway, linkerd) = (
+        api("gateway.networking.k8s.io", "v1"),
+        api("policy.linkerd.io", "v1beta3"),
+    );
+    for (version, name) in [
+        ("gateway.networking.k8s.io/v1", "gw-route"),
+        ("policy.linkerd.io/v1beta3", "l5d-route"),
+    ] {
+        server
+            .create(json!({"apiVersion": version, "kind": "HTTPRoute",
+                           "metadata": {"name": name, "namespace": "ns1"}, "spec": {}}))
+            .await
+            .expect("created");
+    }
+    let names = |list: kube::core::ObjectList<DynamicObject>| -> Vec<String> {
+        list.items.iter().map(|o| o.name_any()).collect()
+    };
+    let lp = ListParams::default();
+    assert_eq!(names(gateway.list(&lp).await.unwrap()), ["gw-route"]);
+    assert_eq!(names(linkerd.list(&lp).await.unwrap()), ["l5d-route"]);
+    assert_eq!(
+        linkerd.get("l5d-route").await.unwrap().name_any(),
+        "l5d-route"
+    );
+    assert!(gateway.get("l5d-route").await.is_err());
+}

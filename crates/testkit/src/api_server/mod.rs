@@ -28,11 +28,16 @@ pub fn serves(group: &str, plural: &str) -> bool {
 
 /// Every served resource plural, with whether it is namespaced: what the garbage
 /// collector and the namespace controller walk.
+/// A plural two groups share is walked once, as the first (Gateway API's
+/// `httproutes`; Linkerd's are not collected).
 pub(crate) fn served_plurals() -> Vec<(&'static str, bool)> {
-    resources::RESOURCES
-        .iter()
-        .map(|r| (r.plural, r.namespaced))
-        .collect()
+    let mut plurals: Vec<(&'static str, bool)> = Vec::new();
+    for r in resources::RESOURCES {
+        if !plurals.iter().any(|(p, _)| *p == r.plural) {
+            plurals.push((r.plural, r.namespaced));
+        }
+    }
+    plurals
 }
 
 /// The plural and scope (namespaced?) of the type with this `apiVersion` and `kind`.

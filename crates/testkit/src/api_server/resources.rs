@@ -73,11 +73,23 @@ pub(crate) const RESOURCES: &[ResourceType] = &[
         field_labels: &["addressType"],
         namespaced: true,
     },
-    // Policy resources (custom resources on a real cluster). Linkerd's own
-    // `policy.linkerd.io` HTTPRoute is not served: plurals stay unique.
+    // Policy resources (custom resources on a real cluster). Two share the
+    // plural `httproutes`: Gateway API's comes first, so that the in-process
+    // helpers that take a plural name it; Linkerd's is reached by its path or
+    // by apiVersion and kind.
     ResourceType {
         group: "gateway.networking.k8s.io",
         version: "v1",
+        plural: "httproutes",
+        singular: "httproute",
+        kind: "HTTPRoute",
+        short_names: &[],
+        field_labels: &[],
+        namespaced: true,
+    },
+    ResourceType {
+        group: "policy.linkerd.io",
+        version: "v1beta3",
         plural: "httproutes",
         singular: "httproute",
         kind: "HTTPRoute",
@@ -344,7 +356,7 @@ pub(crate) fn by_kind(api_version: &str, kind: &str) -> Option<usize> {
         .position(|r| r.kind == kind && r.api_version() == api_version)
 }
 
-/// The index of the type with this plural name (plurals are unique across groups here).
+/// The index of the type with this plural name: for `httproutes`, Gateway API's.
 pub(crate) fn by_plural(plural: &str) -> Option<usize> {
     RESOURCES.iter().position(|r| r.plural == plural)
 }
