@@ -611,13 +611,22 @@ async fn identity_down_past_a_certificate_renewal_fails_no_call() {
         .await;
     // Each proxy renews once the controller is back.
     let deadline = Instant::now() + Duration::from_secs(60);
-    let renewed_before = counter(&during, "identity_cert_refresh_total", &["result=\"ok\""]);
+    let renewed_before = counter(
+        &during,
+        "control_identity_cert_refreshes_total",
+        &["result=\"ok\""],
+    );
     loop {
         let (_, now) = cluster
             .get((web_ip, 4191).into(), "/metrics")
             .await
             .expect("web's proxy metrics");
-        if counter(&now, "identity_cert_refresh_total", &["result=\"ok\""]) > renewed_before {
+        if counter(
+            &now,
+            "control_identity_cert_refreshes_total",
+            &["result=\"ok\""],
+        ) > renewed_before
+        {
             break;
         }
         assert!(
@@ -632,8 +641,12 @@ async fn identity_down_past_a_certificate_renewal_fails_no_call() {
     }
     requests_flow(&cluster, 20, "after identity came back").await;
     let (_, failed) = phase.end(&cluster);
-    let failed_renewals = counter(&during, "identity_cert_refresh_total", &[])
-        - counter(&during, "identity_cert_refresh_total", &["result=\"ok\""]);
+    let failed_renewals = counter(&during, "control_identity_cert_refreshes_total", &[])
+        - counter(
+            &during,
+            "control_identity_cert_refreshes_total",
+            &["result=\"ok\""],
+        );
     eprintln!("web's proxy: {failed_renewals} failed renewals while identity was away");
     assert!(
         failed_renewals > 0.0,

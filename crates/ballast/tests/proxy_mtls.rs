@@ -287,7 +287,14 @@ async fn meshed_traffic_is_mutual_tls_and_names_both_ends() {
         "{}",
         ms.text
     );
-    assert!(mc.sum("identity_cert_expiration_timestamp_seconds", &[]) > 0.0);
+    // Linkerd's proxy's identity metrics, by its names.
+    let expires = mc.sum("control_identity_cert_expiration_timestamp_seconds", &[]);
+    let refreshed_at = mc.sum("control_identity_cert_refresh_timestamp_seconds", &[]);
+    assert!(
+        refreshed_at > 1.7e9 && expires > refreshed_at,
+        "refreshed at {refreshed_at}, expires at {expires}"
+    );
+    assert!(mc.sum("control_identity_cert_refreshes_total", &[("result", "ok")]) >= 1.0);
     // After meshed traffic both ends' pages have samples in their traffic
     // families, and a standard OpenMetrics parser reads them.
     for (proxy, what) in [(&w.client, "client proxy"), (&w.server, "server proxy")] {
@@ -295,7 +302,10 @@ async fn meshed_traffic_is_mutual_tls_and_names_both_ends() {
             page.assert_has("tcp_open", "counter");
             page.assert_has("request", "counter");
             page.assert_has("response_latency_ms", "histogram");
-            page.assert_has("identity_cert_expiration_timestamp_seconds", "gauge");
+            page.assert_has(
+                "control_identity_cert_expiration_timestamp_seconds",
+                "gauge",
+            );
         }
     }
 
@@ -493,13 +503,16 @@ async fn refreshed_both(w: &World) -> (f64, f64) {
 }
 
 async fn refreshed_total(p: &Proxy) -> f64 {
-    p.metrics().await.sum("identity_cert_refresh_total", &[])
+    p.metrics()
+        .await
+        .sum("control_identity_cert_refreshes_total", &[])
 }
 
 async fn refreshed(p: &Proxy, result: &str) -> f64 {
-    p.metrics()
-        .await
-        .sum("identity_cert_refresh_total", &[("result", result)])
+    p.metrics().await.sum(
+        "control_identity_cert_refreshes_total",
+        &[("result", result)],
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -544,6 +557,22 @@ async fn proxies_ride_out_the_identity_controller_being_down_and_renew_when_it_r
             refreshed_total(&w.server).await - refreshed(&w.server, "ok").await,
         );
         if failed.0 >= 1.0 && failed.1 >= 1.0 {
+            // Linkerd's label is `error`; why is Ballast's own family.
+            let page = w.client.metrics().await;
+            let errors = page.sum(
+                "control_identity_cert_refreshes_total",
+                &[("result", "error")],
+            );
+            assert_eq!(
+                errors,
+                page.sum("control_identity_cert_refreshes_total", &[])
+                    - page.sum("control_identity_cert_refreshes_total", &[("result", "ok")])
+            );
+            assert!(errors >= 1.0);
+            assert_eq!(
+                page.sum("identity_cert_refresh_failures_total", &[]),
+                errors
+            );
             break;
         }
         assert!(
@@ -556,7 +585,7 @@ async fn proxies_ride_out_the_identity_controller_being_down_and_renew_when_it_r
         w.client
             .metrics()
             .await
-            .sum("identity_cert_refresh_total", &[("result", "ok")]),
+            .sum("control_identity_cert_refreshes_total", &[("result", "ok")]),
         renewed.0
     );
     let answer = get(&w.client, "/").await.unwrap();

@@ -59,25 +59,46 @@ pub struct TlsErrorLabels {
     pub error: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct IdentityMetrics {
     pub expiration: Gauge<i64, std::sync::atomic::AtomicI64>,
+    /// When the last certificate was received (Unix seconds, fractional).
+    pub refreshed_at: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Certify calls by `result` (`ok`, `error`), as Linkerd's proxy counts them.
     pub refresh: Family<ResultLabels, Counter>,
+    /// Failed Certify calls by why.
+    pub refresh_failures: Family<ReasonLabels, Counter>,
     pub tls_errors: Family<TlsErrorLabels, Counter>,
     pub handshakes_in_flight: Gauge<i64, std::sync::atomic::AtomicI64>,
 }
 
 impl IdentityMetrics {
     pub fn register(&self, r: &mut Registry) {
+        // Linkerd's proxy's names, so that alerts written for it apply.
         r.register(
-            "identity_cert_expiration_timestamp_seconds",
+            "control_identity_cert_expiration_timestamp_seconds",
             "When this proxy's certificate expires (Unix seconds); 0 before the first",
             self.expiration.clone(),
         );
         r.register(
-            "identity_cert_refresh",
-            "Certify calls by result (ok, or why it failed)",
+            "control_identity_cert_refresh_timestamp_seconds",
+            "When this proxy last received a certificate (Unix seconds); 0 before the first",
+            self.refreshed_at.clone(),
+        );
+        r.register(
+            "control_identity_cert_refreshes",
+            "Certify calls by result (ok, error)",
             self.refresh.clone(),
+        );
+        r.register(
+            "identity_cert_refresh_failures",
+            "Failed Certify calls by reason",
+            self.refresh_failures.clone(),
         );
         r.register(
             "tls_errors",
@@ -100,9 +121,19 @@ impl IdentityMetrics {
                     .map(|d| d.as_secs() as i64)
                     .unwrap_or(0);
                 self.expiration.set(secs);
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs_f64())
+                    .unwrap_or(0.0);
+                self.refreshed_at.set(now);
                 "ok"
             }
-            Err(e) => e.reason(),
+            Err(e) => {
+                self.refresh_failures
+                    .get_or_create(&ReasonLabels { reason: e.reason() })
+                    .inc();
+                "error"
+            }
         };
         self.refresh.get_or_create(&ResultLabels { result }).inc();
     }
