@@ -40,7 +40,11 @@ pub enum TokenValidator {
 }
 
 impl TokenValidator {
+    /// One rule for every token, stored or presented: surrounding ASCII
+    /// whitespace is not part of it (a JWT holds none; a token file written
+    /// by hand ends in a newline, and Linkerd's proxy sends its file as read).
     pub async fn validate(&self, token: &[u8]) -> Result<ServiceAccount, TokenError> {
+        let token = token.trim_ascii();
         match self {
             Self::Kubernetes(client) => token_review(client, token).await,
             Self::Manifests(m) => m.validate(token).await,
@@ -450,6 +454,28 @@ items:
         assert_eq!(tokens.validate(b"rotated").await.unwrap().name, "web");
         assert!(matches!(
             tokens.validate(b"old").await,
+            Err(TokenError::NotAuthenticated)
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_token_presented_with_a_newline_matches_the_one_stored_without() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("sa.yaml"),
+            "kind: Secret\ntype: kubernetes.io/service-account-token\nmetadata:\n  namespace: shop\n  annotations: {kubernetes.io/service-account.name: web}\nstringData: {token: \"tok\\n\"}\n",
+        )
+        .unwrap();
+        let tokens = TokenValidator::Manifests(ManifestTokens::new(dir.path().to_owned()));
+        for presented in [&b"tok"[..], b"tok\n", b" tok\r\n"] {
+            assert_eq!(
+                tokens.validate(presented).await.unwrap().name,
+                "web",
+                "{presented:?}"
+            );
+        }
+        assert!(matches!(
+            tokens.validate(b"to k").await,
             Err(TokenError::NotAuthenticated)
         ));
     }
