@@ -459,6 +459,34 @@ async fn bad_queries(viz: &Viz) {
         assert!(message.contains(says), "{path}: {message}");
         assert!(!message.contains('\n'), "{path}: one line: {message:?}");
     }
+    // A name that is not a Kubernetes name is refused on every path, and
+    // not echoed back whole.
+    let long = "a".repeat(300);
+    for bad in [
+        "..%2F..%2Fetc%2Fpasswd",
+        "%3Cscript%3E",
+        long.as_str(),
+        "Shop",
+    ] {
+        for path in [
+            format!("/api/stat?kind=deploy&namespace={bad}"),
+            format!("/api/stat?kind=deploy&namespace=shop&name={bad}"),
+            format!("/api/edges?kind=deploy&namespace={bad}"),
+            format!("/api/pods?namespace={bad}"),
+            format!("/api/routes?namespace={bad}"),
+            format!("/api/routes?target=svc/{bad}&namespace=shop"),
+            format!("/api/workload?kind=deploy&namespace={bad}&name=web"),
+            format!("/api/workload?kind=deploy&namespace=shop&name={bad}"),
+            format!("/api/tap?target=deploy/web&namespace={bad}"),
+        ] {
+            let (got, _, body) = viz.get(&path).await;
+            assert_eq!(got, 400, "{path}: {body}");
+            assert!(
+                !body.contains("<script>") && !body.contains(&long) && body.len() < 400,
+                "{path}: the refusal echoes the input: {body}"
+            );
+        }
+    }
     let (got, head, _) = request(viz.addr, "POST", "/api/overview").await;
     assert_eq!(got, 405);
     assert!(head.contains("allow: get"), "{head}");

@@ -17,6 +17,7 @@ pub mod cli;
 pub mod collector;
 pub mod forward;
 pub mod metrics;
+pub mod names;
 pub mod prometheus;
 pub mod scrape;
 pub mod server;

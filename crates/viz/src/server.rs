@@ -277,6 +277,33 @@ impl Params {
             .ok_or_else(|| ApiError::BadQuery(format!("parameter {key:?} is required")))
     }
 
+    /// A namespace parameter: absent, or a DNS-1123 label.
+    pub fn namespace(&self, key: &str) -> Result<Option<&str>, ApiError> {
+        self.get(key)
+            .map(|v| crate::names::check_namespace(v, key).map(|()| v))
+            .transpose()
+            .map_err(ApiError::BadQuery)
+    }
+
+    /// An object name parameter: absent, or a DNS-1123 subdomain.
+    pub fn name(&self, key: &str) -> Result<Option<&str>, ApiError> {
+        self.get(key)
+            .map(|v| crate::names::check_name(v, key).map(|()| v))
+            .transpose()
+            .map_err(ApiError::BadQuery)
+    }
+
+    /// A `KIND/NAME` parameter: absent, or with a valid name.
+    pub fn kind_name(&self, key: &str) -> Result<Option<&str>, ApiError> {
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        if let Some((_, name)) = v.split_once('/') {
+            crate::names::check_name(name, key).map_err(ApiError::BadQuery)?;
+        }
+        Ok(Some(v))
+    }
+
     pub fn seconds(&self, key: &str) -> Result<Option<u64>, ApiError> {
         self.get(key)
             .map(|v| {
@@ -301,8 +328,8 @@ fn api(viz: &Viz, route: Route, query: &str) -> Result<Vec<u8>, ApiError> {
             let p = Params::parse(query, &["kind", "namespace", "name", "window"])?;
             let q = StatQuery {
                 kind: canonical_kind(p.required("kind")?)?.to_string(),
-                namespace: p.get("namespace").map(str::to_string),
-                name: p.get("name").map(str::to_string),
+                namespace: p.namespace("namespace")?.map(str::to_string),
+                name: p.name("name")?.map(str::to_string),
                 window_secs: p.seconds("window")?,
             };
             let answer = lock(&viz.mesh).stat(&q, now)?;
@@ -311,27 +338,30 @@ fn api(viz: &Viz, route: Route, query: &str) -> Result<Vec<u8>, ApiError> {
         Route::Edges => {
             let p = Params::parse(query, &["kind", "namespace"])?;
             let kind = canonical_kind(p.required("kind")?)?;
-            let answer = lock(&viz.mesh).edges(kind, p.get("namespace"), now)?;
+            let answer = lock(&viz.mesh).edges(kind, p.namespace("namespace")?, now)?;
             encode(&answer)
         }
         Route::Routes => {
             let p = Params::parse(query, &["target", "namespace"])?;
-            let answer = lock(&viz.mesh).routes(p.get("target"), p.get("namespace"), now)?;
+            let (target, namespace) = (p.kind_name("target")?, p.namespace("namespace")?);
+            let answer = lock(&viz.mesh).routes(target, namespace, now)?;
             encode(&answer)
         }
         Route::Workload => {
             let p = Params::parse(query, &["kind", "namespace", "name"])?;
+            p.required("namespace")?;
+            p.required("name")?;
             let r = ResourceRef {
                 kind: canonical_kind(p.required("kind")?)?.to_string(),
-                namespace: p.required("namespace")?.to_string(),
-                name: p.required("name")?.to_string(),
+                namespace: p.namespace("namespace")?.unwrap_or_default().to_string(),
+                name: p.name("name")?.unwrap_or_default().to_string(),
             };
             let answer = lock(&viz.mesh).workload(&r, now)?;
             encode(&answer)
         }
         Route::Pods => {
             let p = Params::parse(query, &["namespace"])?;
-            let answer = lock(&viz.mesh).pods(p.get("namespace"), now);
+            let answer = lock(&viz.mesh).pods(p.namespace("namespace")?, now);
             encode(&answer)
         }
         _ => Err(ApiError::BadQuery("not an API path".into())),

@@ -97,7 +97,11 @@ impl Selector {
             ))
         })?;
         if let Some(n) = name {
-            check_name(n, what)?;
+            if kind == TapKind::Namespace {
+                check_namespace(n, what)?;
+            } else {
+                check_name(n, what)?;
+            }
         }
         if kind == TapKind::Namespace {
             let name = name
@@ -141,21 +145,12 @@ impl Selector {
     }
 }
 
-/// A DNS-1123 name (Kubernetes object names), so nothing odd reaches a
-/// label match or a message.
 fn check_name(name: &str, what: &str) -> Result<(), TapError> {
-    let ok = !name.is_empty()
-        && name.len() <= 253
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
-    if ok {
-        Ok(())
-    } else {
-        Err(TapError::BadQuery(format!(
-            "{what}: {name:?} is not a Kubernetes name (lowercase letters, digits, '-' and '.')"
-        )))
-    }
+    crate::names::check_name(name, what).map_err(TapError::BadQuery)
+}
+
+fn check_namespace(namespace: &str, what: &str) -> Result<(), TapError> {
+    crate::names::check_namespace(namespace, what).map_err(TapError::BadQuery)
 }
 
 /// A parsed `/api/tap` query.
@@ -213,7 +208,7 @@ pub fn parse(query: &str) -> Result<TapQuery, TapError> {
     let namespace = namespace
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string());
-    check_name(&namespace, "namespace")?;
+    check_namespace(&namespace, "namespace")?;
     let target = target
         .filter(|t| !t.is_empty())
         .ok_or_else(|| TapError::BadQuery("target is required (e.g. deploy/web)".into()))?;
@@ -230,7 +225,7 @@ pub fn parse(query: &str) -> Result<TapQuery, TapError> {
             let ns = to_namespace
                 .filter(|n| !n.is_empty())
                 .unwrap_or_else(|| namespace.clone());
-            check_name(&ns, "to_namespace")?;
+            check_namespace(&ns, "to_namespace")?;
             let sel = Selector::parse(&t, &ns, "to")?;
             if sel.name.is_none() {
                 return Err(TapError::BadQuery(format!(
@@ -429,7 +424,9 @@ mod tests {
             ("target=svc/web", "cannot be tapped"),
             ("target=ns", "ns needs a name"),
             ("target=deploy/Web", "not a Kubernetes name"),
-            ("target=deploy/web&namespace=a_b", "not a Kubernetes name"),
+            ("target=deploy/web&namespace=a_b", "not a namespace"),
+            ("target=deploy/web&namespace=a.b", "not a namespace"),
+            ("target=ns/-x", "not a namespace"),
             ("target=deploy/web&to=deploy", "name the resource"),
             ("target=deploy/web&path=x", "must start with '/'"),
             ("target=deploy/web&method=G%20T", "not an HTTP method"),

@@ -1,0 +1,95 @@
+//! Kubernetes names in queries: a namespace is a DNS-1123 label, an object
+//! name a DNS-1123 subdomain. Every API path checks them the same way, so
+//! nothing odd (paths, markup, 300 characters) reaches a lookup, a label
+//! match or an answer.
+
+/// Why `value` (the query's `what`) is not a namespace, if it is not one.
+pub fn check_namespace(value: &str, what: &str) -> Result<(), String> {
+    let bytes = value.as_bytes();
+    let ok = !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric();
+    ok.then_some(()).ok_or_else(|| {
+        format!(
+            "{what}: {:?} is not a namespace (at most 63 lowercase letters, digits and '-', starting and ending alphanumeric)",
+            shown(value)
+        )
+    })
+}
+
+/// Why `value` (the query's `what`) is not a Kubernetes object name, if it
+/// is not one.
+pub fn check_name(value: &str, what: &str) -> Result<(), String> {
+    let ok = !value.is_empty()
+        && value.len() <= 253
+        && value.split('.').all(|label| {
+            let b = label.as_bytes();
+            !b.is_empty()
+                && b.len() <= 63
+                && b.iter()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+                && b[0].is_ascii_alphanumeric()
+                && b[b.len() - 1].is_ascii_alphanumeric()
+        });
+    ok.then_some(()).ok_or_else(|| {
+        format!(
+            "{what}: {:?} is not a Kubernetes name (lowercase letters, digits, '-' and '.')",
+            shown(value)
+        )
+    })
+}
+
+/// A refused value as a message shows it: at most 64 characters, anything
+/// but letters, digits, '.', '-' and '_' as '?' (no markup or path reaches a
+/// page that prints the message).
+fn shown(value: &str) -> String {
+    value
+        .chars()
+        .take(64)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespaces_are_labels_and_names_subdomains() {
+        for ok in ["demo", "a", "team-1", &"a".repeat(63)] {
+            assert!(check_namespace(ok, "namespace").is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "../../etc/passwd",
+            "<script>",
+            "Demo",
+            "-a",
+            "a-",
+            "a.b",
+            &"a".repeat(64),
+            &"a".repeat(300),
+        ] {
+            let e = check_namespace(bad, "namespace").unwrap_err();
+            assert!(e.starts_with("namespace: "), "{e}");
+            assert!(e.len() < 200, "a refused value is not echoed whole: {e}");
+            assert!(!e.contains('<') && !e.contains('/'), "{e}");
+        }
+        for ok in ["web", "web-1.v2", "a.b.c"] {
+            assert!(check_name(ok, "name").is_ok(), "{ok}");
+        }
+        for bad in ["", "a..b", ".a", "a/b", "<b>", "Web", &"a".repeat(254)] {
+            assert!(check_name(bad, "name").is_err(), "{bad}");
+        }
+    }
+}
