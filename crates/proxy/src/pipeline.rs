@@ -93,6 +93,8 @@ pub trait Side: Send + Sync + 'static {
     /// What serves a connection's HTTP requests, bound once when HTTP is
     /// detected (a balancer, or per-request routing by authority).
     type Http: Send + Sync + 'static;
+    /// Which side this is, for metrics.
+    const DIRECTION: crate::metrics::Direction;
 
     /// Routes a new connection; `None` refuses it (the side counts why).
     fn route(
@@ -409,8 +411,13 @@ impl Pipeline {
     {
         let http = Arc::new(side.bind_http(route));
         let memory = self.memory.clone();
+        let metrics = self.metrics.clone();
         let handler = move |mut req: Request<Incoming>| {
             let (side, http) = (side.clone(), http.clone());
+            // Two values for one host: whichever a hop downstream reads,
+            // routing here must not differ from it (RFC 9112 section 3.2).
+            let conflict = crate::http::conflicting_host(&req);
+            let http1 = req.version() < http::Version::HTTP_2;
             let shed = memory.shed("request");
             match &client_id {
                 ClientIdHeader::Untouched => {}
@@ -425,7 +432,19 @@ impl Pipeline {
             if let Some(t) = tap.as_ref().and_then(ConnTap::tapping) {
                 req.extensions_mut().insert(t);
             }
+            let metrics = metrics.clone();
             async move {
+                if let Some(reason) = conflict {
+                    metrics.error(S::DIRECTION, reason);
+                    let mut rsp = error_response(StatusCode::BAD_REQUEST, reason);
+                    if http1 {
+                        rsp.headers_mut().insert(
+                            http::header::CONNECTION,
+                            http::HeaderValue::from_static("close"),
+                        );
+                    }
+                    return rsp;
+                }
                 if shed {
                     return error_response(StatusCode::SERVICE_UNAVAILABLE, "memory_limit");
                 }

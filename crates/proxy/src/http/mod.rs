@@ -42,6 +42,36 @@ pub fn error_response(status: StatusCode, reason: &str) -> Response<ResponseBody
     rsp
 }
 
+/// Why a request's host cannot be trusted, if it cannot: more than one
+/// `Host` line (RFC 9112 section 3.2), or a `Host` naming another host or
+/// port than the request target's authority (an absolute-form target, or
+/// HTTP/2's `:authority`). A hop that read the other value would send the
+/// request elsewhere than this proxy routes it, so it is answered 400 where
+/// RFC 9112 would let a proxy replace `Host`.
+pub fn conflicting_host<B>(req: &Request<B>) -> Option<&'static str> {
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let host = hosts.next()?;
+    if hosts.next().is_some() {
+        return Some("duplicate_host");
+    }
+    let authority = req.uri().authority()?;
+    let default_port = if req.uri().scheme() == Some(&http::uri::Scheme::HTTPS) {
+        443
+    } else {
+        80
+    };
+    let same = host
+        .to_str()
+        .ok()
+        .and_then(|h| h.parse::<http::uri::Authority>().ok())
+        .is_some_and(|h| {
+            h.host().eq_ignore_ascii_case(authority.host())
+                && h.port_u16().unwrap_or(default_port)
+                    == authority.port_u16().unwrap_or(default_port)
+        });
+    (!same).then_some("host_mismatch")
+}
+
 /// The balancer of an HTTP target.
 pub type HttpBalancer = Balancer<EndpointConns>;
 type Endpoint = EndpointState<EndpointConns>;
@@ -148,6 +178,32 @@ static HOP_BY_HOP: [HeaderName; 7] = [
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_must_be_single_and_agree_with_the_targets_authority() {
+        let req = |uri: &str, hosts: &[&str]| {
+            let mut b = Request::get(uri);
+            for h in hosts {
+                b = b.header(header::HOST, *h);
+            }
+            b.body(()).unwrap()
+        };
+        let cases = [
+            (req("/", &["web"]), None),
+            (req("/", &[]), None),
+            (req("http://web/", &[]), None),
+            (req("http://web/", &["WEB:80"]), None),
+            (req("https://web/", &["web:443"]), None),
+            (req("http://web:8080/", &["web:8080"]), None),
+            (req("/", &["web", "web"]), Some("duplicate_host")),
+            (req("http://web/", &["other"]), Some("host_mismatch")),
+            (req("http://web/", &["web:8080"]), Some("host_mismatch")),
+            (req("http://web/", &["web/x"]), Some("host_mismatch")),
+        ];
+        for (r, want) in cases {
+            assert_eq!(conflicting_host(&r), want, "{r:?}");
+        }
+    }
 
     #[test]
     fn headers_named_by_connection_are_stripped_whatever_else_the_value_holds() {
@@ -257,6 +313,11 @@ impl Forwarder {
             && req.method() != http::Method::CONNECT
             && !req.headers().contains_key(header::UPGRADE);
         if !h2 {
+            // As for responses: a body read by Transfer-Encoding is not the
+            // Content-Length's.
+            if req.headers().contains_key(header::TRANSFER_ENCODING) {
+                req.headers_mut().remove(header::CONTENT_LENGTH);
+            }
             strip_hop_by_hop(req.headers_mut());
             // Endpoints get origin-form targets; the Host header stays.
             if req.uri().authority().is_some() {
@@ -411,6 +472,12 @@ impl Forwarder {
         endpoint.conns.metrics(&endpoint.labels).latency(rtt);
         let (mut parts, incoming) = rsp.into_parts();
         if h1.is_some() {
+            // hyper read the body by Transfer-Encoding, which overrides a
+            // Content-Length (RFC 9112 section 6.3): that length is not the
+            // body's and must not be forwarded with it.
+            if parts.headers.contains_key(header::TRANSFER_ENCODING) {
+                parts.headers.remove(header::CONTENT_LENGTH);
+            }
             strip_hop_by_hop(&mut parts.headers);
         }
         // gRPC runs over HTTP/2 only: an HTTP/1 response has no status to read.

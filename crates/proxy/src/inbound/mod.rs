@@ -379,6 +379,7 @@ const GRPC_NOT_FOUND: u16 = 5;
 impl Side for Inbound {
     type Route = Route;
     type Http = InboundHttp;
+    const DIRECTION: Direction = DIRECTION;
 
     async fn route(self: &Arc<Self>, stream: &TcpStream) -> Option<Accepted<Route>> {
         let orig = match (original_dst(stream), self.config.forward_port) {

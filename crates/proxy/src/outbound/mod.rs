@@ -479,6 +479,7 @@ impl Outbound {
 impl Side for Outbound {
     type Route = Route;
     type Http = HttpRoute;
+    const DIRECTION: Direction = DIRECTION;
 
     async fn route(self: &Arc<Self>, stream: &TcpStream) -> Option<Accepted<Route>> {
         let Some(dst) = original_dst(stream) else {

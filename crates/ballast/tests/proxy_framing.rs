@@ -1,0 +1,349 @@
+//! HTTP/1 framing through the proxy, by the rules (RFC 9112 sections 3.2, 6
+//! and 7): whatever framing a peer sends, what the proxy forwards is one
+//! well-framed message or a refusal, on the outbound and the inbound side.
+//!
+//! - A message whose body is read by Transfer-Encoding never goes on with the
+//!   Content-Length it also carried (that length is not the body's).
+//! - Contradictory framing from a backend (two different lengths) is a 502,
+//!   never a guess.
+//! - A request with two `Host` lines, or a `Host` other than its absolute-form
+//!   target's authority, is answered 400 and its connection closed.
+//!
+//! The backend here is raw TCP answering fixed bytes, so that what a
+//! conforming server would never send can be sent.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+use support::proxy::{authority, Cluster, Proxy};
+use support::{Controller, DEADLINE};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Nothing listens here: the inbound side needs no controller.
+const NO_CONTROLLER: &str = "127.0.0.1:9";
+
+/// The body every raw answer carries: 74 bytes in three chunks.
+const BODY: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz-0123456789abcdefghijklmnopqrstuvwxyz.";
+
+fn chunked(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for part in [&body[..10], &body[10..40], &body[40..]] {
+        out.extend_from_slice(format!("{:x}\r\n", part.len()).as_bytes());
+        out.extend_from_slice(part);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"0\r\n\r\n");
+    out
+}
+
+/// A backend that answers every request (read up to its blank line) with
+/// `answer`, on every connection, until dropped.
+struct RawBackend {
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RawBackend {
+    async fn start(answer: Vec<u8>) -> RawBackend {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let task = tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let answer = answer.clone();
+                tokio::spawn(async move {
+                    let mut seen = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    loop {
+                        let Ok(n) = conn.read(&mut buf).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        seen.extend_from_slice(&buf[..n]);
+                        while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                            seen.drain(..end + 4);
+                            if conn.write_all(&answer).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        RawBackend { addr, task }
+    }
+}
+
+impl Drop for RawBackend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A response as the client read it off the wire.
+#[derive(Debug)]
+struct Read {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    /// Whether the connection was closed after it.
+    closed: bool,
+}
+
+impl Read {
+    fn all(&self, name: &str) -> Vec<&str> {
+        self.headers
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+}
+
+/// Sends `request` on a new connection to `addr` and reads one response by
+/// its own framing (chunked, else Content-Length, else to the close).
+async fn exchange(addr: SocketAddr, request: &str) -> Read {
+    let mut conn = TcpStream::connect(addr).await.expect("connect");
+    conn.write_all(request.as_bytes()).await.expect("write");
+    tokio::time::timeout(DEADLINE, read_response(&mut conn))
+        .await
+        .expect("a response in time")
+}
+
+async fn read_response(conn: &mut TcpStream) -> Read {
+    let mut data = Vec::new();
+    let mut buf = [0u8; 4096];
+    let head_end = loop {
+        if let Some(end) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+            break end;
+        }
+        let n = conn.read(&mut buf).await.expect("read");
+        assert!(n > 0, "closed before a response head: {data:?}");
+        data.extend_from_slice(&buf[..n]);
+    };
+    let head = String::from_utf8_lossy(&data[..head_end]).into_owned();
+    let mut rest = data[head_end + 4..].to_vec();
+    let mut lines = head.split("\r\n");
+    let status: u16 = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("a status line");
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let te = headers.iter().any(|(n, _)| n == "transfer-encoding");
+    let cl = headers
+        .iter()
+        .find(|(n, _)| n == "content-length")
+        .map(|(_, v)| v.parse::<usize>().expect("a numeric Content-Length"));
+    let body = if te {
+        let mut body = Vec::new();
+        loop {
+            while !rest.windows(2).any(|w| w == b"\r\n") {
+                assert!(
+                    more(conn, &mut rest).await > 0,
+                    "closed inside a chunk size"
+                );
+            }
+            let line_end = rest.windows(2).position(|w| w == b"\r\n").unwrap();
+            let size_text = String::from_utf8_lossy(&rest[..line_end]).into_owned();
+            let size = usize::from_str_radix(size_text.split(';').next().unwrap().trim(), 16)
+                .expect("a chunk size");
+            rest.drain(..line_end + 2);
+            while rest.len() < size + 2 {
+                assert!(more(conn, &mut rest).await > 0, "closed inside a chunk");
+            }
+            body.extend_from_slice(&rest[..size]);
+            rest.drain(..size + 2);
+            if size == 0 {
+                break body;
+            }
+        }
+    } else if let Some(len) = cl {
+        while rest.len() < len {
+            assert!(
+                more(conn, &mut rest).await > 0,
+                "closed after {} of its Content-Length {len}",
+                rest.len()
+            );
+        }
+        rest.drain(..len).collect()
+    } else {
+        while more(conn, &mut rest).await > 0 {}
+        std::mem::take(&mut rest)
+    };
+    // Nothing else may follow a response to one request.
+    let after = tokio::time::timeout(Duration::from_millis(300), conn.read(&mut buf)).await;
+    let closed = match after {
+        Ok(Ok(0)) | Ok(Err(_)) => true,
+        Ok(Ok(n)) => panic!("{n} bytes after the response: {:?}", &buf[..n]),
+        Err(_) => false,
+    };
+    assert!(rest.is_empty(), "bytes after the body: {rest:?}");
+    Read {
+        status,
+        headers,
+        body,
+        closed,
+    }
+}
+
+/// Reads what comes next onto `rest`; 0 at the end.
+async fn more(conn: &mut TcpStream, rest: &mut Vec<u8>) -> usize {
+    let mut buf = [0u8; 4096];
+    let n = conn.read(&mut buf).await.unwrap_or(0);
+    rest.extend_from_slice(&buf[..n]);
+    n
+}
+
+/// The two sides in front of `backend`: the outbound proxy (the backend as
+/// the pod of service `raw`) and an inbound proxy forwarding to it.
+struct Paths {
+    _cluster: Cluster,
+    _controller: Controller,
+    outbound: Proxy,
+    inbound: Proxy,
+}
+
+impl Paths {
+    async fn start(backend: SocketAddr) -> Paths {
+        let cluster = Cluster::new();
+        cluster.pods("raw", &[("raw-0", backend)]);
+        cluster.service("raw", "raw", "127.0.0.101", 80);
+        let controller = Controller::start(cluster.path(), &[]).await;
+        let outbound = Proxy::start(controller.grpc, &[]).await;
+        let port = backend.port().to_string();
+        let inbound = Proxy::start(
+            NO_CONTROLLER.parse().expect("addr"),
+            &["--inbound-forward-port", &port],
+        )
+        .await;
+        let paths = Paths {
+            _cluster: cluster,
+            _controller: controller,
+            outbound,
+            inbound,
+        };
+        // The outbound side knows the service once a request is answered by it.
+        let deadline = std::time::Instant::now() + DEADLINE;
+        loop {
+            let r = exchange(paths.outbound.outbound, &get("/")).await;
+            if r.status != 503 && r.status != 404 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "raw never routed: {r:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        paths
+    }
+
+    fn each(&self) -> [(&'static str, SocketAddr); 2] {
+        [
+            ("outbound", self.outbound.outbound),
+            ("inbound", self.inbound.inbound),
+        ]
+    }
+}
+
+fn get(path: &str) -> String {
+    format!(
+        "GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n",
+        authority("raw", 80)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_read_by_transfer_encoding_never_goes_on_with_a_content_length() {
+    let chunks = chunked(BODY);
+    for stale in ["4", "100", &BODY.len().to_string()] {
+        let mut answer = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {stale}\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        .into_bytes();
+        answer.extend_from_slice(&chunks);
+        let backend = RawBackend::start(answer).await;
+        let paths = Paths::start(backend.addr).await;
+        for (side, addr) in paths.each() {
+            let r = exchange(addr, &get("/")).await;
+            assert_eq!(r.status, 200, "{side}, Content-Length {stale}: {r:?}");
+            assert_eq!(
+                r.body, BODY,
+                "{side}, Content-Length {stale}: the whole body"
+            );
+            let lengths = r.all("content-length");
+            assert!(
+                lengths.is_empty() || r.all("transfer-encoding").is_empty(),
+                "{side}: both framings forwarded: {r:?}"
+            );
+            assert!(
+                lengths.iter().all(|l| *l == BODY.len().to_string()),
+                "{side}: a length that is not the body's: {r:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contradictory_lengths_from_a_backend_are_a_502() {
+    let mut answer = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nContent-Length: 74\r\n\r\n".to_vec();
+    answer.extend_from_slice(BODY);
+    let backend = RawBackend::start(answer).await;
+    let paths = Paths::start(backend.addr).await;
+    for (side, addr) in paths.each() {
+        let r = exchange(addr, &get("/")).await;
+        assert_eq!(r.status, 502, "{side}: {r:?}");
+        assert!(
+            !r.body.windows(10).any(|w| w == &BODY[..10]),
+            "{side}: {r:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_or_a_host_against_the_target_are_refused() {
+    let mut answer = b"HTTP/1.1 200 OK\r\nContent-Length: 74\r\n\r\n".to_vec();
+    answer.extend_from_slice(BODY);
+    let backend = RawBackend::start(answer).await;
+    let paths = Paths::start(backend.addr).await;
+    let raw = authority("raw", 80);
+    for (side, addr) in paths.each() {
+        for (request, why) in [
+            (
+                format!("GET / HTTP/1.1\r\nHost: {raw}\r\nHost: evil.example\r\n\r\n"),
+                "duplicate_host",
+            ),
+            (
+                format!("GET / HTTP/1.1\r\nHost: {raw}\r\nhost: {raw}\r\n\r\n"),
+                "duplicate_host",
+            ),
+            (
+                format!("GET http://{raw}/ HTTP/1.1\r\nHost: evil.example\r\n\r\n"),
+                "host_mismatch",
+            ),
+            (
+                format!(
+                    "GET http://{raw}/ HTTP/1.1\r\nHost: raw.shop.svc.cluster.local:81\r\n\r\n"
+                ),
+                "host_mismatch",
+            ),
+        ] {
+            let r = exchange(addr, &request).await;
+            assert_eq!(r.status, 400, "{side} {request:?}: {r:?}");
+            assert_eq!(r.all("l5d-proxy-error"), [why], "{side} {request:?}: {r:?}");
+            assert!(r.closed, "{side} {request:?}: the connection stays open");
+        }
+        // The same host in both places (its default port left out) passes.
+        let same =
+            format!("GET http://{raw}/ HTTP/1.1\r\nHost: raw.shop.svc.cluster.local\r\n\r\n");
+        let r = exchange(addr, &same).await;
+        assert_eq!((r.status, r.body.as_slice()), (200, BODY), "{side}: {r:?}");
+    }
+}
