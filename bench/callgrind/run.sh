@@ -69,9 +69,19 @@ instructions() {
   valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >"$dir/proxy.log" 2>&1 &
   local vg=$!
   wait_port "$port"
-  oha --no-tui -n "$n" -c 16 -H "Host: $host" "http://127.0.0.1:$port/" >/dev/null
+  oha --no-tui -n "$n" -c 16 -H "Host: $host" "http://127.0.0.1:$port/" >"$dir/oha.out"
   kill -TERM "$vg" 2>/dev/null || true
   wait "$vg" 2>/dev/null || true
+  # A figure only counts if the measured process served every request: a
+  # proxy that exited at once would otherwise measure as a few instructions.
+  local served
+  served=$(awk '/\[200\]/ { print $2 }' "$dir/oha.out")
+  if [ "${served:-0}" != "$n" ]; then
+    echo "$(basename "$1"): served ${served:-0} of $n requests; its log:" >&2
+    tail -20 "$dir/proxy.log" >&2
+    sed -n '/Status code distribution/,$p' "$dir/oha.out" >&2
+    return 1
+  fi
   awk '/^summary:|^totals:/ { print $2; exit }' "$out"
   # KEEP=DIR keeps each profile for callgrind_annotate.
   if [ -n "${KEEP:-}" ]; then cp "$out" "$KEEP/callgrind.$(basename "$1").$n"; fi
@@ -80,7 +90,8 @@ instructions() {
 p=$(free_port)
 ballast_cmd() { local n=$1; instructions "$p" "$n" backend.bench.svc.cluster.local \
   "$PROXY" --destination-addr "127.0.0.1:$grpc" --outbound-addr "127.0.0.1:$p" \
-  --inbound-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0; }
+  --inbound-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0 --tap-addr 127.0.0.1:0 \
+  --identity-disabled; }
 h=$(free_port)
 cat > "$dir/haproxy.cfg" <<HAP
 global
@@ -101,7 +112,7 @@ HAP
 haproxy_cmd() { local n=$1; instructions "$h" "$n" backend "$(command -v haproxy)" -f "$dir/haproxy.cfg"; }
 
 for name in ${TARGETS:-ballast haproxy}; do
-  small=$(${name}_cmd "$SMALL")
-  large=$(${name}_cmd "$LARGE")
+  small=$(${name}_cmd "$SMALL") || exit 1
+  large=$(${name}_cmd "$LARGE") || exit 1
   echo "$name: $(( (large - small) / (LARGE - SMALL) )) instructions per request ($small at $SMALL requests, $large at $LARGE)"
 done

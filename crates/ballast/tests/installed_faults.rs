@@ -121,6 +121,24 @@ impl Phase {
     /// Prints the phase's failed calls (curl's exit code, the HTTP status)
     /// and what the callers' proxies warned of, so a failure can be told apart.
     fn explain_failures(&self, cluster: &ClusterBox) {
+        // Restarted containers (a probe that failed on a loaded machine).
+        for pod in cluster.api.list("pods") {
+            for c in pod["status"]["containerStatuses"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                if c["restartCount"].as_u64().unwrap_or(0) > 0 {
+                    eprintln!(
+                        "  restarted: {}/{} {} x{}",
+                        pod["metadata"]["namespace"].as_str().unwrap_or("?"),
+                        pod["metadata"]["name"].as_str().unwrap_or("?"),
+                        c["name"].as_str().unwrap_or("?"),
+                        c["restartCount"]
+                    );
+                }
+            }
+        }
         for (caller, from) in self.callers.iter().zip(&self.fails_at_start) {
             let log = cluster.log_of("emojivoto", caller, "caller");
             for line in log
