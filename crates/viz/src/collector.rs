@@ -101,6 +101,11 @@ impl Clock {
     pub fn now_unix(&self) -> u64 {
         (self.unix_at_start + self.start.elapsed()).as_secs()
     }
+
+    /// Unix milliseconds: when a page was read, at the resolution rates need.
+    pub fn now_unix_ms(&self) -> u64 {
+        u64::try_from((self.unix_at_start + self.start.elapsed()).as_millis()).unwrap_or(u64::MAX)
+    }
 }
 
 impl Default for Clock {
@@ -293,7 +298,7 @@ impl Collector {
         }
 
         let took = started.elapsed();
-        let at = self.clock.now_unix();
+        let at = self.clock.now_unix_ms();
         let heap = {
             let mut mesh = lock(&self.mesh);
             mesh.end_cycle(at, took.as_secs_f64() * 1000.0);
@@ -355,7 +360,9 @@ impl Collector {
     }
 
     fn record(&mut self, pod: ResourceRef, result: Result<Page, ScrapeError>) {
-        let at = self.clock.now_unix();
+        // The page's time is when it arrived: a slow pod's late page is
+        // stamped late, and no other pod's is.
+        let at = self.clock.now_unix_ms();
         let Some(state) = self.pods.get_mut(&pod) else {
             return;
         };
@@ -388,7 +395,7 @@ impl Collector {
         targets: &[PodTarget],
         result: Result<Vec<(ResourceRef, Page)>, ScrapeError>,
     ) {
-        let at = self.clock.now_unix();
+        let at = self.clock.now_unix_ms();
         match result {
             Ok(pages) => {
                 self.metrics.scrape_result("ok");

@@ -552,8 +552,13 @@ pub struct Mesh {
     strings: Strings,
     /// The current (or last) cycle's number, from 1.
     cycle: u64,
-    /// End times of the last `history_points` cycles.
+    /// Each of the last `history_points` cycles' time (Unix ms): when its
+    /// pages were read, on average. Rates divide by the differences, so a
+    /// pod that hangs (and so ends its cycle late) moves no one's figures.
     times: VecDeque<u64>,
+    /// The current cycle's page read times, summed, and how many.
+    reads_ms: u128,
+    reads: u64,
     last_cycle_ms: Option<f64>,
     last_cycle_at: Option<u64>,
     workloads: Vec<WorkloadPods>,
@@ -695,6 +700,8 @@ impl Mesh {
             strings: Strings::default(),
             cycle: 0,
             times: VecDeque::new(),
+            reads_ms: 0,
+            reads: 0,
             last_cycle_ms: None,
             last_cycle_at: None,
             workloads: Vec::new(),
@@ -770,13 +777,16 @@ impl Mesh {
         self.pods.contains_key(&key).then_some(key)
     }
 
-    /// One pod's page. A pod not among this cycle's recorded pods is
-    /// ignored (counted: [`Mesh::ignored_pages`]).
-    pub fn record_page(&mut self, pod: &ResourceRef, at: u64, page: Page) {
+    /// One pod's page, read at `at_ms` (Unix ms). A pod not among this
+    /// cycle's recorded pods is ignored (counted: [`Mesh::ignored_pages`]).
+    pub fn record_page(&mut self, pod: &ResourceRef, at_ms: u64, page: Page) {
         let Some(key) = self.pod_key(pod) else {
             self.ignored_pages += 1;
             return;
         };
+        let at = at_ms / 1000;
+        self.reads_ms += u128::from(at_ms);
+        self.reads += 1;
         let cycle = self.cycle;
         let Some(state) = self.pods.get_mut(&key) else {
             return;
@@ -910,17 +920,19 @@ impl Mesh {
         }
     }
 
-    /// A pod's scrape failed: it shows as unreachable, and why.
+    /// A pod's scrape failed at `at_ms` (Unix ms): it shows as
+    /// unreachable, and why.
     pub fn record_failure(
         &mut self,
         pod: &ResourceRef,
-        at: u64,
+        at_ms: u64,
         error: String,
         next_attempt_in_secs: Option<u64>,
     ) {
         let Some(key) = self.pod_key(pod) else {
             return;
         };
+        let at = at_ms / 1000;
         if let Some(state) = self.pods.get_mut(&key) {
             state.health = Health::Unreachable;
             state.last_attempt_at = Some(at);
@@ -941,10 +953,23 @@ impl Mesh {
 
     /// Ends the cycle: one point per resource, edge and route; forgets
     /// what was not seen for `history_points` cycles.
-    pub fn end_cycle(&mut self, at: u64, cycle_ms: f64) {
+    /// `at_ms` (Unix ms) is when the cycle ended: its time when no page was
+    /// read in it.
+    pub fn end_cycle(&mut self, at_ms: u64, cycle_ms: f64) {
         let cycle = self.cycle;
         let history = self.config.history();
-        self.times.push_back(at);
+        let read = match self.reads {
+            0 => at_ms,
+            n => u64::try_from(self.reads_ms / u128::from(n)).unwrap_or(at_ms),
+        };
+        (self.reads_ms, self.reads) = (0, 0);
+        // Strictly after the cycle before, so that no cycle covers no time.
+        let stamp = match self.times.back() {
+            Some(&prev) => read.max(prev + 1),
+            None => read,
+        };
+        let at = at_ms / 1000;
+        self.times.push_back(stamp);
         while self.times.len() > history {
             self.times.pop_front();
         }

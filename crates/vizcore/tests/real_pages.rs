@@ -132,11 +132,11 @@ fn two_real_pages_give_the_proxys_own_figures() {
     let pod = snap.meshed[0].pod.clone();
     let mut mesh = Mesh::new(MeshConfig::default());
     mesh.begin_cycle(&snap);
-    mesh.record_page(&pod, 1000, t0);
-    mesh.end_cycle(1000, 3.0);
+    mesh.record_page(&pod, 1_000_000, t0);
+    mesh.end_cycle(1_000_000, 3.0);
     mesh.begin_cycle(&snap);
-    mesh.record_page(&pod, 1010, t10);
-    mesh.end_cycle(1010, 3.0);
+    mesh.record_page(&pod, 1_010_000, t10);
+    mesh.end_cycle(1_010_000, 3.0);
 
     let stat = |kind: &str, name: &str| stat_row(&mesh, kind, name);
 
@@ -261,9 +261,9 @@ fn two_linkerd2_proxies_pages_give_their_own_figures() {
         (1010, L2P_LOAD_T10, L2P_WEB_T10),
     ] {
         mesh.begin_cycle(&snap);
-        mesh.record_page(&load.pod, at, page(load_page));
-        mesh.record_page(&web.pod, at, page(web_page));
-        mesh.end_cycle(at, 3.0);
+        mesh.record_page(&load.pod, at * 1000, page(load_page));
+        mesh.record_page(&web.pod, at * 1000, page(web_page));
+        mesh.end_cycle(at * 1000, 3.0);
     }
     let stat = |kind: &str, name: &str| stat_row(&mesh, kind, name);
 

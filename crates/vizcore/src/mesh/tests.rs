@@ -254,15 +254,15 @@ impl Demo {
             if failing.contains(&name) {
                 self.mesh.record_failure(
                     &pod,
-                    self.now,
+                    self.now * 1000,
                     "connect: connection refused".into(),
                     Some(20),
                 );
             } else {
-                self.mesh.record_page(&pod, self.now, proxy.page());
+                self.mesh.record_page(&pod, self.now * 1000, proxy.page());
             }
         }
-        self.mesh.end_cycle(self.now, 12.5);
+        self.mesh.end_cycle(self.now * 1000, 12.5);
     }
 
     fn stat(&self, kind: &str, name: &str) -> StatRow {
@@ -789,9 +789,9 @@ fn pages_of_unknown_pods_are_ignored() {
     mesh.begin_cycle(&Snapshot::default());
     let mut p = Proxy::default();
     p.serve(&dst("inbound", "x", "", "y", ""), 1, 0, 1.0);
-    mesh.record_page(&pod_ref("x", "y"), 1, p.page());
-    mesh.record_failure(&pod_ref("x", "y"), 1, "nope".into(), None);
-    mesh.end_cycle(1, 1.0);
+    mesh.record_page(&pod_ref("x", "y"), 1000, p.page());
+    mesh.record_failure(&pod_ref("x", "y"), 1000, "nope".into(), None);
+    mesh.end_cycle(1000, 1.0);
     assert_eq!(mesh.ignored_pages(), 1);
     assert!(mesh.pods(None, 1).pods.is_empty());
     assert!(mesh
@@ -856,9 +856,9 @@ fn mesh_of(n: usize, cycles: usize) -> Mesh {
                     0.01,
                 );
             }
-            mesh.record_page(&pod_ref("bench", name), c as u64 * 10, proxy.page());
+            mesh.record_page(&pod_ref("bench", name), c as u64 * 10_000, proxy.page());
         }
-        mesh.end_cycle(c as u64 * 10, 1.0);
+        mesh.end_cycle(c as u64 * 10_000, 1.0);
     }
     mesh
 }
@@ -945,8 +945,8 @@ fn a_namespace_whose_meshed_pods_serve_nothing_shows_its_clients_view() {
             3.0,
         );
         mesh.begin_cycle(&snapshot);
-        mesh.record_page(&pod_ref("solo", "client-1"), now, client.page());
-        mesh.end_cycle(now, 1.0);
+        mesh.record_page(&pod_ref("solo", "client-1"), now * 1000, client.page());
+        mesh.end_cycle(now * 1000, 1.0);
         now += 10;
     }
     let q = StatQuery {
@@ -967,4 +967,66 @@ fn a_namespace_whose_meshed_pods_serve_nothing_shows_its_clients_view() {
     let client_row = mesh.stat(&q, now).expect("stat").rows.remove(0);
     assert_eq!(client_row.source, "inbound");
     assert_eq!(client_row.golden.requests, 0);
+}
+
+#[test]
+fn a_pod_that_hangs_moves_no_other_pods_rates() {
+    // `client-1` sends a steady 40 rps; `stuck-1` hangs on /metrics: when
+    // it is tried, its scrape fails at the 5 s timeout and the cycle ends
+    // then; on its back-off (every other cycle here) the cycle ends at once.
+    // Stamped by when it ended, a cycle covered 5, 10 or 15 s and the
+    // steady 40 rps read as 80, 40 or 26.7; stamped by when its pages were
+    // read (50 ms after each 10 s tick), every cycle reads 40.
+    let mut pods_per_workload = HashMap::new();
+    pods_per_workload.insert(deploy("solo", "client"), 1);
+    pods_per_workload.insert(deploy("solo", "stuck"), 1);
+    let snapshot = Snapshot {
+        meshed: vec![
+            target("solo", "client-1", Some(deploy("solo", "client")), 9),
+            target("solo", "stuck-1", Some(deploy("solo", "stuck")), 10),
+        ],
+        pods_per_workload,
+    };
+    let mut mesh = Mesh::new(MeshConfig::default());
+    let mut client = Proxy::default();
+    let labels = dst("inbound", "solo", "", "", "");
+    for cycle in 0..12u64 {
+        let tick_ms = 1_000_000 + cycle * 10_000;
+        client.serve(&labels, 400, 0, 3.0);
+        mesh.begin_cycle(&snapshot);
+        mesh.record_page(&pod_ref("solo", "client-1"), tick_ms + 50, client.page());
+        let ended = if cycle % 2 == 0 {
+            mesh.record_failure(
+                &pod_ref("solo", "stuck-1"),
+                tick_ms + 5_000,
+                "timed out".into(),
+                Some(10),
+            );
+            tick_ms + 5_000
+        } else {
+            tick_ms + 60
+        };
+        mesh.end_cycle(ended, 5_000.0);
+    }
+    let q = StatQuery {
+        kind: "deploy".into(),
+        namespace: Some("solo".into()),
+        name: Some("client".into()),
+        ..StatQuery::default()
+    };
+    let row = mesh.stat(&q, 1_120).expect("stat").rows.remove(0);
+    let rps = &row.spark.rps;
+    // The first point is the baseline page's (nothing counted).
+    for (i, r) in rps.iter().enumerate().skip(1) {
+        assert!(
+            (r - 40.0).abs() < 1e-9,
+            "point {i}: {r} rps, not 40: {rps:?}"
+        );
+    }
+    assert!(
+        (row.golden.rps - 40.0).abs() < 1e-9,
+        "window: {:?}",
+        row.golden
+    );
+    assert_eq!(row.unreachable_pods, 0, "{row:?}");
 }

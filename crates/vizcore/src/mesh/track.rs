@@ -213,8 +213,8 @@ impl Track {
         }
     }
 
-    /// The track as a sparkline over the mesh's cycle `times` (a track
-    /// younger than the history is zero before it began).
+    /// The track as a sparkline over the mesh's cycle `times` (Unix ms; a
+    /// track younger than the history is zero before it began).
     pub fn spark(&self, times: &VecDeque<u64>, interval_secs: u64) -> Spark {
         let mut spark = Spark::default();
         let pad = times.len().saturating_sub(self.points.len());
@@ -222,7 +222,7 @@ impl Track {
         let mut points = self.points.iter().skip(skip);
         for (i, t) in times.iter().enumerate() {
             let secs = cycle_secs(times, i, interval_secs);
-            spark.t.push(*t);
+            spark.t.push(*t / 1000);
             let p = if i < pad { None } else { points.next() };
             match p {
                 Some(p) => {
@@ -255,13 +255,13 @@ impl Track {
     }
 }
 
-/// Seconds the cycle ending at `times[i]` covered.
+/// Seconds the cycle at `times[i]` (Unix ms) covered: since the cycle
+/// before, at millisecond resolution (the first covers one interval).
 pub(super) fn cycle_secs(times: &VecDeque<u64>, i: usize, interval_secs: u64) -> f64 {
-    let dt = match i.checked_sub(1).and_then(|j| times.get(j)) {
-        Some(prev) => times[i].saturating_sub(*prev),
-        None => interval_secs,
-    };
-    dt.max(1) as f64
+    match i.checked_sub(1).and_then(|j| times.get(j)) {
+        Some(prev) => times[i].saturating_sub(*prev).max(1) as f64 / 1000.0,
+        None => interval_secs.max(1) as f64,
+    }
 }
 
 /// What a window of one or more tracks adds up to.
@@ -365,7 +365,7 @@ mod tests {
         assert_eq!(w.requests, 9 + 8 + 7);
         // Buckets only for the last two cycles.
         assert_eq!(w.buckets.iter().map(|b| b.2).sum::<u64>(), 9 + 8);
-        let times: VecDeque<u64> = (0..8).map(|i| 100 + i * 10).collect();
+        let times: VecDeque<u64> = (0..8).map(|i| (100 + i * 10) * 1000).collect();
         let s = t.spark(&times, 10);
         assert_eq!(s.t.len(), 8);
         assert_eq!(s.rps[..3], [0.0, 0.0, 0.0]);
