@@ -70,7 +70,7 @@ fuzz_target!(|data: &[u8]| {
     });
     let mut at = 0;
     let mut cycle = |mesh: &mut Mesh, page: Option<ballast_vizcore::expo::Page>| {
-        at += 10;
+        at += 10_000; // Unix ms: a cycle every 10 s
         mesh.begin_cycle(&snapshot);
         match page {
             Some(p) => mesh.record_page(&pod, at, p),
