@@ -222,27 +222,10 @@ async fn watches_answered(cluster: &ClusterBox) -> Vec<u64> {
 
 /// SIGKILLs the `destination` container's process of `pod`.
 fn kill_destination(cluster: &ClusterBox, pod: &str) {
-    let netns = cluster
-        .kubelet
-        .pod_netns("ballast", pod)
-        .expect("the pod's network namespace");
-    let pids = std::process::Command::new("ip")
-        .args(["netns", "pids", &netns])
-        .output()
-        .expect("ip netns pids");
-    let mut killed = 0;
-    for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if cmdline.contains("destination") && cmdline.contains("--controller-namespace") {
-            let ok = std::process::Command::new("kill")
-                .args(["-9", pid])
-                .status()
-                .is_ok_and(|s| s.success());
-            killed += usize::from(ok);
-        }
-    }
-    assert!(killed > 0, "no destination process found in {netns}");
+    let killed = cluster.signal_in_pod("ballast", pod, "KILL", |cmdline| {
+        cmdline.contains("destination") && cmdline.contains("--controller-namespace")
+    });
+    assert!(killed > 0, "no destination process found in ballast/{pod}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

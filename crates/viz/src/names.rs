@@ -3,17 +3,10 @@
 //! nothing odd (paths, markup, 300 characters) reaches a lookup, a label
 //! match or an answer.
 
-/// Why `value` (the query's `what`) is not a namespace, if it is not one.
+/// Why `value` (the query's `what`) is not a namespace, if it is not one
+/// (`ballast_flags::dns_label`'s rule, as the CLI's `--namespace`).
 pub fn check_namespace(value: &str, what: &str) -> Result<(), String> {
-    let bytes = value.as_bytes();
-    let ok = !bytes.is_empty()
-        && bytes.len() <= 63
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-        && bytes[0].is_ascii_alphanumeric()
-        && bytes[bytes.len() - 1].is_ascii_alphanumeric();
-    ok.then_some(()).ok_or_else(|| {
+    ballast_flags::dns_label(value).map(drop).map_err(|_| {
         format!(
             "{what}: {:?} is not a namespace (at most 63 lowercase letters, digits and '-', starting and ending alphanumeric)",
             shown(value)
@@ -22,20 +15,9 @@ pub fn check_namespace(value: &str, what: &str) -> Result<(), String> {
 }
 
 /// Why `value` (the query's `what`) is not a Kubernetes object name, if it
-/// is not one.
+/// is not one (`ballast_flags::dns_name`'s rule).
 pub fn check_name(value: &str, what: &str) -> Result<(), String> {
-    let ok = !value.is_empty()
-        && value.len() <= 253
-        && value.split('.').all(|label| {
-            let b = label.as_bytes();
-            !b.is_empty()
-                && b.len() <= 63
-                && b.iter()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-                && b[0].is_ascii_alphanumeric()
-                && b[b.len() - 1].is_ascii_alphanumeric()
-        });
-    ok.then_some(()).ok_or_else(|| {
+    ballast_flags::dns_name(value).map(drop).map_err(|_| {
         format!(
             "{what}: {:?} is not a Kubernetes name (lowercase letters, digits, '-' and '.')",
             shown(value)

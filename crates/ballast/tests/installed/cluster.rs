@@ -548,33 +548,49 @@ impl ClusterBox {
     pub fn signal_callers(&self, namespace: &str, app: &str, signal: &str) {
         let mut signalled = 0;
         for pod in self.pods_of(namespace, app) {
-            let Some(name) = pod["metadata"]["name"].as_str() else {
-                continue;
-            };
-            let netns = self
-                .kubelet
-                .pod_netns(namespace, name)
-                .expect("the pod's network namespace");
-            let pids = Command::new("ip")
-                .args(["netns", "pids", &netns])
-                .output()
-                .expect("ip netns pids");
-            for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
-                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if let Some(name) = pod["metadata"]["name"].as_str() {
                 // The caller's loop is `sh -c 'while :; ... curl ...'`.
-                if cmdline.windows(10).any(|w| w == b"-c\0while :") {
-                    let ok = Command::new("kill")
-                        .args([&format!("-{signal}"), pid])
-                        .status()
-                        .is_ok_and(|s| s.success());
-                    signalled += usize::from(ok);
-                }
+                signalled += self.signal_in_pod(namespace, name, signal, |cmdline| {
+                    cmdline.contains("-c while :")
+                });
             }
         }
         assert!(
             signalled > 0,
             "no caller loop of {namespace}/{app} to {signal}"
         );
+    }
+
+    /// Sends `signal` (`STOP`, `KILL`, ...) to each process in `pod`'s
+    /// network namespace whose command line (arguments joined by spaces)
+    /// `matches`; how many were signalled.
+    pub fn signal_in_pod(
+        &self,
+        namespace: &str,
+        pod: &str,
+        signal: &str,
+        matches: impl Fn(&str) -> bool,
+    ) -> usize {
+        let netns = self
+            .kubelet
+            .pod_netns(namespace, pod)
+            .expect("the pod's network namespace");
+        let pids = Command::new("ip")
+            .args(["netns", "pids", &netns])
+            .output()
+            .expect("ip netns pids");
+        let mut signalled = 0;
+        for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if matches(&String::from_utf8_lossy(&cmdline).replace('\0', " ")) {
+                let ok = Command::new("kill")
+                    .args([&format!("-{signal}"), pid])
+                    .status()
+                    .is_ok_and(|s| s.success());
+                signalled += usize::from(ok);
+            }
+        }
+        signalled
     }
 }
 
