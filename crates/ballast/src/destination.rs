@@ -147,9 +147,11 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..))]
     http2_max_concurrent_streams: u32,
 
-    /// Streams one client connection may make the controller reset (stream
-    /// protocol errors, refused streams) before it gets GOAWAY
-    /// ENHANCE_YOUR_CALM and is closed (MadeYouReset, CVE-2025-8671).
+    /// Streams one client connection may make the controller reset for
+    /// stream protocol errors before it gets GOAWAY ENHANCE_YOUR_CALM and is
+    /// closed (MadeYouReset, CVE-2025-8671). Streams refused past
+    /// --http2-max-concurrent-streams come on top, up to twice that limit
+    /// (a refused stream's body costs a second reset).
     #[arg(long, env = "BALLAST_DESTINATION_HTTP2_MAX_LOCAL_ERROR_RESETS", default_value_t = server::DEFAULT_HTTP2_MAX_LOCAL_ERROR_RESETS,
           value_parser = count(1, MANY))]
     http2_max_local_error_resets: usize,

@@ -22,6 +22,11 @@ use clap::{Args as ClapArgs, Subcommand};
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use tokio::sync::watch;
 
+/// Streams one client connection may make the identity server reset for
+/// protocol errors before GOAWAY ENHANCE_YOUR_CALM (MadeYouReset,
+/// CVE-2025-8671); refusals of one window past the stream limit come on top.
+const IDENTITY_HTTP2_MAX_LOCAL_ERROR_RESETS: usize = 100;
+
 #[derive(ClapArgs)]
 #[command(
     args_conflicts_with_subcommands = true,
@@ -320,7 +325,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let server = tonic::transport::Server::builder()
         .max_concurrent_streams(args.http2_max_concurrent_streams)
         .http2_max_pending_accept_reset_streams(Some(100))
-        .http2_max_local_error_reset_streams(Some(1024))
+        .http2_max_local_error_reset_streams(Some(tls_server::h2_local_reset_budget(
+            IDENTITY_HTTP2_MAX_LOCAL_ERROR_RESETS,
+            args.http2_max_concurrent_streams,
+        )))
         .http2_max_header_list_size(16 * 1024)
         .timeout(Duration::from_secs(30))
         .add_service(service.server())

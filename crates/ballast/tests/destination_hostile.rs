@@ -145,11 +145,22 @@ const RESET_MAX_STREAMS: u64 = 1_000_000;
 /// How long the attack is held.
 const ATTACK_HELD: Duration = Duration::from_secs(4);
 /// The controller's default limit of resets it causes per connection.
-const RESET_LIMIT: u64 = ballast_destination::server::DEFAULT_HTTP2_MAX_LOCAL_ERROR_RESETS as u64;
-/// Allocated bytes the attack may add: the stream state of a few live
-/// connections. Unbounded, one connection held ~350 bytes per reset
-/// (231,100 resets in 6 s: +347 MiB RSS).
-const RESET_GROWTH: u64 = 16 * MB;
+const RESET_LIMIT: u64 = ballast_meshtls::server::h2_local_reset_budget(
+    ballast_destination::server::DEFAULT_HTTP2_MAX_LOCAL_ERROR_RESETS,
+    ballast_destination::server::DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
+) as u64;
+/// What one stream may hold while it lives (h2's stream, hyper's dispatch,
+/// tonic's task), in a debug build.
+const STREAM_BYTES: u64 = 32 * 1024;
+/// Allocated bytes the attack may add: each attacking connection full to
+/// its stream limit (the reset budget forgives a window of refusals, so an
+/// attacker now fills its window before the GOAWAY: measured 37 MiB for two
+/// at 1,000 streams, 0.5 MiB at 50), plus 16 MiB. Unbounded, one connection
+/// held ~350 bytes per reset (231,100 resets in 6 s: +347 MiB RSS).
+const RESET_GROWTH: u64 = RESET_ATTACKERS as u64
+    * ballast_destination::server::DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS as u64
+    * STREAM_BYTES
+    + 16 * MB;
 /// Gets the well-behaved client must have answered during the attack, one
 /// every 50 ms plus its latency on a busy two-core machine.
 const MIN_SERVED: u64 = 10;
@@ -236,6 +247,79 @@ async fn the_concurrent_stream_limit_is_advertised_and_enforced() {
         "{case}: the connection was cut: {seen:?}"
     );
     // Others are served while those streams are held.
+    served(c.grpc)
+        .await
+        .expect("a Get while the streams are held");
+    drop(raw);
+    assert_alive(case, &c).await;
+}
+
+/// A whole `Get` for `web` as one gRPC message (GetDestination by hand:
+/// field 1 scheme, field 2 path).
+fn get_message() -> Vec<u8> {
+    let mut msg = vec![0x0a, 3];
+    msg.extend_from_slice(b"k8s");
+    msg.push(0x12);
+    msg.push(WEB.len() as u8);
+    msg.extend_from_slice(WEB.as_bytes());
+    let mut framed = vec![0];
+    framed.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&msg);
+    framed
+}
+
+/// Opens twice the controller's default per-connection stream limit at
+/// once, each stream a whole `Get` (HEADERS, then its message with
+/// END_STREAM), before reading the SETTINGS: the excess must be refused with
+/// REFUSED_STREAM at once and every granted stream answered, on a connection
+/// that stays open. (h2 counts refusals, and the resets of a refused
+/// stream's DATA, in its budget of local resets: with a budget of 100, this
+/// client was cut after 50 refusals with 48 of its 1,000 granted streams
+/// answered and the rest lost with the connection.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twice_the_default_stream_limit_at_once_is_refused_not_cut() {
+    let case = "controller: twice the default stream limit at once";
+    let limit = ballast_destination::server::DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS;
+    let (_cluster, c) = controller(&[]).await;
+    let raw = RawH2::connect(c.grpc).await.expect("connect");
+    let body = get_message();
+    let mut frames = Vec::new();
+    for i in 0..2 * limit {
+        common::h2_headers(&mut frames, 1 + 2 * i, &GET_HEADERS, false);
+        common::h2_frame(
+            &mut frames,
+            common::H2_DATA,
+            common::H2_END_STREAM,
+            1 + 2 * i,
+            &body,
+        );
+    }
+    raw.send(&frames).await.expect("open the streams");
+    let limit = u64::from(limit);
+    let seen = raw
+        .wait_for(DEADLINE, |s| {
+            (s.refused >= limit && s.headers >= limit) || s.closed || s.goaway.is_some()
+        })
+        .await;
+    eprintln!("{case}: {seen:?}");
+    assert_eq!(
+        seen.max_concurrent_streams,
+        Some(limit as u32),
+        "{case}: SETTINGS"
+    );
+    assert_eq!(
+        seen.goaway, None,
+        "{case}: the connection was cut: {seen:?}"
+    );
+    assert!(!seen.closed, "{case}: the connection was closed: {seen:?}");
+    assert_eq!(
+        seen.refused, limit,
+        "{case}: streams past the limit refused: {seen:?}"
+    );
+    assert_eq!(
+        seen.headers, limit,
+        "{case}: granted streams answered (one response head each): {seen:?}"
+    );
     served(c.grpc)
         .await
         .expect("a Get while the streams are held");

@@ -1041,9 +1041,13 @@ const RESET_ATTACKERS: usize = 4;
 const RESET_MAX_CONNECTIONS: usize = 2_000;
 /// Streams one attacking connection may open if it is never cut.
 const RESET_MAX_STREAMS: u64 = 1_000_000;
-/// The proxy's limit of locally caused resets per connection. h2 sends
-/// GOAWAY instead of the reset past it, so it is the most an attacker sees.
-const RESET_LIMIT: u64 = ballast_proxy::config::DEFAULT_HTTP2_MAX_LOCAL_ERROR_RESETS as u64;
+/// The proxy's budget of locally caused resets per connection (protocol
+/// errors and one window of refusals). h2 sends GOAWAY instead of the reset
+/// past it, so it is the most an attacker sees.
+const RESET_LIMIT: u64 = ballast_meshtls::server::h2_local_reset_budget(
+    ballast_proxy::config::DEFAULT_HTTP2_MAX_LOCAL_ERROR_RESETS,
+    ballast_proxy::config::DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
+) as u64;
 /// Allocated bytes the attack may add: a few connections' worth of stream
 /// state, far below what one connection held when resets were unbounded.
 const RESET_GROWTH: u64 = 16 * MB;
@@ -1099,4 +1103,63 @@ async fn http2_made_you_reset_is_cut_by_goaway() {
         .await
         .expect("a request after the attack");
     assert_eq!(a.status, StatusCode::OK, "{case}: after the attack: {a:?}");
+}
+
+/// Opens twice the proxy's default per-connection stream limit at once,
+/// before reading its SETTINGS: the excess is refused with REFUSED_STREAM at
+/// once, every granted stream gets its response head, and the connection
+/// stays open (h2 counts refusals, and the resets of a refused stream's
+/// DATA, in its budget of local resets; with a budget of 100 this client was
+/// cut with GOAWAY and its granted streams lost with the connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twice_the_stream_limit_at_once_is_refused_not_cut() {
+    let case = "HTTP/2: twice the stream limit at once";
+    let limit = ballast_proxy::config::DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS;
+    let mut h = Hostile::start(&[], &[]).await;
+    let web = h.web();
+    let headers = [
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":authority", web.as_str()),
+        (":path", "/"),
+    ];
+    let raw = common::RawH2::connect(h.proxy.outbound)
+        .await
+        .expect("connect");
+    let mut frames = Vec::new();
+    // Each request ends with an empty DATA frame: a refused stream's DATA
+    // costs h2 a second reset (STREAM_CLOSED).
+    for i in 0..2 * limit {
+        common::h2_headers(&mut frames, 1 + 2 * i, &headers, false);
+        common::h2_frame(
+            &mut frames,
+            common::H2_DATA,
+            common::H2_END_STREAM,
+            1 + 2 * i,
+            &[],
+        );
+    }
+    raw.send(&frames).await.expect("open the streams");
+    let limit = u64::from(limit);
+    let seen = raw
+        .wait_for(DEADLINE, |s| {
+            (s.refused >= limit && s.headers >= limit) || s.closed || s.goaway.is_some()
+        })
+        .await;
+    eprintln!("{case}: {seen:?}");
+    assert_eq!(
+        seen.goaway, None,
+        "{case}: the connection was cut: {seen:?}"
+    );
+    assert!(!seen.closed, "{case}: the connection was closed: {seen:?}");
+    assert_eq!(
+        seen.refused, limit,
+        "{case}: streams past the limit refused: {seen:?}"
+    );
+    assert_eq!(
+        seen.headers, limit,
+        "{case}: granted streams answered (one response head each): {seen:?}"
+    );
+    drop(raw);
+    assert_alive(case, &mut h.proxy).await;
 }

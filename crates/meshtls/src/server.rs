@@ -30,6 +30,24 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_MAX_HANDSHAKES: usize = 256;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 
+/// The budget to give h2's `max_local_error_reset_streams` so that a client
+/// past SETTINGS_MAX_CONCURRENT_STREAMS is refused, not cut.
+///
+/// h2 counts every stream it refuses with REFUSED_STREAM toward the same
+/// budget as the streams it resets for protocol errors, and a refused
+/// stream's DATA frames cost one more reset (STREAM_CLOSED). With a budget
+/// of only `error_resets`, a client that opens twice the limit at once
+/// (legal before it has read the SETTINGS) is cut with GOAWAY
+/// ENHANCE_YOUR_CALM after a few dozen refusals, and the streams it was
+/// granted die with the connection. The budget therefore forgives one whole
+/// window of overshoot, each stream with a body, on top of `error_resets`;
+/// a client that overshoots by more is cut. Refusals hold no stream state
+/// (h2 writes each RST_STREAM before it reads another frame).
+pub const fn h2_local_reset_budget(error_resets: usize, max_concurrent_streams: u32) -> usize {
+    // A u32 always fits a usize on the targets Ballast builds for.
+    error_resets.saturating_add((max_concurrent_streams as usize).saturating_mul(2))
+}
+
 #[derive(Debug, Clone)]
 pub struct ServeLimits {
     pub handshake_timeout: Duration,

@@ -83,9 +83,11 @@ pub const DEFAULT_HTTP2_INITIAL_STREAM_WINDOW_BYTES: u32 = 65_535;
 pub const DEFAULT_HTTP2_INITIAL_CONNECTION_WINDOW_BYTES: u32 = 1024 * 1024;
 /// Bytes buffered for sending per HTTP/2 stream before the sender waits.
 pub const DEFAULT_HTTP2_MAX_SEND_BUFFER_BYTES: usize = 64 * 1024;
-/// Streams one HTTP/2 client connection may make the proxy reset (protocol
-/// errors on a stream, refused streams) before it gets GOAWAY
-/// `ENHANCE_YOUR_CALM` and is closed. A well-behaved client causes none;
+/// Streams one HTTP/2 client connection may make the proxy reset for
+/// protocol errors on a stream before it gets GOAWAY `ENHANCE_YOUR_CALM` and
+/// is closed; refusals of up to one window of streams past
+/// SETTINGS_MAX_CONCURRENT_STREAMS come on top (h2 counts both in one
+/// budget: `ballast_meshtls::server::h2_local_reset_budget`). A well-behaved client causes none;
 /// MadeYouReset (CVE-2025-8671) causes one per stream it opens, each costing
 /// the proxy a stream's state and a request dispatch. hyper's default is
 /// 1,024; 100 cuts an attacking connection ten times sooner and still
@@ -358,7 +360,8 @@ pub struct HttpLimits {
     pub h2_initial_stream_window_bytes: u32,
     pub h2_initial_connection_window_bytes: u32,
     pub h2_max_send_buffer_bytes: usize,
-    /// Streams a client connection may make the proxy reset, then GOAWAY.
+    /// Streams a client connection may make the proxy reset for protocol
+    /// errors, then GOAWAY (refusals of one window past the limit on top).
     pub h2_max_local_error_resets: usize,
     /// Client-reset streams waiting to be accepted, then GOAWAY.
     pub h2_max_pending_accept_resets: usize,

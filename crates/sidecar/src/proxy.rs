@@ -388,9 +388,11 @@ pub struct Args {
           value_parser = bytes::<usize>(KIB, 64 * MIB))]
     http2_max_send_buffer_bytes: usize,
 
-    /// Streams one client HTTP/2 connection may make the proxy reset
-    /// (stream protocol errors, refused streams) before it gets GOAWAY
-    /// ENHANCE_YOUR_CALM and is closed (MadeYouReset, CVE-2025-8671).
+    /// Streams one client HTTP/2 connection may make the proxy reset for
+    /// stream protocol errors before it gets GOAWAY ENHANCE_YOUR_CALM and is
+    /// closed (MadeYouReset, CVE-2025-8671). Streams refused past
+    /// --http2-max-concurrent-streams come on top, up to twice that limit
+    /// (a refused stream's body costs a second reset).
     #[arg(long, env = "BALLAST_PROXY_HTTP2_MAX_LOCAL_ERROR_RESETS", default_value_t = defaults::DEFAULT_HTTP2_MAX_LOCAL_ERROR_RESETS,
           value_parser = count(1, MANY))]
     http2_max_local_error_resets: usize,

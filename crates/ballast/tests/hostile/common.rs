@@ -648,6 +648,7 @@ pub async fn raw_exchange(
 
 /// What a client sends first on an HTTP/2 connection (RFC 9113 §3.4).
 pub const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub const H2_DATA: u8 = 0x0;
 pub const H2_HEADERS: u8 = 0x1;
 pub const H2_RST_STREAM: u8 = 0x3;
 pub const H2_SETTINGS: u8 = 0x4;

@@ -63,7 +63,9 @@ pub struct ServerConfig {
     /// HTTP/2 streams one connection may have open at once (advertised in
     /// SETTINGS; more are refused).
     pub http2_max_concurrent_streams: u32,
-    /// Streams one connection may make the server reset before GOAWAY.
+    /// Streams one connection may make the server reset for protocol
+    /// errors before GOAWAY, beyond one window of refused streams (see
+    /// `ballast_meshtls::server::h2_local_reset_budget`).
     pub http2_max_local_error_resets: usize,
     /// Client-reset streams waiting to be accepted before GOAWAY.
     pub http2_max_pending_accept_resets: usize,
@@ -83,8 +85,10 @@ pub const DEFAULT_MAX_STREAMS: u32 = 20_000;
 /// no more than a twentieth of `DEFAULT_MAX_STREAMS`. A client past it waits
 /// for a stream to close (h2 clients queue), it is not failed.
 pub const DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS: u32 = 1_000;
-/// Streams one connection may make the server reset (stream protocol
-/// errors, refused streams) before GOAWAY `ENHANCE_YOUR_CALM` closes it.
+/// Streams one connection may make the server reset for stream protocol
+/// errors before GOAWAY `ENHANCE_YOUR_CALM` closes it; refusals of one whole
+/// window of streams past the limit come on top (h2 counts both in one
+/// budget: `ballast_meshtls::server::h2_local_reset_budget`).
 /// tonic's builder turns hyper's limit off, so MadeYouReset (CVE-2025-8671)
 /// could reset streams without end on one connection, each leaving state
 /// behind. A well-behaved client causes none; 100 forgives a buggy one.
@@ -258,7 +262,10 @@ pub async fn serve(
         .http2_keepalive_interval(Some(config.keepalive))
         .http2_keepalive_timeout(Some(config.keepalive * 2))
         .max_concurrent_streams(config.http2_max_concurrent_streams)
-        .http2_max_local_error_reset_streams(Some(config.http2_max_local_error_resets))
+        .http2_max_local_error_reset_streams(Some(ballast_meshtls::server::h2_local_reset_budget(
+            config.http2_max_local_error_resets,
+            config.http2_max_concurrent_streams,
+        )))
         .http2_max_pending_accept_reset_streams(Some(config.http2_max_pending_accept_resets))
         .http2_max_header_list_size(config.http2_max_header_list_bytes)
         .add_service(health_service)

@@ -62,7 +62,10 @@ pub fn h2_builder(limits: &HttpLimits) -> hyper::server::conn::http2::Builder<To
         .initial_stream_window_size(limits.h2_initial_stream_window_bytes)
         .initial_connection_window_size(limits.h2_initial_connection_window_bytes)
         .max_send_buf_size(limits.h2_max_send_buffer_bytes)
-        .max_local_error_reset_streams(Some(limits.h2_max_local_error_resets))
+        .max_local_error_reset_streams(Some(ballast_meshtls::server::h2_local_reset_budget(
+            limits.h2_max_local_error_resets,
+            limits.h2_max_concurrent_streams,
+        )))
         .max_pending_accept_reset_streams(Some(limits.h2_max_pending_accept_resets));
     b
 }

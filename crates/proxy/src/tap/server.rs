@@ -38,7 +38,8 @@ const TLS_HANDSHAKE: u8 = 0x16;
 /// within [`KEEPALIVE_TIMEOUT`] is closed, freeing its taps.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
-/// Streams one tap connection may make the server reset before GOAWAY.
+/// Streams one tap connection may make the server reset for protocol
+/// errors before GOAWAY (refusals of one window past the limit on top).
 const MAX_LOCAL_ERROR_RESETS: usize = 100;
 /// Bytes buffered for sending per tap stream.
 const MAX_SEND_BUFFER_BYTES: usize = 64 * 1024;
@@ -99,7 +100,10 @@ impl TapServing {
             .max_concurrent_streams(c.h2_max_concurrent_streams)
             .max_header_list_size(c.h2_max_header_list_bytes)
             .max_pending_accept_reset_streams(Some(c.h2_max_pending_accept_resets))
-            .max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
+            .max_local_error_reset_streams(Some(ballast_meshtls::server::h2_local_reset_budget(
+                MAX_LOCAL_ERROR_RESETS,
+                c.h2_max_concurrent_streams,
+            )))
             .max_send_buf_size(MAX_SEND_BUFFER_BYTES)
             .keep_alive_interval(Some(KEEPALIVE_INTERVAL))
             .keep_alive_timeout(KEEPALIVE_TIMEOUT);
