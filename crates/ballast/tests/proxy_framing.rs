@@ -15,6 +15,7 @@
 mod support;
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::proxy::{authority, Cluster, Proxy};
 use support::{Controller, DEADLINE};
@@ -39,19 +40,28 @@ fn chunked(body: &[u8]) -> Vec<u8> {
 }
 
 /// A backend that answers every request (read up to its blank line) with
-/// `answer`, on every connection, until dropped.
+/// `answer`, on every connection, until dropped; POSTs only when
+/// `answer_posts` (else they wait). It keeps every byte it received.
 struct RawBackend {
     addr: SocketAddr,
     task: tokio::task::JoinHandle<()>,
+    received: Arc<Mutex<Vec<u8>>>,
 }
 
 impl RawBackend {
     async fn start(answer: Vec<u8>) -> RawBackend {
+        Self::serve(answer, true).await
+    }
+
+    async fn serve(answer: Vec<u8>, answer_posts: bool) -> RawBackend {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let all = received.clone();
         let task = tokio::spawn(async move {
             while let Ok((mut conn, _)) = listener.accept().await {
                 let answer = answer.clone();
+                let all = all.clone();
                 tokio::spawn(async move {
                     let mut seen = Vec::new();
                     let mut buf = [0u8; 4096];
@@ -62,9 +72,14 @@ impl RawBackend {
                         if n == 0 {
                             return;
                         }
+                        all.lock().unwrap().extend_from_slice(&buf[..n]);
                         seen.extend_from_slice(&buf[..n]);
                         while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let post = seen.starts_with(b"POST ");
                             seen.drain(..end + 4);
+                            if post && !answer_posts {
+                                continue;
+                            }
                             if conn.write_all(&answer).await.is_err() {
                                 return;
                             }
@@ -73,7 +88,15 @@ impl RawBackend {
                 });
             }
         });
-        RawBackend { addr, task }
+        RawBackend {
+            addr,
+            task,
+            received,
+        }
+    }
+
+    fn received(&self) -> String {
+        String::from_utf8_lossy(&self.received.lock().unwrap()).into_owned()
     }
 }
 
@@ -345,5 +368,48 @@ async fn two_hosts_or_a_host_against_the_target_are_refused() {
             format!("GET http://{raw}/ HTTP/1.1\r\nHost: raw.shop.svc.cluster.local\r\n\r\n");
         let r = exchange(addr, &same).await;
         assert_eq!((r.status, r.body.as_slice()), (200, BODY), "{side}: {r:?}");
+    }
+}
+
+/// A chunk extension whose quoted-string runs across the line end: hyper
+/// would end the body at that line and take what follows as a second
+/// request, where a front end that reads quoted-strings sees one. The
+/// request is answered 400 `malformed_chunk`, its connection closed, and
+/// the bytes after the bad line never reach the backend as a request. Each
+/// malformed line the same; the well-formed extensions beside them pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_chunk_extensions_are_refused_and_nothing_is_smuggled() {
+    let mut answer = b"HTTP/1.1 200 OK\r\nContent-Length: 74\r\n\r\n".to_vec();
+    answer.extend_from_slice(BODY);
+    // POSTs are never answered: the proxy's answer is its own.
+    let backend = RawBackend::serve(answer, false).await;
+    let paths = Paths::start(backend.addr).await;
+    let raw = authority("raw", 80);
+    for (side, addr) in paths.each() {
+        for (line, smuggled) in [
+            ("1;a=\"", "/smuggled-quote"),
+            ("1;a=\"x\\", "/smuggled-escape"),
+            ("1;a=\"x\x01\"", "/smuggled-control"),
+            ("1;", "/smuggled-empty"),
+            ("1;a=b c", "/smuggled-space"),
+        ] {
+            let request = format!(
+                "POST /upload HTTP/1.1\r\nHost: {raw}\r\nTransfer-Encoding: chunked\r\n\r\n\
+                 {line}\r\nX\r\n0\r\n\r\nGET {smuggled} HTTP/1.1\r\nHost: {raw}\r\n\r\n"
+            );
+            let r = exchange(addr, &request).await;
+            assert_eq!(r.status, 400, "{side} {line:?}: {r:?}");
+            assert_eq!(
+                r.all("l5d-proxy-error"),
+                ["malformed_chunk"],
+                "{side} {line:?}: {r:?}"
+            );
+            assert!(r.closed, "{side} {line:?}: the connection stays open");
+            assert!(
+                !backend.received().contains(smuggled),
+                "{side} {line:?}: the backend got the smuggled request:\n{}",
+                backend.received()
+            );
+        }
     }
 }

@@ -5,6 +5,7 @@
 
 mod body;
 mod conns;
+pub mod framing;
 pub mod orig_proto;
 mod request_body;
 pub mod server;
@@ -513,6 +514,18 @@ impl Forwarder {
 
     fn upstream_failed(&self, endpoint: &Arc<Endpoint>, e: hyper::Error) -> Response<ResponseBody> {
         tracing::debug!(addr = %endpoint.endpoint.addr, error = %e, "endpoint request failed");
+        if framing::MalformedChunk::caused(&e) {
+            // The client's body failed, not the endpoint: its request is
+            // refused and the connection closed (hyper cannot read on). It
+            // says nothing of the endpoint: no failure accrual.
+            self.metrics.error(self.direction, "malformed_chunk");
+            let mut rsp = error_response(StatusCode::BAD_REQUEST, "malformed_chunk");
+            rsp.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+            return rsp;
+        }
         endpoint.response_ended(false);
         endpoint
             .conns

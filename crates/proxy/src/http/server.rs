@@ -14,7 +14,8 @@
 //! - At shutdown, a connection finishes the requests it has and closes.
 
 use crate::{
-    config::HttpLimits, detect::Protocol, http::ResponseBody, io::Prefixed, metrics::Metrics,
+    config::HttpLimits, detect::Protocol, http::framing::Guarded, http::ResponseBody, io::Prefixed,
+    metrics::Metrics,
 };
 use bytes::Bytes;
 use http::{Request, Response};
@@ -228,7 +229,7 @@ impl<F: Future<Output = Response<ResponseBody>>> Future for Answer<F> {
     }
 }
 
-type H1Parts<I, H> = hyper::server::conn::http1::Parts<TokioIo<Prefixed<I>>, H1Service<H>>;
+type H1Parts<I, H> = hyper::server::conn::http1::Parts<TokioIo<Guarded<Prefixed<I>>>, H1Service<H>>;
 
 /// Serves `io` with hyper until the client is done or shutdown finishes it
 /// (`false`), or it idles for `park_after` between requests and hyper hands
@@ -248,6 +249,9 @@ where
 {
     let requests = service.requests.clone();
     // Built per cycle: a parked connection keeps no builder.
+    // The client's request framing is read as hyper reads it (chunk lines
+    // hyper does not check: `framing`). A cycle starts between requests.
+    let io = Guarded::new(io, limits.h1_max_header_bytes);
     let mut conn = h1_builder(limits).serve_connection(TokioIo::new(io), service);
     let park_after = limits.h1_park_after;
     let mut seen = requests.started.load(Ordering::Relaxed);
@@ -385,7 +389,7 @@ where
             };
             let read_buf = {
                 let parts = *conn;
-                io = parts.io.into_inner();
+                io = parts.io.into_inner().into_inner();
                 service = parts.service;
                 parts.read_buf
             };
