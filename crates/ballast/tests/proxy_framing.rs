@@ -376,7 +376,7 @@ async fn two_hosts_or_a_host_against_the_target_are_refused() {
 /// request, where a front end that reads quoted-strings sees one. The
 /// request is answered 400 `malformed_chunk`, its connection closed, and
 /// the bytes after the bad line never reach the backend as a request. Each
-/// malformed line the same; the well-formed extensions beside them pass.
+/// malformed chunk line the same, and a trailer line ended by a bare LF.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_chunk_extensions_are_refused_and_nothing_is_smuggled() {
     let mut answer = b"HTTP/1.1 200 OK\r\nContent-Length: 74\r\n\r\n".to_vec();
@@ -387,15 +387,19 @@ async fn malformed_chunk_extensions_are_refused_and_nothing_is_smuggled() {
     let raw = authority("raw", 80);
     for (side, addr) in paths.each() {
         for (line, smuggled) in [
-            ("1;a=\"", "/smuggled-quote"),
-            ("1;a=\"x\\", "/smuggled-escape"),
-            ("1;a=\"x\x01\"", "/smuggled-control"),
-            ("1;", "/smuggled-empty"),
-            ("1;a=b c", "/smuggled-space"),
+            ("1;a=\"\r\nX\r\n0\r\n", "/smuggled-quote"),
+            ("1;a=\"x\\\r\nX\r\n0\r\n", "/smuggled-escape"),
+            ("1;a=\"x\x01\"\r\nX\r\n0\r\n", "/smuggled-control"),
+            ("1;\r\nX\r\n0\r\n", "/smuggled-empty"),
+            ("1;a=b c\r\nX\r\n0\r\n", "/smuggled-space"),
+            // A trailer line ended by a bare LF: hyper reads on to the next
+            // CRLFCRLF, so what a lenient reader takes for the next request
+            // would be hyper's trailers.
+            ("0\r\nT: x\n", "/smuggled-trailer"),
         ] {
             let request = format!(
                 "POST /upload HTTP/1.1\r\nHost: {raw}\r\nTransfer-Encoding: chunked\r\n\r\n\
-                 {line}\r\nX\r\n0\r\n\r\nGET {smuggled} HTTP/1.1\r\nHost: {raw}\r\n\r\n"
+                 {line}\r\nGET {smuggled} HTTP/1.1\r\nHost: {raw}\r\n\r\n"
             );
             let r = exchange(addr, &request).await;
             assert_eq!(r.status, 400, "{side} {line:?}: {r:?}");

@@ -83,9 +83,13 @@ enum State {
     DataCr,
     DataLf,
     /// Trailer lines after the last chunk, up to an empty line; `len` is
-    /// the current line's length so far without a CR.
+    /// the current line's length so far, `cr` whether its last byte was CR.
+    /// Each line ends with CRLF, never a bare LF: hyper reads a bare LF in a
+    /// trailer as part of the line, where a lenient reader ends the line
+    /// there (and a request after it would hide in hyper's trailers).
     Trailers {
         len: usize,
+        cr: bool,
     },
     /// Not read any more: left to hyper.
     Off,
@@ -103,6 +107,8 @@ pub struct RequestFraming {
     /// The largest head read; a longer one is left to hyper (which answers
     /// 431).
     max_head: usize,
+    /// Request heads read whole so far.
+    heads: u64,
 }
 
 impl RequestFraming {
@@ -111,7 +117,23 @@ impl RequestFraming {
             state: State::Head,
             buf: Vec::new(),
             max_head,
+            heads: 0,
         }
+    }
+
+    /// Request heads read whole so far.
+    pub fn heads(&self) -> u64 {
+        self.heads
+    }
+
+    /// Whether the bytes so far end between two messages.
+    pub fn between_messages(&self) -> bool {
+        self.state == State::Head && self.buf.is_empty()
+    }
+
+    /// Whether the framing was left to hyper (see the module's doc).
+    pub fn left_to_hyper(&self) -> bool {
+        self.state == State::Off
     }
 
     /// Reads `bytes`, the next the client sent. `Err(n)`: the framing is
@@ -153,7 +175,7 @@ impl RequestFraming {
                     self.buf.clear();
                     bytes = &bytes[lf + 1..];
                     self.state = if size == 0 {
-                        State::Trailers { len: 0 }
+                        State::Trailers { len: 0, cr: false }
                     } else {
                         State::Data(size)
                     };
@@ -184,19 +206,31 @@ impl RequestFraming {
                         State::SizeLine
                     };
                 }
-                State::Trailers { len } => {
-                    let Some(lf) = bytes.iter().position(|&b| b == b'\n') else {
-                        let more = bytes.iter().filter(|&&b| b != b'\r').count();
-                        self.state = State::Trailers { len: len + more };
-                        return Ok(());
-                    };
-                    let more = bytes[..lf].iter().filter(|&&b| b != b'\r').count();
-                    bytes = &bytes[lf + 1..];
-                    self.state = if len + more == 0 {
-                        State::Head
-                    } else {
-                        State::Trailers { len: 0 }
-                    };
+                State::Trailers { mut len, mut cr } => {
+                    // Byte by byte: trailers are rare and short.
+                    let mut end = None;
+                    for (i, &b) in bytes.iter().enumerate() {
+                        match (cr, b) {
+                            (true, b'\n') if len == 0 => {
+                                end = Some(i + 1);
+                                break;
+                            }
+                            (true, b'\n') => (len, cr) = (0, false),
+                            (true, _) | (false, b'\n') => return self.refuse(at + i),
+                            (false, b'\r') => cr = true,
+                            (false, _) => len += 1,
+                        }
+                    }
+                    match end {
+                        Some(n) => {
+                            bytes = &bytes[n..];
+                            self.state = State::Head;
+                        }
+                        None => {
+                            self.state = State::Trailers { len, cr };
+                            return Ok(());
+                        }
+                    }
                 }
             }
         }
@@ -228,6 +262,7 @@ impl RequestFraming {
             Parsed::Done(len, next) => {
                 self.buf.clear();
                 self.state = next;
+                self.heads += 1;
                 // The bytes kept from earlier reads did not hold the head.
                 &bytes[len.saturating_sub(had).min(bytes.len())..]
             }
@@ -564,6 +599,24 @@ mod tests {
             b"POST /e HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1;a=\"\r\n",
         );
         assert_eq!(scan_all(&bad), (bad.len() - 1, State::Refused));
+    }
+
+    #[test]
+    fn trailer_lines_end_with_crlf_only() {
+        // hyper reads `T: x<LF><CR><LF>PUT ...<CR><LF><CR><LF>` as trailers to
+        // the blank line after PUT's head; a lenient reader ends the
+        // trailers at the first CRLF and sees PUT as a request.
+        let input: &[u8] = b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n\
+            0\r\nT: x\n\r\nPUT /b HTTP/1.1\r\nHost: a\r\n\r\n";
+        let at = input.windows(2).position(|w| w == b"x\n").unwrap() + 1;
+        assert_eq!(scan_all(input), (at, State::Refused));
+        let input: &[u8] = b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n\
+            0\r\nT: x\rY\r\n\r\n";
+        let at = input.windows(2).position(|w| w == b"\rY").unwrap() + 1;
+        assert_eq!(scan_all(input), (at, State::Refused));
+        let input: &[u8] = b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n\
+            0\r\nT: x\r\nU: y\r\n\r\n";
+        assert_eq!(scan_all(input), (input.len(), State::Head));
     }
 
     #[test]

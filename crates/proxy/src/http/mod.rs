@@ -109,6 +109,30 @@ fn balance_error_response(
     error_response(status, reason)
 }
 
+/// An HTTP/1 message's head as it goes on to the next hop, in either
+/// version: hyper read its body by Transfer-Encoding, which overrides a
+/// Content-Length (RFC 9112 section 6.3), so that length is not the body's
+/// and is not forwarded with it; and this hop's headers stay here.
+pub fn forwarded_h1_head(headers: &mut HeaderMap) {
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        headers.remove(header::CONTENT_LENGTH);
+    }
+    strip_hop_by_hop(headers);
+}
+
+/// An HTTP/1 request as it goes on: [`forwarded_h1_head`], and an
+/// origin-form target (endpoints get those; the Host header stays).
+pub fn forwarded_h1_request<B>(req: &mut Request<B>) {
+    forwarded_h1_head(req.headers_mut());
+    if req.uri().authority().is_some() {
+        if let Some(pq) = req.uri().path_and_query().cloned() {
+            if let Ok(uri) = Uri::builder().path_and_query(pq).build() {
+                *req.uri_mut() = uri;
+            }
+        }
+    }
+}
+
 /// Headers that belong to one HTTP/1 hop and must not be forwarded.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the names, comparing enum tags for standard names; no
@@ -314,20 +338,7 @@ impl Forwarder {
             && req.method() != http::Method::CONNECT
             && !req.headers().contains_key(header::UPGRADE);
         if !h2 {
-            // As for responses: a body read by Transfer-Encoding is not the
-            // Content-Length's.
-            if req.headers().contains_key(header::TRANSFER_ENCODING) {
-                req.headers_mut().remove(header::CONTENT_LENGTH);
-            }
-            strip_hop_by_hop(req.headers_mut());
-            // Endpoints get origin-form targets; the Host header stays.
-            if req.uri().authority().is_some() {
-                if let Some(pq) = req.uri().path_and_query().cloned() {
-                    if let Ok(uri) = Uri::builder().path_and_query(pq).build() {
-                        *req.uri_mut() = uri;
-                    }
-                }
-            }
+            forwarded_h1_request(&mut req);
         }
         let mut failed_connects = 0;
         loop {
@@ -473,13 +484,7 @@ impl Forwarder {
         endpoint.conns.metrics(&endpoint.labels).latency(rtt);
         let (mut parts, incoming) = rsp.into_parts();
         if h1.is_some() {
-            // hyper read the body by Transfer-Encoding, which overrides a
-            // Content-Length (RFC 9112 section 6.3): that length is not the
-            // body's and must not be forwarded with it.
-            if parts.headers.contains_key(header::TRANSFER_ENCODING) {
-                parts.headers.remove(header::CONTENT_LENGTH);
-            }
-            strip_hop_by_hop(&mut parts.headers);
+            forwarded_h1_head(&mut parts.headers);
         }
         // gRPC runs over HTTP/2 only: an HTTP/1 response has no status to read.
         let grpc_status = if h1.is_some() {
