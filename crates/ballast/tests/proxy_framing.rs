@@ -1,6 +1,8 @@
 //! HTTP/1 framing through the proxy, by the rules (RFC 9112 sections 3.2, 6
 //! and 7): whatever framing a peer sends, what the proxy forwards is one
-//! well-framed message or a refusal, on the outbound and the inbound side.
+//! well-framed message or a refusal, on the outbound and the inbound side,
+//! and between two meshed proxies (HTTP/1 carried as HTTP/2 over mutual
+//! TLS, l5d-orig-proto).
 //!
 //! - A message whose body is read by Transfer-Encoding never goes on with the
 //!   Content-Length it also carried (that length is not the body's).
@@ -17,8 +19,9 @@ mod support;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::proxy::{authority, Cluster, Proxy};
-use support::{Controller, DEADLINE};
+use support::identity::{meshed_service_yaml, proxy_identity_flags, token_secret, IdentityCa, Pki};
+use support::proxy::{authority, Cluster, Proxy, NS};
+use support::{write_atomic, Controller, DEADLINE};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -224,63 +227,117 @@ async fn more(conn: &mut TcpStream, rest: &mut Vec<u8>) -> usize {
     n
 }
 
-/// The two sides in front of `backend`: the outbound proxy (the backend as
-/// the pod of service `raw`) and an inbound proxy forwarding to it.
+/// The three paths to `backend`: the outbound proxy (the backend as the pod
+/// of service `raw`), an inbound proxy forwarding to it, and two meshed
+/// proxies (the backend behind the server one as the pod of service
+/// `mraw`): HTTP/1 carried as HTTP/2 (l5d-orig-proto) over mutual TLS.
 struct Paths {
+    _tmp: tempfile::TempDir,
     _cluster: Cluster,
     _controller: Controller,
+    _ca: IdentityCa,
     outbound: Proxy,
     inbound: Proxy,
+    meshed_client: Proxy,
+    _meshed_server: Proxy,
 }
 
 impl Paths {
     async fn start(backend: SocketAddr) -> Paths {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let pki = Pki::generate(&tmp.path().join("pki")).await;
+        let tokens = tmp.path().join("tokens");
+        std::fs::create_dir_all(&tokens).expect("tokens dir");
+        write_atomic(
+            &tokens.join("secrets.yaml"),
+            &[
+                token_secret(NS, "web", "tok-web"),
+                token_secret(NS, "raw", "tok-raw"),
+            ]
+            .join("---\n"),
+        );
+        for sa in ["web", "raw"] {
+            std::fs::write(tmp.path().join(format!("{sa}.token")), format!("tok-{sa}"))
+                .expect("token file");
+        }
+        let ca = IdentityCa::start(&pki, &tokens, &[]).await;
+        let port = backend.port().to_string();
+        let server_flags = proxy_identity_flags(
+            &pki,
+            ca.grpc,
+            "raw",
+            &tmp.path().join("raw.token"),
+            false,
+            &["--inbound-forward-port", &port],
+        );
+        let args: Vec<&str> = server_flags.iter().map(String::as_str).collect();
+        let meshed_server = Proxy::start(NO_CONTROLLER.parse().expect("addr"), &args).await;
+
         let cluster = Cluster::new();
         cluster.pods("raw", &[("raw-0", backend)]);
         cluster.service("raw", "raw", "127.0.0.101", 80);
+        write_atomic(
+            &cluster.path().join("mraw.yaml"),
+            &meshed_service_yaml("mraw", "raw", meshed_server.inbound, "127.0.0.102"),
+        );
         let controller = Controller::start(cluster.path(), &[]).await;
         let outbound = Proxy::start(controller.grpc, &[]).await;
-        let port = backend.port().to_string();
         let inbound = Proxy::start(
             NO_CONTROLLER.parse().expect("addr"),
             &["--inbound-forward-port", &port],
         )
         .await;
+        let client_flags = proxy_identity_flags(
+            &pki,
+            ca.grpc,
+            "web",
+            &tmp.path().join("web.token"),
+            true,
+            &[],
+        );
+        let args: Vec<&str> = client_flags.iter().map(String::as_str).collect();
+        let meshed_client = Proxy::start(controller.grpc, &args).await;
         let paths = Paths {
+            _tmp: tmp,
             _cluster: cluster,
             _controller: controller,
+            _ca: ca,
             outbound,
             inbound,
+            meshed_client,
+            _meshed_server: meshed_server,
         };
-        // The outbound side knows the service once a request is answered by it.
-        let deadline = std::time::Instant::now() + DEADLINE;
-        loop {
-            let r = exchange(paths.outbound.outbound, &get("/")).await;
-            if r.status != 503 && r.status != 404 {
-                break;
+        // Each side knows its service once a request is answered by it.
+        for (side, addr, host) in paths.each() {
+            let deadline = std::time::Instant::now() + DEADLINE;
+            loop {
+                let r = exchange(addr, &get(&host, "/")).await;
+                if r.status != 503 && r.status != 404 {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{side}: {host} never routed: {r:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "raw never routed: {r:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         paths
     }
 
-    fn each(&self) -> [(&'static str, SocketAddr); 2] {
+    /// Each path: its name, where a client connects, and the host to ask
+    /// for.
+    fn each(&self) -> [(&'static str, SocketAddr, String); 3] {
         [
-            ("outbound", self.outbound.outbound),
-            ("inbound", self.inbound.inbound),
+            ("outbound", self.outbound.outbound, authority("raw", 80)),
+            ("inbound", self.inbound.inbound, authority("raw", 80)),
+            ("meshed", self.meshed_client.outbound, authority("mraw", 80)),
         ]
     }
 }
 
-fn get(path: &str) -> String {
-    format!(
-        "GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n",
-        authority("raw", 80)
-    )
+fn get(host: &str, path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -294,8 +351,8 @@ async fn a_body_read_by_transfer_encoding_never_goes_on_with_a_content_length() 
         answer.extend_from_slice(&chunks);
         let backend = RawBackend::start(answer).await;
         let paths = Paths::start(backend.addr).await;
-        for (side, addr) in paths.each() {
-            let r = exchange(addr, &get("/")).await;
+        for (side, addr, host) in paths.each() {
+            let r = exchange(addr, &get(&host, "/")).await;
             assert_eq!(r.status, 200, "{side}, Content-Length {stale}: {r:?}");
             assert_eq!(
                 r.body, BODY,
@@ -320,8 +377,8 @@ async fn contradictory_lengths_from_a_backend_are_a_502() {
     answer.extend_from_slice(BODY);
     let backend = RawBackend::start(answer).await;
     let paths = Paths::start(backend.addr).await;
-    for (side, addr) in paths.each() {
-        let r = exchange(addr, &get("/")).await;
+    for (side, addr, host) in paths.each() {
+        let r = exchange(addr, &get(&host, "/")).await;
         assert_eq!(r.status, 502, "{side}: {r:?}");
         assert!(
             !r.body.windows(10).any(|w| w == &BODY[..10]),
@@ -336,8 +393,8 @@ async fn two_hosts_or_a_host_against_the_target_are_refused() {
     answer.extend_from_slice(BODY);
     let backend = RawBackend::start(answer).await;
     let paths = Paths::start(backend.addr).await;
-    let raw = authority("raw", 80);
-    for (side, addr) in paths.each() {
+    for (side, addr, raw) in paths.each() {
+        let bare = raw.strip_suffix(":80").expect("port 80");
         for (request, why) in [
             (
                 format!("GET / HTTP/1.1\r\nHost: {raw}\r\nHost: evil.example\r\n\r\n"),
@@ -352,9 +409,7 @@ async fn two_hosts_or_a_host_against_the_target_are_refused() {
                 "host_mismatch",
             ),
             (
-                format!(
-                    "GET http://{raw}/ HTTP/1.1\r\nHost: raw.shop.svc.cluster.local:81\r\n\r\n"
-                ),
+                format!("GET http://{raw}/ HTTP/1.1\r\nHost: {bare}:81\r\n\r\n"),
                 "host_mismatch",
             ),
         ] {
@@ -364,8 +419,7 @@ async fn two_hosts_or_a_host_against_the_target_are_refused() {
             assert!(r.closed, "{side} {request:?}: the connection stays open");
         }
         // The same host in both places (its default port left out) passes.
-        let same =
-            format!("GET http://{raw}/ HTTP/1.1\r\nHost: raw.shop.svc.cluster.local\r\n\r\n");
+        let same = format!("GET http://{raw}/ HTTP/1.1\r\nHost: {bare}\r\n\r\n");
         let r = exchange(addr, &same).await;
         assert_eq!((r.status, r.body.as_slice()), (200, BODY), "{side}: {r:?}");
     }
@@ -384,19 +438,19 @@ async fn malformed_chunk_extensions_are_refused_and_nothing_is_smuggled() {
     // POSTs are never answered: the proxy's answer is its own.
     let backend = RawBackend::serve(answer, false).await;
     let paths = Paths::start(backend.addr).await;
-    let raw = authority("raw", 80);
-    for (side, addr) in paths.each() {
-        for (line, smuggled) in [
-            ("1;a=\"\r\nX\r\n0\r\n", "/smuggled-quote"),
-            ("1;a=\"x\\\r\nX\r\n0\r\n", "/smuggled-escape"),
-            ("1;a=\"x\x01\"\r\nX\r\n0\r\n", "/smuggled-control"),
-            ("1;\r\nX\r\n0\r\n", "/smuggled-empty"),
-            ("1;a=b c\r\nX\r\n0\r\n", "/smuggled-space"),
-            // A trailer line ended by a bare LF: hyper reads on to the next
-            // CRLFCRLF, so what a lenient reader takes for the next request
-            // would be hyper's trailers.
-            ("0\r\nT: x\n", "/smuggled-trailer"),
-        ] {
+    let cases = [
+        ("1;a=\"\r\nX\r\n0\r\n", "/smuggled-quote"),
+        ("1;a=\"x\\\r\nX\r\n0\r\n", "/smuggled-escape"),
+        ("1;a=\"x\x01\"\r\nX\r\n0\r\n", "/smuggled-control"),
+        ("1;\r\nX\r\n0\r\n", "/smuggled-empty"),
+        ("1;a=b c\r\nX\r\n0\r\n", "/smuggled-space"),
+        // A trailer line ended by a bare LF: hyper reads on to the next
+        // CRLFCRLF, so what a lenient reader takes for the next request
+        // would be hyper's trailers.
+        ("0\r\nT: x\n", "/smuggled-trailer"),
+    ];
+    for (side, addr, raw) in paths.each() {
+        for (line, smuggled) in cases {
             let request = format!(
                 "POST /upload HTTP/1.1\r\nHost: {raw}\r\nTransfer-Encoding: chunked\r\n\r\n\
                  {line}\r\nGET {smuggled} HTTP/1.1\r\nHost: {raw}\r\n\r\n"
@@ -415,5 +469,23 @@ async fn malformed_chunk_extensions_are_refused_and_nothing_is_smuggled() {
                 backend.received()
             );
         }
+    }
+    // Each refusal is counted by the proxy that made it (a connection ends
+    // after its counter is bumped; the metrics are read after the close).
+    for (side, proxy) in [
+        ("outbound", &paths.outbound),
+        ("inbound", &paths.inbound),
+        ("meshed", &paths.meshed_client),
+    ] {
+        let want = cases.len() as f64;
+        let counted = support::eventually("the refusals counted", || async {
+            let n = proxy
+                .metrics()
+                .await
+                .sum("http1_framing_refused_total", &[]);
+            (n >= want).then_some(n)
+        })
+        .await;
+        assert_eq!(counted, want, "{side}: http1_framing_refused_total");
     }
 }

@@ -17,7 +17,9 @@ use std::{
 };
 use support::{
     eventually,
-    identity::{identity, token_secret, IdentityCa, Pki},
+    identity::{
+        identity, meshed_service_yaml, proxy_identity_flags, token_secret, IdentityCa, Pki,
+    },
     proxy::{authority, Http1, Proxy, NS},
     write_atomic, Controller,
 };
@@ -96,15 +98,7 @@ async fn tap(to: SocketAddr) -> (SocketAddr, Arc<Mutex<Vec<u8>>>) {
 fn api_pod(dir: &Path, sa: &str, addr: SocketAddr) {
     write_atomic(
         &dir.join("api.yaml"),
-        &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: api-1\n  namespace: {NS}\n  labels: {{app: api, linkerd.io/control-plane-ns: linkerd}}\n\
-             spec:\n  serviceAccountName: {sa}\n  containers: [{{name: main, ports: [{{name: http, containerPort: {port}}}]}}]\n\
-             status: {{phase: Running, podIP: {ip}, hostIP: 127.99.0.1}}\n---\n\
-             apiVersion: v1\nkind: Service\nmetadata: {{name: api, namespace: {NS}}}\n\
-             spec:\n  clusterIP: 127.0.0.100\n  selector: {{app: api}}\n  ports: [{{name: http, port: 80, targetPort: http}}]\n",
-            port = addr.port(),
-            ip = addr.ip(),
-        ),
+        &meshed_service_yaml("api", sa, addr, "127.0.0.100"),
     );
 }
 
@@ -122,6 +116,8 @@ struct World {
     tokens: std::path::PathBuf,
 }
 
+/// The client side takes its anchors inline, as injected pods do
+/// (`ballast injector` puts them in the environment); the server from a file.
 fn identity_flags(
     pki: &Pki,
     ca: SocketAddr,
@@ -129,33 +125,7 @@ fn identity_flags(
     token: &Path,
     extra: &[&str],
 ) -> Vec<String> {
-    // The client side takes its anchors inline, as injected pods do
-    // (`ballast injector` puts them in the environment); the server from a file.
-    let anchors = if sa == "web" {
-        let pem = std::fs::read_to_string(pki.anchors()).unwrap();
-        ["--identity-trust-anchors-pem".to_string(), pem]
-    } else {
-        [
-            "--identity-trust-anchors".to_string(),
-            pki.anchors().display().to_string(),
-        ]
-    };
-    let mut flags: Vec<String> = vec![
-        anchors[0].clone(),
-        anchors[1].clone(),
-        "--identity-addr".into(),
-        ca.to_string(),
-        "--identity-token-file".into(),
-        token.display().to_string(),
-        "--pod-namespace".into(),
-        NS.into(),
-        "--pod-service-account".into(),
-        sa.into(),
-        "--control-backoff-max".into(),
-        "500ms".into(),
-    ];
-    flags.extend(extra.iter().map(|s| s.to_string()));
-    flags
+    proxy_identity_flags(pki, ca, sa, token, sa == "web", extra)
 }
 
 async fn world(ca_flags: &[&str], proxy_flags: &[&str]) -> World {

@@ -320,6 +320,9 @@ pub struct Metrics {
     /// many streams reset by the proxy or by the client, and h2's other
     /// abuse limits).
     pub http2_calm_closed_total: Counter,
+    /// Client HTTP/1 connections closed at a malformed chunked body
+    /// (`http::framing`), their request answered 400.
+    pub http1_framing_refused_total: Counter,
     /// Series removed from the traffic families, by reason.
     pub series_dropped_total: Family<SeriesDropLabels, Counter>,
     /// Inbound authorization (Linkerd's `inbound_*_authz_*` families).
@@ -386,6 +389,7 @@ impl Metrics {
             http_idle_closed_total: Counter::default(),
             http1_parked_connections: Gauge::default(),
             http2_calm_closed_total: Counter::default(),
+            http1_framing_refused_total: Counter::default(),
             series_dropped_total,
             authz: authz::AuthzMetrics::new(l, d),
             outbound_policy: route::OutboundPolicyMetrics::new(l, d),
@@ -544,6 +548,12 @@ impl Metrics {
             "Client HTTP/2 connections closed with GOAWAY ENHANCE_YOUR_CALM (e.g. past \
              --http2-max-local-error-resets or --http2-max-pending-accept-resets)",
             m.http2_calm_closed_total.clone(),
+        );
+        r.register(
+            "http1_framing_refused",
+            "Client HTTP/1 connections closed at a malformed chunk line or trailer, their \
+             request answered 400 malformed_chunk (RFC 9112 section 7.1)",
+            m.http1_framing_refused_total.clone(),
         );
         r.register(
             "metrics_series_dropped",

@@ -20,6 +20,58 @@ use tonic::transport::{Channel, Endpoint};
 pub const TRUST_DOMAIN: &str = "cluster.local";
 pub const CONTROL_NS: &str = "linkerd";
 
+/// A meshed pod `NAME-1` (it carries the control plane's label) running as
+/// service account `sa` at `addr`, behind a service `NAME` on port 80 at
+/// `cluster_ip`, in the proxies' namespace: one manifest.
+pub fn meshed_service_yaml(name: &str, sa: &str, addr: SocketAddr, cluster_ip: &str) -> String {
+    let ns = super::proxy::NS;
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}-1\n  namespace: {ns}\n  labels: {{app: {name}, linkerd.io/control-plane-ns: {CONTROL_NS}}}\n\
+         spec:\n  serviceAccountName: {sa}\n  containers: [{{name: main, ports: [{{name: http, containerPort: {port}}}]}}]\n\
+         status: {{phase: Running, podIP: {ip}, hostIP: 127.99.0.1}}\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {ns}}}\n\
+         spec:\n  clusterIP: {cluster_ip}\n  selector: {{app: {name}}}\n  ports: [{{name: http, port: 80, targetPort: http}}]\n",
+        port = addr.port(),
+        ip = addr.ip(),
+    )
+}
+
+/// The flags that have a proxy certified by the identity controller at
+/// `ca` as service account `sa` of the proxies' namespace, with the token
+/// in `token`; trust anchors inline (as injected pods get them) or from
+/// the PKI's file.
+pub fn proxy_identity_flags(
+    pki: &Pki,
+    ca: SocketAddr,
+    sa: &str,
+    token: &Path,
+    inline_anchors: bool,
+    extra: &[&str],
+) -> Vec<String> {
+    let anchors = if inline_anchors {
+        let pem = std::fs::read_to_string(pki.anchors()).expect("the trust anchors");
+        ["--identity-trust-anchors-pem".to_string(), pem]
+    } else {
+        [
+            "--identity-trust-anchors".to_string(),
+            pki.anchors().display().to_string(),
+        ]
+    };
+    let mut flags: Vec<String> = anchors.into();
+    for (flag, value) in [
+        ("--identity-addr", ca.to_string()),
+        ("--identity-token-file", token.display().to_string()),
+        ("--pod-namespace", super::proxy::NS.to_string()),
+        ("--pod-service-account", sa.to_string()),
+        ("--control-backoff-max", "500ms".to_string()),
+    ] {
+        flags.push(flag.into());
+        flags.push(value);
+    }
+    flags.extend(extra.iter().map(|s| s.to_string()));
+    flags
+}
+
 /// `SA.NS.serviceaccount.identity.linkerd.cluster.local`.
 pub fn identity(sa: &str, ns: &str) -> IdentityName {
     IdentityName::for_service_account(sa, ns, CONTROL_NS, TRUST_DOMAIN).unwrap()

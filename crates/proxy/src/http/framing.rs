@@ -12,8 +12,9 @@
 //! the framing of the bytes it hands hyper with [`RequestFraming`] (heads
 //! by `httparse`, the parser hyper uses, so both see the same framing) and
 //! [`Guarded`] stops the stream before the end of a malformed chunk line:
-//! hyper never sees that line end, its body read fails, and the request is
-//! answered 400 `malformed_chunk` and the connection closed.
+//! hyper never sees that line end, its body read fails, and the server
+//! answers the request 400 `malformed_chunk` itself (whatever became of it
+//! upstream) and closes the connection.
 //!
 //! A chunk line must be, per RFC 9112 section 7.1.1 (with RFC 9110
 //! section 5.6's token and quoted-string):
@@ -410,21 +411,46 @@ fn quoted_len(s: &[u8]) -> Option<usize> {
     None
 }
 
+/// Told when a connection's request framing is refused: the server answers
+/// the request in progress itself (its upstream may have failed any way).
+pub trait OnRefused {
+    fn refused(&self);
+}
+
+impl OnRefused for () {
+    fn refused(&self) {}
+}
+
+impl<R: OnRefused> OnRefused for std::sync::Arc<R> {
+    fn refused(&self) {
+        (**self).refused()
+    }
+}
+
 /// A client stream whose request framing is read as hyper reads it: past a
-/// malformed chunk line, reads fail with [`MalformedChunk`].
+/// malformed chunk line, reads fail with [`MalformedChunk`] and `notify`
+/// is told.
 #[derive(Debug)]
-pub struct Guarded<T> {
+pub struct Guarded<T, R = ()> {
     inner: T,
     framing: RequestFraming,
     refused: bool,
+    notify: R,
 }
 
 impl<T> Guarded<T> {
     pub fn new(inner: T, max_head: usize) -> Self {
+        Self::with_notify(inner, max_head, ())
+    }
+}
+
+impl<T, R> Guarded<T, R> {
+    pub fn with_notify(inner: T, max_head: usize, notify: R) -> Self {
         Self {
             inner,
             framing: RequestFraming::new(max_head),
             refused: false,
+            notify,
         }
     }
 
@@ -437,7 +463,7 @@ fn refused() -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, MalformedChunk)
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for Guarded<T> {
+impl<T: AsyncRead + Unpin, R: OnRefused + Unpin> AsyncRead for Guarded<T, R> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -451,6 +477,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Guarded<T> {
         let this = &mut *self;
         if let Err(keep) = this.framing.scan(&buf.filled()[before..]) {
             this.refused = true;
+            this.notify.refused();
             buf.set_filled(before + keep);
             if keep == 0 {
                 return Poll::Ready(Err(refused()));
@@ -460,7 +487,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Guarded<T> {
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for Guarded<T> {
+impl<T: AsyncWrite + Unpin, R: Unpin> AsyncWrite for Guarded<T, R> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

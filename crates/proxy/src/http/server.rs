@@ -14,7 +14,11 @@
 //! - At shutdown, a connection finishes the requests it has and closes.
 
 use crate::{
-    config::HttpLimits, detect::Protocol, http::framing::Guarded, http::ResponseBody, io::Prefixed,
+    config::HttpLimits,
+    detect::Protocol,
+    http::framing::{Guarded, OnRefused},
+    http::ResponseBody,
+    io::Prefixed,
     metrics::Metrics,
 };
 use bytes::Bytes;
@@ -26,7 +30,7 @@ use std::{
     future::Future,
     pin::Pin,
     sync::{
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc,
     },
     task::{Context, Poll},
@@ -177,6 +181,15 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 struct H1Requests {
     started: AtomicU64,
     answered: AtomicU64,
+    /// The client's request framing was refused (`framing`): the request
+    /// in progress is answered 400 and the connection closed.
+    refused: AtomicBool,
+}
+
+impl OnRefused for H1Requests {
+    fn refused(&self) {
+        self.refused.store(true, Ordering::Relaxed);
+    }
 }
 
 fn bump(counter: &AtomicU64) {
@@ -184,6 +197,28 @@ fn bump(counter: &AtomicU64) {
         counter.load(Ordering::Relaxed).wrapping_add(1),
         Ordering::Relaxed,
     );
+}
+
+/// Counts a connection whose framing was refused, when it ends.
+struct CountRefused<'a>(Arc<H1Requests>, &'a Metrics);
+
+impl Drop for CountRefused<'_> {
+    fn drop(&mut self) {
+        if self.0.refused.load(Ordering::Relaxed) {
+            self.1.http1_framing_refused_total.inc();
+        }
+    }
+}
+
+/// The answer to a request whose chunked body was malformed (`framing`):
+/// the client's fault, whatever the upstream did with the part it got.
+fn framing_refused() -> Response<ResponseBody> {
+    let mut rsp = crate::http::error_response(http::StatusCode::BAD_REQUEST, "malformed_chunk");
+    rsp.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    rsp
 }
 
 /// The service of one HTTP/1 connection. It is `Unpin` with its futures,
@@ -223,13 +258,17 @@ impl<F: Future<Output = Response<ResponseBody>>> Future for Answer<F> {
     type Output = Result<Response<ResponseBody>, Infallible>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let rsp = std::task::ready!(self.rsp.as_mut().poll(cx));
+        let mut rsp = std::task::ready!(self.rsp.as_mut().poll(cx));
         bump(&self.requests.answered);
+        if self.requests.refused.load(Ordering::Relaxed) {
+            rsp = framing_refused();
+        }
         Poll::Ready(Ok(rsp))
     }
 }
 
-type H1Parts<I, H> = hyper::server::conn::http1::Parts<TokioIo<Guarded<Prefixed<I>>>, H1Service<H>>;
+type H1Parts<I, H> =
+    hyper::server::conn::http1::Parts<TokioIo<Guarded<Prefixed<I>, Arc<H1Requests>>>, H1Service<H>>;
 
 /// Serves `io` with hyper until the client is done or shutdown finishes it
 /// (`false`), or it idles for `park_after` between requests and hyper hands
@@ -251,7 +290,7 @@ where
     // Built per cycle: a parked connection keeps no builder.
     // The client's request framing is read as hyper reads it (chunk lines
     // hyper does not check: `framing`). A cycle starts between requests.
-    let io = Guarded::new(io, limits.h1_max_header_bytes);
+    let io = Guarded::with_notify(io, limits.h1_max_header_bytes, requests.clone());
     let mut conn = h1_builder(limits).serve_connection(TokioIo::new(io), service);
     let park_after = limits.h1_park_after;
     let mut seen = requests.started.load(Ordering::Relaxed);
@@ -359,10 +398,10 @@ where
     // An async block rather than an async fn, which would keep each
     // argument twice for the connection's whole life.
     async move {
-        let mut service = H1Service {
-            handler,
-            requests: Arc::default(),
-        };
+        let requests: Arc<H1Requests> = Arc::default();
+        // However the connection ends, a refusal is counted.
+        let _count = CountRefused(requests.clone(), metrics);
+        let mut service = H1Service { handler, requests };
         // Whether the connection may park once it idles: not while a client
         // is partway through a head (that would restart its header read
         // timeout).
