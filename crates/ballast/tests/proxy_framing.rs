@@ -16,6 +16,11 @@
 
 mod support;
 
+// The hand-written HTTP/2 client of the hostile suites.
+#[allow(dead_code)]
+#[path = "hostile/common.rs"]
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -487,5 +492,155 @@ async fn malformed_chunk_extensions_are_refused_and_nothing_is_smuggled() {
         })
         .await;
         assert_eq!(counted, want, "{side}: http1_framing_refused_total");
+    }
+}
+
+/// A backend speaking HTTP/1 and HTTP/2 (hyper's), that keeps the path and
+/// body length of each request it read whole, and answers 200 with BODY.
+struct WholeBackend {
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+    whole: Arc<Mutex<Vec<(String, usize)>>>,
+}
+
+impl WholeBackend {
+    async fn start() -> WholeBackend {
+        use http_body_util::BodyExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let whole: Arc<Mutex<Vec<(String, usize)>>> = Arc::default();
+        let keep = whole.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let keep = keep.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(
+                        move |req: http::Request<hyper::body::Incoming>| {
+                            let keep = keep.clone();
+                            async move {
+                                let path = req.uri().path().to_string();
+                                if let Ok(body) = req.into_body().collect().await {
+                                    keep.lock().unwrap().push((path, body.to_bytes().len()));
+                                }
+                                Ok::<_, std::convert::Infallible>(http::Response::new(
+                                    http_body_util::Full::new(hyper::body::Bytes::from_static(
+                                        BODY,
+                                    )),
+                                ))
+                            }
+                        },
+                    );
+                    let _ = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(hyper_util::rt::TokioIo::new(conn), svc)
+                    .await;
+                });
+            }
+        });
+        WholeBackend { addr, task, whole }
+    }
+
+    fn read_whole(&self, path: &str) -> Vec<usize> {
+        self.whole
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(p, _)| p == path)
+            .map(|(_, n)| *n)
+            .collect()
+    }
+}
+
+impl Drop for WholeBackend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// HTTP/2 end to end (RFC 9113 section 8.2): a request whose DATA is not
+/// its content-length, or that carries a header of the HTTP/1 hop
+/// (connection, keep-alive, proxy-connection, transfer-encoding, upgrade, a
+/// `te` other than trailers), or an uppercase field name, is malformed: the
+/// stream is reset or answered with an error, and the backend never reads
+/// it whole. A well-formed one on the same paths is read whole, its length
+/// intact. On the meshed path the client's HTTP/2 goes on as HTTP/2 over
+/// mutual TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_http2_requests_never_reach_the_backend_whole() {
+    let backend = WholeBackend::start().await;
+    let paths = Paths::start(backend.addr).await;
+    let body = [b'x'; 5];
+    for (side, addr, host) in paths.each() {
+        let head = |path: &'static str| {
+            vec![
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":authority", host.as_str()),
+                (":path", path),
+            ]
+        };
+        let cases: [(&str, &[(&str, &str)], usize); 8] = [
+            ("/short", &[("content-length", "10")], 5),
+            ("/long", &[("content-length", "2")], 5),
+            ("/connection", &[("connection", "close")], 0),
+            ("/keep-alive", &[("keep-alive", "5")], 0),
+            ("/proxy-connection", &[("proxy-connection", "close")], 0),
+            ("/transfer-encoding", &[("transfer-encoding", "chunked")], 5),
+            ("/te", &[("te", "gzip")], 0),
+            ("/uppercase", &[("X-Upper", "1")], 0),
+        ];
+        for (path, extra, len) in cases {
+            let raw = common::RawH2::connect(addr).await.expect("connect");
+            let mut headers = head(path);
+            headers.extend_from_slice(extra);
+            let mut frames = Vec::new();
+            common::h2_headers(&mut frames, 1, &headers, false);
+            common::h2_frame(
+                &mut frames,
+                common::H2_DATA,
+                common::H2_END_STREAM,
+                1,
+                &body[..len],
+            );
+            raw.send(&frames).await.expect("send");
+            let seen = raw
+                .wait_for(DEADLINE, |s| s.resets > 0 || s.headers > 0 || s.closed)
+                .await;
+            assert!(
+                seen.resets > 0 || seen.headers > 0 || seen.closed,
+                "{side} {path}: no answer: {seen:?}"
+            );
+            assert!(
+                backend.read_whole(path).is_empty(),
+                "{side} {path}: the backend read the malformed request whole: {seen:?}"
+            );
+        }
+        // The same shape, well formed, is read whole with its length.
+        let raw = common::RawH2::connect(addr).await.expect("connect");
+        let mut headers = head("/good");
+        headers.push(("content-length", "5"));
+        let mut frames = Vec::new();
+        common::h2_headers(&mut frames, 1, &headers, false);
+        common::h2_frame(
+            &mut frames,
+            common::H2_DATA,
+            common::H2_END_STREAM,
+            1,
+            &body,
+        );
+        raw.send(&frames).await.expect("send");
+        let seen = raw.wait_for(DEADLINE, |s| s.headers > 0 || s.closed).await;
+        assert_eq!(seen.resets, 0, "{side} /good: {seen:?}");
+        support::eventually("the good request read whole", || async {
+            (!backend.read_whole("/good").is_empty()).then_some(())
+        })
+        .await;
+        assert!(
+            backend.read_whole("/good").iter().all(|n| *n == 5),
+            "{side}: {:?}",
+            backend.read_whole("/good")
+        );
+        backend.whole.lock().unwrap().clear();
     }
 }
