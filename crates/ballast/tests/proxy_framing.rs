@@ -558,6 +558,9 @@ impl Drop for WholeBackend {
     }
 }
 
+/// A path, the headers it adds, and the DATA bytes it sends.
+type H2Case = (&'static str, &'static [(&'static str, &'static str)], usize);
+
 /// HTTP/2 end to end (RFC 9113 section 8.2): a request whose DATA is not
 /// its content-length, or that carries a header of the HTTP/1 hop
 /// (connection, keep-alive, proxy-connection, transfer-encoding, upgrade, a
@@ -580,7 +583,7 @@ async fn malformed_http2_requests_never_reach_the_backend_whole() {
                 (":path", path),
             ]
         };
-        let cases: [(&str, &[(&str, &str)], usize); 8] = [
+        let cases: [H2Case; 8] = [
             ("/short", &[("content-length", "10")], 5),
             ("/long", &[("content-length", "2")], 5),
             ("/connection", &[("connection", "close")], 0),
