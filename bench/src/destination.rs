@@ -15,6 +15,11 @@
 //!
 //! Controller memory per open stream is the growth of its RSS and of
 //! jemalloc's allocated bytes while the streams of each scenario open.
+//!
+//! It fails when a controller did not serve: one that exited (before ready
+//! or during the run), a `Get` stream refused or without its first
+//! message, a change that did not reach every stream of its service,
+//! memory not read (a zero RSS or allocated figure).
 
 use ballast_bench::{allocated, memory, percentile, rss, start, write_atomic, Controller, Memory};
 use linkerd2_proxy_api::destination::{
@@ -139,8 +144,9 @@ struct Streams {
     clients: Vec<DestinationClient<Channel>>,
     next: usize,
     arrivals: mpsc::UnboundedSender<Arrival>,
-    ready_tx: mpsc::UnboundedSender<()>,
-    ready_rx: mpsc::UnboundedReceiver<()>,
+    /// Each stream's first message, or why it had none.
+    ready_tx: mpsc::UnboundedSender<Result<(), String>>,
+    ready_rx: mpsc::UnboundedReceiver<Result<(), String>>,
     open: usize,
 }
 
@@ -167,12 +173,24 @@ impl Streams {
             let tx = self.arrivals.clone();
             let ready_tx = self.ready_tx.clone();
             tokio::spawn(async move {
-                let Ok(resp) = client.get(req).await else {
-                    return;
+                let resp = match client.get(req).await {
+                    Ok(resp) => resp,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(format!("Get refused: {e}")));
+                        return;
+                    }
                 };
                 let mut stream = resp.into_inner();
-                let _ = stream.message().await; // the initial set
-                let _ = ready_tx.send(());
+                // The initial set.
+                match stream.message().await {
+                    Ok(Some(_)) => {
+                        let _ = ready_tx.send(Ok(()));
+                    }
+                    other => {
+                        let _ = ready_tx.send(Err(format!("no first message: {other:?}")));
+                        return;
+                    }
+                }
                 while let Ok(Some(msg)) = stream.message().await {
                     if matches!(msg.update, Some(update::Update::Add(_))) {
                         let _ = tx.send(Arrival {
@@ -190,8 +208,16 @@ impl Streams {
     async fn wait_ready(&mut self) -> anyhow::Result<()> {
         while self.open < self.next {
             tokio::time::timeout(Duration::from_secs(60), self.ready_rx.recv())
-                .await?
-                .ok_or_else(|| anyhow::anyhow!("streams ended"))?;
+                .await
+                .map_err(|_| {
+                    anyhow::anyhow!(
+                        "{} of {} Get streams had their first message; none more in 60 s",
+                        self.open,
+                        self.next
+                    )
+                })?
+                .ok_or_else(|| anyhow::anyhow!("streams ended"))?
+                .map_err(|e| anyhow::anyhow!("a Get stream: {e}"))?;
             self.open += 1;
         }
         Ok(())
@@ -234,7 +260,13 @@ async fn round(
     let mut got = 0;
     while got < affected {
         let a = tokio::time::timeout(Duration::from_secs(10), arrivals.recv())
-            .await?
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "svc-{service} changed: {got} of {affected} streams had the update; \
+                     none more in 10 s"
+                )
+            })?
             .ok_or_else(|| anyhow::anyhow!("streams ended"))?;
         if a.service != service {
             out.strays += 1;
@@ -276,6 +308,14 @@ async fn main() -> anyhow::Result<()> {
         o.ballast.display()
     );
     anyhow::ensure!(o.services >= 2, "--services must be at least 2");
+    anyhow::ensure!(
+        o.pods >= o.services,
+        "--pods must be at least --services (a changed service needs a pod)"
+    );
+    anyhow::ensure!(
+        o.streams >= 1 && o.rounds >= 1,
+        "nothing to measure: --streams and --rounds must be at least 1"
+    );
     let per_service = o.pods / o.services;
     let empty = tempfile::tempdir()?;
     let cluster = tempfile::tempdir()?;
@@ -302,8 +342,8 @@ async fn main() -> anyhow::Result<()> {
             dir.display().to_string(),
         ]
     };
-    let (empty_c, empty_ready) = start(&o.ballast, &args(empty.path())).await?;
-    let (full_c, full_ready) = start(&o.ballast, &args(cluster.path())).await?;
+    let (mut empty_c, empty_ready) = start(&o.ballast, &args(empty.path())).await?;
+    let (mut full_c, full_ready) = start(&o.ballast, &args(cluster.path())).await?;
     // Let the allocator settle after the load, then read both side by side.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let empty_pid = empty_c.pid();
@@ -312,7 +352,12 @@ async fn main() -> anyhow::Result<()> {
     let (full_rss, full_hwm) = rss(full_pid);
     let empty_alloc = allocated(&empty_c.admin).await;
     let full_alloc = allocated(&full_c.admin).await;
-    let loaded = memory(&full_c).await;
+    let loaded = memory(&full_c).await.measured("the loaded controller")?;
+    Memory {
+        rss: empty_rss,
+        allocated: empty_alloc,
+    }
+    .measured("the empty controller")?;
 
     // Scenario 1: STREAMS streams on service 0.
     let (arrivals_tx, mut arrivals) = mpsc::unbounded_channel();
@@ -328,7 +373,9 @@ async fn main() -> anyhow::Result<()> {
     streams.open(&full_c, 0, o.streams).await?;
     streams.wait_ready().await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let hot_open = memory(&full_c).await;
+    let hot_open = memory(&full_c)
+        .await
+        .measured("the controller with streams")?;
     let streams_rss = hot_open.rss;
 
     let mut generation = 0;
@@ -353,13 +400,15 @@ async fn main() -> anyhow::Result<()> {
     let mut fanout = None;
     if o.cold_streams > 0 {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let before = memory(&full_c).await;
+        let before = memory(&full_c).await.measured("the controller")?;
         for s in 0..o.services {
             streams.open(&full_c, s, o.cold_streams).await?;
         }
         streams.wait_ready().await?;
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let after = memory(&full_c).await;
+        let after = memory(&full_c)
+            .await
+            .measured("the controller with streams")?;
         let mut hot2 = Latencies::default();
         let mut cold = Latencies::default();
         let mut cold_generation = vec![0; o.services];
@@ -403,6 +452,10 @@ async fn main() -> anyhow::Result<()> {
         let (_, hwm) = rss(full_pid);
         fanout = Some((before, after, hot2, cold, all, hwm));
     }
+
+    // Both controllers served the whole run: the figures are theirs.
+    empty_c.running()?;
+    full_c.running()?;
 
     let mb = |kib: u64| format!("{:.1} MB", kib as f64 / 1024.0);
     println!("destination controller, manifests source: {} pods in {} services ({} files, {:.1} MB of YAML)",

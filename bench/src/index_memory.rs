@@ -2,7 +2,9 @@
 //!
 //! Decodes N generated pods (shaped as the API server sends them) into the
 //! index's projection, then holds them in the index, and reports the bytes
-//! jemalloc holds per pod after each stage.
+//! jemalloc holds per pod after each stage. It fails when a stage's
+//! allocated bytes did not grow (statistics not read) or the index does not
+//! hold the N pods.
 //!
 //! Usage: index-memory [N]
 
@@ -21,11 +23,18 @@ fn allocated() -> usize {
     stats::allocated::read().unwrap_or(0)
 }
 
-fn main() {
-    let n: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(10_000);
+fn main() -> anyhow::Result<()> {
+    let n: usize = match std::env::args().nth(1) {
+        None => 10_000,
+        Some(a) if a == "--help" || a == "-h" => {
+            println!("Usage: index-memory [N (10000)]");
+            return Ok(());
+        }
+        Some(a) => a
+            .parse()
+            .map_err(|e| anyhow::anyhow!("N {a:?}: {e}\nUsage: index-memory [N (10000)]"))?,
+    };
+    anyhow::ensure!(n >= 1, "nothing to measure: N must be at least 1");
     let base = allocated();
     let mut pods = Vec::with_capacity(n);
     for i in 0..n {
@@ -42,6 +51,15 @@ fn main() {
     let indexed = allocated();
     drop(pods);
     let held = allocated();
+    // Each stage holds the pods: zero growth is jemalloc's statistics not
+    // read (or the pods not held), not a cost of nothing.
+    anyhow::ensure!(
+        decoded > base && indexed > decoded && held > base,
+        "jemalloc stats.allocated did not grow with the pods \
+         (base {base}, decoded {decoded}, indexed {indexed}, held {held} bytes)"
+    );
+    let held_pods = index.pods().count();
+    anyhow::ensure!(held_pods == n, "the index holds {held_pods} pods, not {n}");
     let per = |a: usize, b: usize| (b.saturating_sub(a)) as f64 / n as f64;
     println!("{n} pods");
     println!("| stage | bytes per pod |");
@@ -55,4 +73,5 @@ fn main() {
         "| index alone, projections shared | {:.0} |",
         per(base, held)
     );
+    Ok(())
 }

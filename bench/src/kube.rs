@@ -6,8 +6,13 @@
 //! Gone) and reports the peak RSS during it against the steady state. The same
 //! cluster is also written as manifests and loaded by the manifests source,
 //! side by side.
+//!
+//! It fails when a controller did not serve: one that exited, fewer watches
+//! than the kinds it reads (`WATCHED_RESOURCES`), no LIST or WATCH, no
+//! relist after the 410, an RSS read as zero.
 
 use ballast_bench::{pod, rss, service, start};
+use ballast_destination::source::kube::WATCHED_RESOURCES;
 use ballast_testkit::ApiServer;
 use serde_json::json;
 use std::{
@@ -63,6 +68,10 @@ async fn main() -> anyhow::Result<()> {
         "{} not found: build it with `cargo build --release -p ballast`",
         o.ballast.display()
     );
+    anyhow::ensure!(o.pods >= 10, "--pods must be at least 10 (10 per service)");
+    anyhow::ensure!(o.page_size >= 1, "--page-size must be at least 1");
+    // The controller opens one watch per kind it reads.
+    let watched = WATCHED_RESOURCES.len();
     let api = ApiServer::start().await;
     let tmp = tempfile::tempdir()?;
     let kubeconfig = api.write_kubeconfig(tmp.path()).display().to_string();
@@ -87,10 +96,14 @@ async fn main() -> anyhow::Result<()> {
             o.page_size.to_string(),
         ]
     };
-    let (empty, _) = start(&o.ballast, &kube_args(&empty_kubeconfig)).await?;
+    let (mut empty, _) = start(&o.ballast, &kube_args(&empty_kubeconfig)).await?;
     let before = api.requests().len();
-    let (full, ready) = start(&o.ballast, &kube_args(&kubeconfig)).await?;
-    api.wait_for_watches(3, Duration::from_secs(60)).await;
+    let (mut full, ready) = start(&o.ballast, &kube_args(&kubeconfig)).await?;
+    anyhow::ensure!(
+        api.wait_for_watches(watched, Duration::from_secs(60)).await,
+        "the controller opened {} watches, not {watched} (one per kind), within 60 s",
+        api.open_watches()
+    );
     let per_start = api.requests().len() - before;
     let lists: usize = ["pods", "services", "endpointslices"]
         .iter()
@@ -100,6 +113,10 @@ async fn main() -> anyhow::Result<()> {
         .iter()
         .map(|k| api.count("watch", k))
         .sum();
+    anyhow::ensure!(
+        lists > 0 && watches > 0,
+        "the controller read nothing from the API server ({lists} LIST, {watches} WATCH)"
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     let empty_pid = empty.pid();
     let full_pid = full.pid();
@@ -120,17 +137,35 @@ async fn main() -> anyhow::Result<()> {
     api.expire_history();
     api.stall(false);
     let relist_started = Instant::now();
-    let relisted = api
-        .wait_until(Duration::from_secs(300), |a| {
-            a.count("list", "pods") > lists_before && a.open_watches() == 3
-        })
-        .await;
-    anyhow::ensure!(relisted, "no relist happened");
+    // Checked every second: a controller that exited never relists.
+    loop {
+        let relisted = api
+            .wait_until(Duration::from_secs(1), |a| {
+                a.count("list", "pods") > lists_before && a.open_watches() == watched
+            })
+            .await;
+        if relisted {
+            break;
+        }
+        full.running()?;
+        anyhow::ensure!(
+            relist_started.elapsed() < Duration::from_secs(300),
+            "no relist within 300 s ({} pod LISTs since the cut, {} of {watched} watches open)",
+            api.count("list", "pods") - lists_before,
+            api.open_watches()
+        );
+    }
     // The watch reopens once the relist is applied; let it settle.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let relist_took = relist_started.elapsed();
     let relists = api.count("list", "pods") - lists_before;
     let (after_relist, hwm_relist) = rss(full_pid);
+    full.running()?;
+    empty.running()?;
+    anyhow::ensure!(
+        empty_rss > 0 && steady > 0 && after_relist > 0,
+        "RSS not measured (a controller gone from /proc)"
+    );
     drop(full);
     drop(empty);
 
@@ -139,11 +174,17 @@ async fn main() -> anyhow::Result<()> {
     manifests(dir.path(), o.pods)?;
     let empty_m = tempfile::tempdir()?;
     let m_args = |d: &Path| vec!["--manifests".to_string(), d.display().to_string()];
-    let (m_empty, _) = start(&o.ballast, &m_args(empty_m.path())).await?;
-    let (m_full, m_ready) = start(&o.ballast, &m_args(dir.path())).await?;
+    let (mut m_empty, _) = start(&o.ballast, &m_args(empty_m.path())).await?;
+    let (mut m_full, m_ready) = start(&o.ballast, &m_args(dir.path())).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (m_empty_rss, _) = rss(m_empty.pid());
     let (m_rss, m_hwm) = rss(m_full.pid());
+    m_full.running()?;
+    m_empty.running()?;
+    anyhow::ensure!(
+        m_empty_rss > 0 && m_rss > 0,
+        "RSS not measured (a controller gone from /proc)"
+    );
 
     let mb = |kib: u64| format!("{:.1} MB", kib as f64 / 1024.0);
     let per_pod = |full: u64, empty: u64| {

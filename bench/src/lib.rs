@@ -32,6 +32,20 @@ impl Controller {
     pub fn pid(&self) -> u32 {
         self.child.id().unwrap_or(0)
     }
+
+    /// Fails if the controller has exited: what it measured is not its own.
+    pub fn running(&mut self) -> anyhow::Result<()> {
+        running(&mut self.child, "ballast destination")
+    }
+}
+
+/// Fails if the child `name` has exited (a process that exited during a
+/// measurement makes its figures those of nothing).
+pub fn running(child: &mut Child, name: &str) -> anyhow::Result<()> {
+    match child.try_wait()? {
+        Some(status) => anyhow::bail!("{name} exited during the benchmark ({status})"),
+        None => Ok(()),
+    }
 }
 
 /// Starts `ballast destination ARGS` and waits for `/ready`; returns it with
@@ -56,8 +70,14 @@ pub async fn start(ballast: &Path, args: &[String]) -> anyhow::Result<(Controlle
         is_error_line,
     )
     .await?;
-    wait_ready(&admin, started + Duration::from_secs(300)).await?;
-    let c = Controller { child, grpc, admin };
+    let mut c = Controller { child, grpc, admin };
+    wait_ready(
+        "ballast destination",
+        &c.admin,
+        &mut c.child,
+        started + Duration::from_secs(300),
+    )
+    .await?;
     Ok((c, started.elapsed()))
 }
 
@@ -122,10 +142,22 @@ fn address_after(line: &str, marker: &str) -> Option<String> {
     )
 }
 
-/// Waits until the admin server at `admin` answers `/ready` with 200.
-pub async fn wait_ready(admin: &str, deadline: Instant) -> anyhow::Result<()> {
+/// Waits until the admin server at `admin` answers `/ready` with 200; fails
+/// at once if `child` (`name`) exits first.
+pub async fn wait_ready(
+    name: &str,
+    admin: &str,
+    child: &mut Child,
+    deadline: Instant,
+) -> anyhow::Result<()> {
     while http_get(admin, "/ready").await.0 != 200 {
-        anyhow::ensure!(Instant::now() < deadline, "not ready");
+        if let Some(status) = child.try_wait()? {
+            anyhow::bail!("{name} exited before it was ready ({status})");
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{name} never answered {admin}/ready with 200"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     Ok(())
@@ -317,6 +349,21 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
 pub struct Memory {
     pub rss: u64,
     pub allocated: u64,
+}
+
+impl Memory {
+    /// Fails unless both figures came out positive: a zero is a process
+    /// that was gone (no /proc entry) or a /metrics page that did not answer.
+    pub fn measured(self, what: &str) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            self.rss > 0 && self.allocated > 0,
+            "{what}: memory not measured (RSS {} KiB, allocated {} KiB): \
+             the process is gone or its /metrics did not answer",
+            self.rss,
+            self.allocated
+        );
+        Ok(self)
+    }
 }
 
 pub async fn memory(c: &Controller) -> Memory {

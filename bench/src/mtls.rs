@@ -23,6 +23,12 @@
 //! VmRSS and jemalloc allocated growth / N, plaintext (to the plain B) and
 //! mutual TLS (to the mTLS B).
 //!
+//! It fails when a measured process did not serve: a proxy, the identity
+//! controller or the destination controller that exited, a run with no
+//! request answered 200, any failed request, no full handshake completed or
+//! one refused (handshakes that time out are counted, not failed), memory
+//! figures not read.
+//!
 //! Needs nginx, `oha` (`cargo install --locked oha`), taskset and prlimit,
 //! and `cargo build --release -p ballast`. Run from the workspace root:
 //!
@@ -223,22 +229,35 @@ async fn client_tls(
 }
 
 /// Full handshakes against `addr` (SNI `name`) from `clients` tasks for
-/// `duration`; returns (handshakes, failures).
+/// `duration`.
+struct Handshakes {
+    done: u64,
+    /// Refused or broken handshakes (the first error kept).
+    failed: u64,
+    first_error: Option<String>,
+    /// Not done within 5 s: slowness, counted apart.
+    timed_out: u64,
+}
+
 async fn handshakes(
     addr: &str,
     name: &IdentityName,
     config: Arc<rustls::ClientConfig>,
     clients: usize,
     duration: Duration,
-) -> (u64, u64) {
+) -> Handshakes {
     let ok = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
+    let timed_out = Arc::new(AtomicU64::new(0));
+    let first_error = Arc::new(std::sync::Mutex::new(None));
     let stop = Instant::now() + duration;
     let mut tasks = Vec::new();
     for _ in 0..clients {
-        let (ok, failed, config, name, addr) = (
+        let (ok, failed, timed_out, first_error, config, name, addr) = (
             ok.clone(),
             failed.clone(),
+            timed_out.clone(),
+            first_error.clone(),
             config.clone(),
             name.clone(),
             addr.to_string(),
@@ -252,16 +271,32 @@ async fn handshakes(
                     std::io::Result::Ok(())
                 };
                 match tokio::time::timeout(Duration::from_secs(5), done).await {
-                    Ok(Ok(())) => ok.fetch_add(1, Ordering::Relaxed),
-                    _ => failed.fetch_add(1, Ordering::Relaxed),
-                };
+                    Ok(Ok(())) => {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(Err(e)) => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        if let Ok(mut first) = first_error.lock() {
+                            first.get_or_insert_with(|| e.to_string());
+                        }
+                    }
+                    Err(_) => {
+                        timed_out.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
             }
         }));
     }
     for t in tasks {
         let _ = t.await;
     }
-    (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed))
+    let first_error = first_error.lock().ok().and_then(|mut e| e.take());
+    Handshakes {
+        done: ok.load(Ordering::Relaxed),
+        failed: failed.load(Ordering::Relaxed),
+        first_error,
+        timed_out: timed_out.load(Ordering::Relaxed),
+    }
 }
 
 type Idle = Vec<(
@@ -296,13 +331,13 @@ async fn open_idle(
     Ok(conns)
 }
 
-async fn allocated(b: &Server) -> f64 {
+async fn allocated(b: &Server) -> anyhow::Result<f64> {
     system::metric(
         b.admin.as_deref().unwrap_or(""),
         "process_memory_allocated_bytes",
     )
     .await
-    .unwrap_or(0.0)
+    .ok_or_else(|| anyhow::anyhow!("proxy B's /metrics has no process_memory_allocated_bytes"))
 }
 
 fn vm_rss_kib(pid: u32) -> u64 {
@@ -312,6 +347,11 @@ fn vm_rss_kib(pid: u32) -> u64 {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let o = opts()?;
+    anyhow::ensure!(
+        o.ballast.exists(),
+        "{} not found: build it first with `cargo build --release -p ballast`",
+        o.ballast.display()
+    );
     let tck = system::clock_ticks();
     system::raise_nofile(65_536);
     let dir = tempfile::tempdir()?;
@@ -339,7 +379,7 @@ async fn main() -> anyhow::Result<()> {
         std::fs::write(dir.path().join(format!("{sa}.token")), format!("tok-{sa}"))?;
     }
     let s = |v: &str| v.to_string();
-    let (_ca, ca) = start(
+    let (mut ca_child, ca) = start(
         &o,
         &[
             s("identity"),
@@ -415,7 +455,7 @@ async fn main() -> anyhow::Result<()> {
         manifests.join("mtls.yaml"),
         pod_yaml("mtls", port_of(&b_mtls.inbound), true),
     )?;
-    let (_dst, dst) = start(
+    let (mut dst_child, dst) = start(
         &o,
         &[
             s("destination"),
@@ -434,7 +474,7 @@ async fn main() -> anyhow::Result<()> {
     .await?;
     let a_plain = proxy(dst.clone(), None, vec![]).await?;
     let a_mtls = proxy(dst.clone(), None, identity_flags("client")).await?;
-    let pairs = [
+    let mut pairs = [
         (
             "plain",
             Pair {
@@ -452,11 +492,14 @@ async fn main() -> anyhow::Result<()> {
             },
         ),
     ];
-    for (name, p) in &pairs {
-        let mut child_dummy = Command::new("true").spawn()?;
-        servers::wait_ok(&p.a.addr, p.host, &mut child_dummy, Duration::from_secs(30))
-            .await
-            .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+    for (name, p) in &mut pairs {
+        let answered =
+            servers::wait_ok(&p.a.addr, p.host, &mut p.a.child, Duration::from_secs(30)).await;
+        if let Err(e) = answered {
+            // Proxy B behind it, exited, is the cause of A's errors.
+            ballast_bench::running(&mut p.b.child, &format!("{name} proxy B"))?;
+            anyhow::bail!("{name}: {e}");
+        }
     }
     println!("machine: {}", system::machine());
     println!("ballast: {}", o.ballast.display());
@@ -503,14 +546,24 @@ async fn main() -> anyhow::Result<()> {
     let server_name = identity("server");
     let before = cpu_ticks(mtls_b.pid());
     let started = Instant::now();
-    let (done, failed) = handshakes(&b_addr, &server_name, loadgen.clone(), 64, o.duration).await;
+    let h = handshakes(&b_addr, &server_name, loadgen.clone(), 64, o.duration).await;
     let wall = started.elapsed().as_secs_f64();
     let cpu = cpu_ticks(mtls_b.pid()).saturating_sub(before) as f64 / tck;
+    let done = h.done;
     println!(
-        "\nhandshakes: {done} in {wall:.1} s ({:.0}/s, {failed} failed); proxy B used {cpu:.2} CPU s: {:.0} full handshakes per CPU second",
+        "\nhandshakes: {done} in {wall:.1} s ({:.0}/s, {} failed, {} timed out); proxy B used {cpu:.2} CPU s: {:.0} full handshakes per CPU second",
         done as f64 / wall,
+        h.failed,
+        h.timed_out,
         done as f64 / cpu.max(1e-3)
     );
+    anyhow::ensure!(
+        h.failed == 0,
+        "{} mutual TLS handshakes with proxy B failed; the first: {}",
+        h.failed,
+        h.first_error.unwrap_or_default()
+    );
+    anyhow::ensure!(done > 0, "no mutual TLS handshake with proxy B completed");
 
     // Memory per idle connection to B: plaintext, then mutual TLS.
     let mut idle_rows = Vec::new();
@@ -523,10 +576,14 @@ async fn main() -> anyhow::Result<()> {
         // Warm-up: the first connections size the pools.
         drop(open_idle(&addr, pair.host, 10, tls).await?);
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let (rss0, alloc0) = (vm_rss_kib(b.pid()), allocated(b).await);
+        let (rss0, alloc0) = (vm_rss_kib(b.pid()), allocated(b).await?);
         let conns = open_idle(&addr, pair.host, o.idle, tls).await?;
         tokio::time::sleep(o.idle_settle).await;
-        let (rss1, alloc1) = (vm_rss_kib(b.pid()), allocated(b).await);
+        let (rss1, alloc1) = (vm_rss_kib(b.pid()), allocated(b).await?);
+        anyhow::ensure!(
+            rss0 > 0 && rss1 > 0,
+            "{name}: proxy B's RSS not read (gone from /proc)"
+        );
         let n = conns.len() as f64;
         idle_rows.push((
             name,
@@ -545,6 +602,18 @@ async fn main() -> anyhow::Result<()> {
             alloc / 1000.0
         );
     }
+    // Every process served to the end: the figures above are theirs.
+    for (name, pair) in &mut pairs {
+        ballast_bench::running(&mut pair.a.child, &format!("{name} proxy A"))?;
+        ballast_bench::running(&mut pair.b.child, &format!("{name} proxy B"))?;
+    }
+    ballast_bench::running(&mut ca_child, "ballast identity")?;
+    ballast_bench::running(&mut dst_child, "ballast destination")?;
+    let failed: u64 = runs.iter().flatten().flatten().map(|r| r.failed).sum();
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} requests failed (non-200 answers or errors): see the rounds above"
+    );
     let _ = nginx;
     Ok(())
 }

@@ -12,6 +12,11 @@
 //!   HTTPRoutes on the target (the request matching the last, catch-all
 //!   one), next to nginx directly.
 //!
+//! It fails when a measured process did not serve: a controller or proxy
+//! that exited, a Watch stream refused or without its first answer, a
+//! route change that reached no stream, memory figures not read, a run with
+//! no request answered 200, or any failed request.
+//!
 //! Build first: `cargo build --release -p ballast -p ballast-bench`. The
 //! routes section needs nginx, wrk and oha (`--skip-proxy` leaves it out).
 
@@ -141,8 +146,9 @@ fn spec(i: usize) -> TrafficSpec {
 struct Watchers {
     clients: Vec<OutboundPoliciesClient<Channel>>,
     opened: usize,
-    first_tx: mpsc::UnboundedSender<()>,
-    first_rx: mpsc::UnboundedReceiver<()>,
+    /// Each stream's first answer, or why it had none.
+    first_tx: mpsc::UnboundedSender<Result<(), String>>,
+    first_rx: mpsc::UnboundedReceiver<Result<(), String>>,
     arrivals_tx: mpsc::UnboundedSender<Instant>,
     firsts: usize,
 }
@@ -171,14 +177,23 @@ impl Watchers {
         self.opened += 1;
         let (first, arrivals) = (self.first_tx.clone(), self.arrivals_tx.clone());
         tokio::spawn(async move {
-            let Ok(resp) = client.watch(spec(service)).await else {
-                return;
+            let resp = match client.watch(spec(service)).await {
+                Ok(resp) => resp,
+                Err(e) => {
+                    let _ = first.send(Err(format!("Watch refused: {e}")));
+                    return;
+                }
             };
             let mut stream = resp.into_inner();
-            if stream.message().await.ok().flatten().is_none() {
-                return;
+            match stream.message().await {
+                Ok(Some(_)) => {
+                    let _ = first.send(Ok(()));
+                }
+                other => {
+                    let _ = first.send(Err(format!("no first answer: {other:?}")));
+                    return;
+                }
             }
-            let _ = first.send(());
             while let Ok(Some(_)) = stream.message().await {
                 let _ = arrivals.send(Instant::now());
             }
@@ -189,8 +204,16 @@ impl Watchers {
     async fn wait_first(&mut self) -> anyhow::Result<()> {
         while self.firsts < self.opened {
             tokio::time::timeout(Duration::from_secs(60), self.first_rx.recv())
-                .await?
-                .ok_or_else(|| anyhow::anyhow!("a stream ended"))?;
+                .await
+                .map_err(|_| {
+                    anyhow::anyhow!(
+                        "{} of {} Watch streams had their first answer; none more in 60 s",
+                        self.firsts,
+                        self.opened
+                    )
+                })?
+                .ok_or_else(|| anyhow::anyhow!("a stream ended"))?
+                .map_err(|e| anyhow::anyhow!("a Watch stream: {e}"))?;
             self.firsts += 1;
         }
         Ok(())
@@ -222,6 +245,11 @@ async fn main() -> anyhow::Result<()> {
         "{} not found: build it first with `cargo build --release -p ballast`",
         o.ballast.display()
     );
+    anyhow::ensure!(
+        o.services >= 1 && o.routes_per_service >= 1 && o.watchers >= 1 && o.rounds >= 1,
+        "nothing to measure: --services, --routes-per-service, --watchers and --rounds \
+         must be at least 1"
+    );
     let args = |dir: &Path| vec!["--manifests".to_string(), dir.display().to_string()];
 
     // === memory per route ===
@@ -231,10 +259,17 @@ async fn main() -> anyhow::Result<()> {
     write_cluster(routed.path(), &o, o.routes_per_service)?;
     let routes = o.services * o.routes_per_service;
 
-    let (bare_c, _) = start(&o.ballast, &args(bare.path())).await?;
-    let (routed_c, routed_ready) = start(&o.ballast, &args(routed.path())).await?;
+    let (mut bare_c, _) = start(&o.ballast, &args(bare.path())).await?;
+    let (mut routed_c, routed_ready) = start(&o.ballast, &args(routed.path())).await?;
     settle().await;
-    let (bare_idle, routed_idle) = (memory(&bare_c).await, memory(&routed_c).await);
+    let (bare_idle, routed_idle) = (
+        memory(&bare_c)
+            .await
+            .measured("the controller without routes")?,
+        memory(&routed_c)
+            .await
+            .measured("the controller with routes")?,
+    );
     let (mut bare_w, mut routed_w) = (
         Watchers::new(mpsc::unbounded_channel().0),
         Watchers::new(mpsc::unbounded_channel().0),
@@ -246,7 +281,16 @@ async fn main() -> anyhow::Result<()> {
     bare_w.wait_first().await?;
     routed_w.wait_first().await?;
     settle().await;
-    let (bare_watched, routed_watched) = (memory(&bare_c).await, memory(&routed_c).await);
+    let (bare_watched, routed_watched) = (
+        memory(&bare_c)
+            .await
+            .measured("the controller without routes")?,
+        memory(&routed_c)
+            .await
+            .measured("the controller with routes")?,
+    );
+    bare_c.running()?;
+    routed_c.running()?;
     drop((bare_w, routed_w, bare_c, routed_c));
 
     println!("## Controller memory per route");
@@ -281,26 +325,33 @@ async fn main() -> anyhow::Result<()> {
     // === fan-out ===
     let dir = tempfile::tempdir()?;
     write_cluster(dir.path(), &o, 1)?;
-    let (c, _) = start(&o.ballast, &args(dir.path())).await?;
+    let (mut c, _) = start(&o.ballast, &args(dir.path())).await?;
     let (arrivals_tx, mut arrivals) = mpsc::unbounded_channel();
     let mut watchers = Watchers::new(arrivals_tx);
     settle().await;
-    let before = memory(&c).await;
+    let before = memory(&c).await.measured("the controller")?;
     for _ in 0..o.watchers {
         watchers.open(&c, 0).await?;
     }
     watchers.wait_first().await?;
     settle().await;
-    let after = memory(&c).await;
+    let after = memory(&c).await.measured("the controller with streams")?;
     let mut per_stream = Vec::new();
     let mut until_last = Vec::new();
     for round in 1..=o.rounds {
         let t0 = Instant::now();
         write_atomic(&dir.path().join("routes-0.yaml"), &routes_yaml(0, 1, round))?;
         let mut last = t0;
-        for _ in 0..o.watchers {
+        for got in 0..o.watchers {
             let at = tokio::time::timeout(Duration::from_secs(10), arrivals.recv())
-                .await?
+                .await
+                .map_err(|_| {
+                    anyhow::anyhow!(
+                        "route change {round}: {got} of {} streams had the new answer; \
+                         none more in 10 s",
+                        o.watchers
+                    )
+                })?
                 .ok_or_else(|| anyhow::anyhow!("streams ended"))?;
             per_stream.push(at - t0);
             last = last.max(at);
@@ -309,6 +360,7 @@ async fn main() -> anyhow::Result<()> {
         // Let the manifests source's rescan pass before the next write.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    c.running()?;
     drop(watchers);
     drop(c);
     per_stream.sort();
@@ -375,27 +427,41 @@ fn path_routes(n: usize) -> String {
 }
 
 /// Waits until the proxy's answers come through route `name` (its route
-/// metrics say so).
-async fn wait_for_route(proxy: &servers::Server, name: &str) -> anyhow::Result<()> {
+/// metrics say so); `c` is its controller.
+async fn wait_for_route(
+    proxy: &mut servers::Server,
+    c: &mut Controller,
+    name: &str,
+) -> anyhow::Result<()> {
     let admin = proxy.admin.clone().unwrap_or_default();
     let started = Instant::now();
-    let mut conn = load::Conn::open(&proxy.addr).await?;
-    loop {
-        conn.get(servers::SERVICE_HOST).await?;
-        let (_, text) = ballast_bench::http_get(&admin, "/metrics").await;
-        let hit = text.lines().any(|l| {
-            l.starts_with("outbound_http_route_request_statuses_total")
-                && l.contains(&format!("route_name=\"{name}\""))
-        });
-        if hit {
-            return Ok(());
+    let waited = async {
+        let mut conn = load::Conn::open(&proxy.addr).await?;
+        loop {
+            conn.get(servers::SERVICE_HOST).await?;
+            let (_, text) = ballast_bench::http_get(&admin, "/metrics").await;
+            let hit = text.lines().any(|l| {
+                l.starts_with("outbound_http_route_request_statuses_total")
+                    && l.contains(&format!("route_name=\"{name}\""))
+            });
+            if hit {
+                return anyhow::Ok(());
+            }
+            anyhow::ensure!(
+                started.elapsed() < Duration::from_secs(30),
+                "the proxy never used route {name}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(30),
-            "the proxy never used route {name}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    .await;
+    // Why it failed: a process that exited says more than its symptom.
+    if let Err(e) = waited {
+        ballast_bench::running(&mut proxy.child, "ballast proxy")?;
+        c.running()?;
+        return Err(e.context(format!("route {name} through the proxy at {}", proxy.addr)));
+    }
+    Ok(())
 }
 
 async fn routes_on_the_path(o: &Opts) -> anyhow::Result<()> {
@@ -405,12 +471,12 @@ async fn routes_on_the_path(o: &Opts) -> anyhow::Result<()> {
     std::fs::create_dir_all(&manifests)?;
     let backend_port: u16 = nginx.addr.rsplit(':').next().unwrap_or("0").parse()?;
     servers::write_manifests(&manifests, backend_port, backend_port)?;
-    let (c, _) = start(
+    let (mut c, _) = start(
         &o.ballast,
         &["--manifests".to_string(), manifests.display().to_string()],
     )
     .await?;
-    let proxy = servers::ballast(&servers::BallastArgs {
+    let mut proxy = servers::ballast(&servers::BallastArgs {
         ballast: &o.ballast,
         destination: &c.grpc,
         core: 1,
@@ -442,7 +508,7 @@ async fn routes_on_the_path(o: &Opts) -> anyhow::Result<()> {
     // Warm both paths first (connections, allocator, the proxy's caches):
     // the first measured configuration must not pay for them.
     run(nginx.addr.clone(), "b").await?;
-    wait_for_route(&proxy, "http").await?;
+    wait_for_route(&mut proxy, &mut c, "http").await?;
     run(proxy.addr.clone(), servers::SERVICE_HOST).await?;
     let direct = run(nginx.addr.clone(), "b").await?;
     let mut rows = vec![("nginx directly".to_string(), direct.clone())];
@@ -453,7 +519,7 @@ async fn routes_on_the_path(o: &Opts) -> anyhow::Result<()> {
         } else {
             format!("all-{n}")
         };
-        wait_for_route(&proxy, &route).await?;
+        wait_for_route(&mut proxy, &mut c, &route).await?;
         let measured = run(proxy.addr.clone(), servers::SERVICE_HOST).await?;
         rows.push((format!("through the proxy, {n} routes"), measured));
     }
@@ -479,6 +545,17 @@ async fn routes_on_the_path(o: &Opts) -> anyhow::Result<()> {
             max.rps
         );
     }
+    ballast_bench::running(&mut proxy.child, "ballast proxy")?;
+    c.running()?;
     drop((proxy, c, nginx));
+    // wrk's timeouts are slowness, not failures.
+    let failed: u64 = rows
+        .iter()
+        .map(|(_, (fixed, max))| fixed.failed + max.errors())
+        .sum();
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} requests failed (non-200 answers or errors): see the table"
+    );
     Ok(())
 }

@@ -36,8 +36,15 @@
 //!   127.0.0.1) -> nginx;
 //! - `haproxy` and `haproxy-2hop`: one haproxy, or two chained.
 //!
-//! If `ballast proxy --help` fails, the Ballast targets are skipped; if it
-//! has no `--inbound-forward-port`, `ballast-2hop` is.
+//! If `ballast proxy --help` fails, the benchmark fails (leave the Ballast
+//! targets out with `--targets` to measure without them); if it has no
+//! `--inbound-forward-port`, `ballast-2hop` is skipped.
+//!
+//! It fails (exit status 1, after printing what it measured) when a
+//! measured process did not serve: a proxy that exited during its
+//! measurement, a run in which no request was answered 200, or any request
+//! that failed (a non-200 answer or a socket error; wrk's timeouts are
+//! counted but do not fail it). Figures that depend on speed fail nothing.
 //!
 //! A round during which other processes used more than `--max-foreign`
 //! cores (or a compiler ran) is measured again, up to `--retries` times;
@@ -291,6 +298,19 @@ struct Env {
     haproxy_max: usize,
 }
 
+impl Env {
+    /// `r`, or the controller's exit when it has exited: the proxies'
+    /// errors are then its symptoms.
+    fn cause<T>(&mut self, r: anyhow::Result<T>) -> anyhow::Result<T> {
+        if r.is_err() {
+            if let Some(c) = self.controller.as_mut() {
+                c.running()?;
+            }
+        }
+        r
+    }
+}
+
 /// A target's processes, in path order, and where its clients connect.
 struct Running {
     procs: Vec<Server>,
@@ -301,6 +321,14 @@ struct Running {
 impl Running {
     fn pids(&self) -> Vec<u32> {
         self.procs.iter().map(Server::pid).collect()
+    }
+
+    /// Fails if one of the target's processes has exited.
+    fn running(&mut self, t: Target) -> anyhow::Result<()> {
+        for (i, p) in self.procs.iter_mut().enumerate() {
+            ballast_bench::running(&mut p.child, &format!("{} (process {})", t.name(), i + 1))?;
+        }
+        Ok(())
     }
 
     /// Kills the processes and waits for them to exit, so that the next
@@ -423,7 +451,7 @@ async fn warm_up(addr: &str, host: &str, t: Target) -> anyhow::Result<()> {
 
 async fn measure(o: &Opts, env: &Env, t: Target) -> anyhow::Result<Measured> {
     let monitor = ForeignMonitor::start(env.tck);
-    let running = start_target(o, env, t).await?;
+    let mut running = start_target(o, env, t).await?;
     let (addr, host) = (running.addr.clone(), running.host);
     let pids = running.pids();
 
@@ -476,6 +504,8 @@ async fn measure(o: &Opts, env: &Env, t: Target) -> anyhow::Result<Measured> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_after_kib = pids.iter().map(|&p| rss(p).0).collect();
     let hwm_kib = pids.iter().map(|&p| rss(p).1).collect();
+    // The figures above are the processes' own only if they served to the end.
+    running.running(t)?;
     running.stop().await;
     Ok(Measured {
         target: t,
@@ -510,7 +540,7 @@ async fn measure_idle(o: &Opts, env: &Env, t: Target, n: usize) -> anyhow::Resul
         Target::Ballast2 => 1,
         Target::Direct | Target::Haproxy2 => return Ok(None),
     };
-    let running = start_target(o, env, t).await?;
+    let mut running = start_target(o, env, t).await?;
     let proxy = &running.procs[which];
     let (addr, host) = if which == 0 {
         (running.addr.clone(), running.host)
@@ -533,6 +563,14 @@ async fn measure_idle(o: &Opts, env: &Env, t: Target, n: usize) -> anyhow::Resul
     tokio::time::sleep(o.idle_settle).await;
     let (rss_with, alloc_with) = (rss(pid).0, allocated().await);
     drop(conns);
+    running.running(t)?;
+    if t.is_ballast() {
+        anyhow::ensure!(
+            alloc_before.is_some() && alloc_with.is_some(),
+            "{}: process_memory_allocated_bytes not read from the proxy's /metrics",
+            t.name()
+        );
+    }
     running.stop().await;
     Ok(Some(Idle {
         n,
@@ -598,18 +636,19 @@ async fn run(o: Opts) -> anyhow::Result<()> {
             ballast_extra.extend(["--http1-header-read-timeout".into(), "3600s".into()]);
         }
         match help {
-            None => {
-                eprintln!(
-                    "`{} proxy --help` fails: the ballast targets are skipped \
-                     (build it with `cargo build --release -p ballast`)",
-                    o.ballast.display()
-                );
-                targets.retain(|t| !t.is_ballast());
-            }
+            None => anyhow::bail!(
+                "`{} {}--help` fails: build it with `cargo build --release -p ballast`, \
+                 or leave the ballast targets out (--targets)",
+                o.proxy_binary().display(),
+                servers::proxy_subcommand(o.proxy_binary())
+                    .iter()
+                    .map(|a| format!("{a} "))
+                    .collect::<String>()
+            ),
             Some(help) if !help.contains("--inbound-forward-port") => {
                 eprintln!(
-                    "`{} proxy` has no --inbound-forward-port: ballast-2hop is skipped",
-                    o.ballast.display()
+                    "`{}` has no --inbound-forward-port: ballast-2hop is skipped",
+                    o.proxy_binary().display()
                 );
                 targets.retain(|t| *t != Target::Ballast2);
             }
@@ -637,7 +676,7 @@ async fn run(o: Opts) -> anyhow::Result<()> {
     } else {
         None
     };
-    let env = Env {
+    let mut env = Env {
         tck,
         backend: nginx.addr.clone(),
         backend_port,
@@ -691,7 +730,8 @@ async fn run(o: Opts) -> anyhow::Result<()> {
         let n = rounds.len() + 1;
         let mut measured = Vec::new();
         for &t in &targets {
-            let m = measure(&o, &env, t).await?;
+            let m = measure(&o, &env, t).await;
+            let m = env.cause(m)?;
             report::print_line(n, &m);
             measured.push(m);
         }
@@ -708,7 +748,8 @@ async fn run(o: Opts) -> anyhow::Result<()> {
         // CPU: measured once per accepted round.
         for m in &mut measured {
             for &count in &o.idle_connections {
-                if let Some(idle) = measure_idle(&o, &env, m.target, count).await? {
+                let idle = measure_idle(&o, &env, m.target, count).await;
+                if let Some(idle) = env.cause(idle)? {
                     report::print_idle(n, m.target, &idle);
                     m.idle.push(idle);
                 }
@@ -717,6 +758,19 @@ async fn run(o: Opts) -> anyhow::Result<()> {
         rounds.push(Round { measured });
     }
     report::print(&o, &targets, &rounds, discarded);
+    if let Some(c) = env.controller.as_mut() {
+        c.running()?;
+    }
+    // Every request answered: a proxy that fails requests measures as fast.
+    let measured = || rounds.iter().flat_map(|r| &r.measured);
+    let failed: u64 = measured()
+        .map(|m| m.fixed.iter().map(|(_, f, _)| f.failed).sum::<u64>() + m.max.errors())
+        .sum();
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} requests failed (non-200 answers or socket errors, wrk's timeouts not \
+         counted): see the lines above"
+    );
     Ok(())
 }
 

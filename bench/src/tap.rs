@@ -22,6 +22,11 @@
 //! /proc) per 100,000 requests answered 200, RSS at the end and its peak
 //! (VmHWM), events the client read and the proxy's tap counters.
 //!
+//! It fails when a measured process did not serve: a proxy or the
+//! controller that exited, a run with no request answered 200, any failed
+//! request, a tap scenario whose proxy queued no event, a `read` scenario
+//! whose client read none.
+//!
 //! Needs: `apt-get install -y nginx`, `cargo install --locked oha`,
 //! `taskset`, and `cargo build --release -p ballast`. Run from the workspace
 //! root: `cargo run --release -p ballast-bench --bin tap-bench`.
@@ -297,8 +302,7 @@ async fn scenario(o: &Opts, s: &Scenario, destination: &str, tck: f64) -> anyhow
         while sample(&admin, "tap_observations_open", None).await < 1.0 {
             anyhow::ensure!(
                 started.elapsed() < Duration::from_secs(10),
-                "{}: the tap did not open",
-                s.name
+                "the tap did not open"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -308,6 +312,7 @@ async fn scenario(o: &Opts, s: &Scenario, destination: &str, tck: f64) -> anyhow
     let before = system::cpu_ticks(pid);
     let fixed = load::oha(&load(o.seconds)).await?;
     let after = system::cpu_ticks(pid);
+    ballast_bench::running(&mut proxy.child, "ballast proxy")?;
     let cpu = (after - before) as f64 / tck;
     let (rss_kib, hwm_kib, anon_kib) = (
         status_kib(pid, "VmRSS:"),
@@ -323,6 +328,16 @@ async fn scenario(o: &Opts, s: &Scenario, destination: &str, tck: f64) -> anyhow
     }
     drop(_unread);
     drop(proxy);
+    let read = read.load(Ordering::Relaxed);
+    if s.tap != Tapping::None {
+        anyhow::ensure!(
+            queued > 0.0,
+            "the proxy queued no tap event (tap_events_total 0)"
+        );
+    }
+    if s.tap == Tapping::Read {
+        anyhow::ensure!(read > 0, "the tap client read no event");
+    }
     Ok(Row {
         name: s.name,
         cpu_per_100k: cpu / fixed.ok.max(1) as f64 * 100_000.0,
@@ -331,7 +346,7 @@ async fn scenario(o: &Opts, s: &Scenario, destination: &str, tck: f64) -> anyhow
         rss_kib,
         hwm_kib,
         anon_kib,
-        read: read.load(Ordering::Relaxed),
+        read,
         queued,
         dropped_rate,
         dropped_queue,
@@ -361,7 +376,7 @@ async fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(&manifests)?;
     let backend_port: u16 = nginx.addr.rsplit(':').next().unwrap_or("0").parse()?;
     servers::write_manifests(&manifests, backend_port, backend_port)?;
-    let (controller, _) = ballast_bench::start(
+    let (mut controller, _) = ballast_bench::start(
         &o.ballast,
         &["--manifests".to_string(), manifests.display().to_string()],
     )
@@ -371,7 +386,12 @@ async fn main() -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for s in &SCENARIOS {
         eprintln!("tap-bench: {} ...", s.name);
-        rows.push(scenario(&o, s, &controller.grpc, tck).await?);
+        let row = scenario(&o, s, &controller.grpc, tck).await;
+        if row.is_err() {
+            // A controller that exited is the cause, not the proxy's symptom.
+            controller.running()?;
+        }
+        rows.push(row.map_err(|e| e.context(format!("scenario \"{}\"", s.name)))?);
     }
 
     println!("## Tap under load");
@@ -414,6 +434,12 @@ async fn main() -> anyhow::Result<()> {
             r.dropped_queue,
         );
     }
+    controller.running()?;
     drop((controller, nginx));
+    let failed: u64 = rows.iter().map(|r| r.fixed.failed).sum();
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} requests failed (non-200 answers or errors): see the table"
+    );
     Ok(())
 }

@@ -18,6 +18,10 @@
 //! never answers and one that answers 100 MB. Every other pod must still be
 //! scraped each cycle, the 100 MB one counted `too_large`, and RSS must stay
 //! under baseline + pods x per-pod + concurrency x max page bytes.
+//!
+//! It fails when viz did not serve: a viz process that exited, no scrape
+//! cycle ending, a phase 1 cycle without one page scraped ok, fakes never
+//! asked for a page, and the three checks of phase 2 above.
 
 #[path = "viz/cluster.rs"]
 mod cluster;
@@ -41,7 +45,7 @@ use tokio::process::{Child, Command};
 
 const USAGE: &str = "Usage: viz-bench [--ballast PATH] [--pods N] [--deployments N] \
 [--cycles N] [--settle N] [--interval SECS] [--scrape-concurrency N] [--max-page-mib N] \
-[--keep DIR] [-- EXTRA VIZ ARGS]";
+[--quiet-wait SECS (600)] [--keep DIR] [-- EXTRA VIZ ARGS]";
 
 struct Opts {
     ballast: PathBuf,
@@ -54,6 +58,8 @@ struct Opts {
     /// Used for the memory bound; passed to viz only when given.
     concurrency: Option<usize>,
     max_page_mib: Option<u64>,
+    /// How long phase 1 waits for other processes to go quiet.
+    quiet_wait: Duration,
     keep: Option<PathBuf>,
     extra: Vec<String>,
 }
@@ -73,6 +79,7 @@ fn opts() -> anyhow::Result<Opts> {
         interval_secs: 10,
         concurrency: None,
         max_page_mib: None,
+        quiet_wait: Duration::from_secs(600),
         keep: None,
         extra: Vec::new(),
     };
@@ -88,6 +95,7 @@ fn opts() -> anyhow::Result<Opts> {
             "--interval" => o.interval_secs = args.parse()?,
             "--scrape-concurrency" => o.concurrency = Some(args.parse()?),
             "--max-page-mib" => o.max_page_mib = Some(args.parse()?),
+            "--quiet-wait" => o.quiet_wait = Duration::from_secs(args.parse()?),
             "--keep" => o.keep = Some(args.value()?.into()),
             other => return Err(args.unknown(other)),
         }
@@ -125,8 +133,20 @@ impl Viz {
             is_error_line,
         )
         .await?;
-        wait_ready(&admin, started + Duration::from_secs(120)).await?;
-        Ok(Viz { child, http, admin })
+        let mut viz = Viz { child, http, admin };
+        wait_ready(
+            "ballast viz",
+            &viz.admin,
+            &mut viz.child,
+            started + Duration::from_secs(120),
+        )
+        .await?;
+        Ok(viz)
+    }
+
+    /// Fails if this viz has exited.
+    fn running(&mut self) -> anyhow::Result<()> {
+        ballast_bench::running(&mut self.child, "ballast viz")
     }
 }
 
@@ -208,9 +228,10 @@ struct Cycle {
 }
 
 /// Polls viz until a cycle ends (its counter moves), `deadline` at most.
-async fn next_cycle_end(viz: &Viz, after: f64, deadline: Duration) -> anyhow::Result<Sample> {
+async fn next_cycle_end(viz: &mut Viz, after: f64, deadline: Duration) -> anyhow::Result<Sample> {
     let started = Instant::now();
     loop {
+        viz.running()?;
         let s = sample(viz).await;
         if s.cycles > after {
             return Ok(s);
@@ -277,7 +298,12 @@ fn fresh(before: &HashMap<String, u64>, now: &HashMap<String, u64>) -> usize {
         .count()
 }
 
-async fn cycles(viz: &Viz, n: usize, interval: Duration, tck: f64) -> anyhow::Result<Vec<Cycle>> {
+async fn cycles(
+    viz: &mut Viz,
+    n: usize,
+    interval: Duration,
+    tck: f64,
+) -> anyhow::Result<Vec<Cycle>> {
     let deadline = interval * 3 + Duration::from_secs(30);
     let mut prev = next_cycle_end(viz, sample(viz).await.cycles, deadline).await?;
     let mut prev_scrapes = last_scrapes(viz).await;
@@ -353,9 +379,10 @@ fn mb(kib: u64) -> String {
 }
 
 /// Waits until viz counts `want` meshed pods.
-async fn wait_pods(viz: &Viz, want: f64, deadline: Duration) -> anyhow::Result<()> {
+async fn wait_pods(viz: &mut Viz, want: f64, deadline: Duration) -> anyhow::Result<()> {
     let started = Instant::now();
     loop {
+        viz.running()?;
         let s = sample(viz).await;
         if s.pods >= want {
             return Ok(());
@@ -458,17 +485,18 @@ async fn main() -> anyhow::Result<()> {
         o.pods,
         sample_page.len()
     );
-    let baseline = Viz::start(&o.ballast, &empty, &args).await?;
-    let viz = Viz::start(&o.ballast, &dir, &args).await?;
+    let mut baseline = Viz::start(&o.ballast, &empty, &args).await?;
+    let mut viz = Viz::start(&o.ballast, &dir, &args).await?;
     eprintln!("viz at http://{}/ (admin {})", viz.http, viz.admin);
-    wait_pods(&viz, o.pods as f64, Duration::from_secs(120)).await?;
+    wait_pods(&mut viz, o.pods as f64, Duration::from_secs(120)).await?;
     // Settle first: every page seen, and the latency windows (30 cycles of
     // buckets per resource, edge and route) full, so memory is at its
     // steady size (history points are allocated whole up front).
     let settle_deadline = interval * 3 + Duration::from_secs(60);
-    let mut at = next_cycle_end(&viz, sample(&viz).await.cycles, settle_deadline).await?;
+    let first = sample(&viz).await.cycles;
+    let mut at = next_cycle_end(&mut viz, first, settle_deadline).await?;
     for i in 0..o.settle {
-        at = next_cycle_end(&viz, at.cycles, settle_deadline).await?;
+        at = next_cycle_end(&mut viz, at.cycles, settle_deadline).await?;
         if (i + 1) % 5 == 0 {
             eprintln!(
                 "  settling: {}/{} cycles, RSS {}",
@@ -481,16 +509,21 @@ async fn main() -> anyhow::Result<()> {
 
     // Other work on these cores skews CPU and cycle time: wait for quiet
     // (a while at most), and say how busy the machine was meanwhile.
-    let (_, quiet) = tokio::task::spawn_blocking(move || {
-        system::wait_for_quiet(tck, 0.3, Duration::from_secs(600))
-    })
-    .await?;
+    let quiet_wait = o.quiet_wait;
+    let (_, quiet) =
+        tokio::task::spawn_blocking(move || system::wait_for_quiet(tck, 0.3, quiet_wait)).await?;
     eprintln!(
         "phase 1: {} pods, {} cycles (machine quiet: {quiet})",
         o.pods, o.cycles
     );
     let monitor = system::ForeignMonitor::start(tck);
-    let clean = cycles(&viz, o.cycles, interval, tck).await?;
+    let clean = cycles(&mut viz, o.cycles, interval, tck).await?;
+    // Every cycle of phase 1 read pages: a viz that scrapes nothing still
+    // ends cycles.
+    anyhow::ensure!(
+        clean.iter().all(|c| c.ok > 0.0),
+        "phase 1: a scrape cycle with no page scraped ok"
+    );
     let foreign_clean = monitor.finish();
     let base = sample(&baseline).await;
     let main_end = clean.last().expect("cycles").end;
@@ -503,9 +536,9 @@ async fn main() -> anyhow::Result<()> {
         cluster::pod_yaml(&huge, o.pods + 1)
     );
     write_atomic(&dir.join("faulty.yaml"), &faulty_yaml)?;
-    wait_pods(&viz, o.pods as f64 + 2.0, Duration::from_secs(60)).await?;
+    wait_pods(&mut viz, o.pods as f64 + 2.0, Duration::from_secs(60)).await?;
     let monitor = system::ForeignMonitor::start(tck);
-    let faults = cycles(&viz, o.cycles, interval, tck).await?;
+    let faults = cycles(&mut viz, o.cycles, interval, tck).await?;
     let foreign_faults = monitor.finish();
     let fault_end = faults.last().expect("cycles").end;
     let base_end = sample(&baseline).await;
@@ -689,8 +722,14 @@ async fn main() -> anyhow::Result<()> {
             mb(c.end.rss_kib)
         );
     }
+    viz.running()?;
+    baseline.running()?;
     drop(viz);
     drop(baseline);
+    anyhow::ensure!(
+        served.requests.load(Ordering::Relaxed) > 0,
+        "no fake proxy was asked for its page"
+    );
     anyhow::ensure!(
         all_scraped,
         "some pods were not scraped in a cycle with the faults"

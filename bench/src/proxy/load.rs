@@ -158,16 +158,7 @@ pub async fn oha(a: &OhaArgs<'_>) -> anyhow::Result<Fixed> {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    let pct = |key: &str| {
-        v["latencyPercentiles"][key]
-            .as_f64()
-            .map(|s| s * 1e6)
-            .ok_or_else(|| anyhow::anyhow!("oha output without latencyPercentiles.{key}"))
-    };
     let mut r = Fixed {
-        p50_us: pct("p50")?,
-        p99_us: pct("p99")?,
-        p999_us: pct("p99.9")?,
         achieved_rps: v["summary"]["requestsPerSec"].as_f64().unwrap_or(0.0),
         ..Fixed::default()
     };
@@ -181,14 +172,35 @@ pub async fn oha(a: &OhaArgs<'_>) -> anyhow::Result<Fixed> {
             }
         }
     }
-    if let Some(errors) = v["errorDistribution"].as_object() {
-        for (what, n) in errors {
+    let mut errors = Vec::new();
+    if let Some(distribution) = v["errorDistribution"].as_object() {
+        for (what, n) in distribution {
             if !what.contains("deadline") {
                 r.failed += n.as_u64().unwrap_or(0);
                 eprintln!("  oha error: {what}: {n}");
+                errors.push(format!("{what}: {n}"));
             }
         }
     }
+    // Nothing answered: no latency either (and the process measured did
+    // not serve).
+    anyhow::ensure!(
+        r.ok > 0,
+        "oha: no request through {} answered 200 ({} failed{}{})",
+        a.addr,
+        r.failed,
+        if errors.is_empty() { "" } else { ": " },
+        errors.join("; ")
+    );
+    let pct = |key: &str| {
+        v["latencyPercentiles"][key]
+            .as_f64()
+            .map(|s| s * 1e6)
+            .ok_or_else(|| anyhow::anyhow!("oha output without latencyPercentiles.{key}"))
+    };
+    r.p50_us = pct("p50")?;
+    r.p99_us = pct("p99")?;
+    r.p999_us = pct("p99.9")?;
     Ok(r)
 }
 
@@ -197,7 +209,18 @@ pub async fn oha(a: &OhaArgs<'_>) -> anyhow::Result<Fixed> {
 pub struct Max {
     pub rps: f64,
     pub requests: u64,
+    /// Non-2xx responses and socket errors (timeouts included).
     pub failed: u64,
+    /// Of `failed`, wrk's timeouts (no answer within its 2 s): slowness,
+    /// not a wrong answer.
+    pub timeouts: u64,
+}
+
+impl Max {
+    /// Requests that failed other than by wrk's timeout.
+    pub fn errors(&self) -> u64 {
+        self.failed.saturating_sub(self.timeouts)
+    }
 }
 
 /// `wrk -t1 -cCONNECTIONS` for `duration`.
@@ -222,17 +245,26 @@ pub async fn wrk(
     let text = String::from_utf8_lossy(&out.stdout);
     anyhow::ensure!(out.status.success(), "wrk failed: {text}");
     let mut m = Max::default();
+    let mut non_2xx = 0;
     for line in text.lines().map(str::trim) {
         if let Some(v) = line.strip_prefix("Requests/sec:") {
             m.rps = v.trim().parse()?;
         } else if let Some(v) = line.strip_prefix("Non-2xx or 3xx responses:") {
-            m.failed += v.trim().parse::<u64>()?;
+            non_2xx = v.trim().parse::<u64>()?;
+            m.failed += non_2xx;
         } else if let Some(v) = line.strip_prefix("Socket errors:") {
             // "connect 0, read 0, write 0, timeout 0"
-            m.failed += v
-                .split(',')
-                .filter_map(|part| part.split_whitespace().nth(1)?.parse::<u64>().ok())
-                .sum::<u64>();
+            for part in v.split(',') {
+                let mut words = part.split_whitespace();
+                let (Some(what), Some(n)) = (words.next(), words.next()) else {
+                    continue;
+                };
+                let n: u64 = n.parse().unwrap_or(0);
+                m.failed += n;
+                if what == "timeout" {
+                    m.timeouts += n;
+                }
+            }
         } else if line.contains(" requests in ") {
             m.requests = line
                 .split_whitespace()
@@ -242,5 +274,13 @@ pub async fn wrk(
         }
     }
     anyhow::ensure!(m.rps > 0.0, "wrk output without Requests/sec: {text}");
+    // wrk counts answered requests, non-2xx ones included.
+    anyhow::ensure!(
+        m.requests > non_2xx,
+        "wrk: no request through {addr} answered 2xx ({} answered, {non_2xx} non-2xx, \
+         {} failed): {text}",
+        m.requests,
+        m.failed
+    );
     Ok(m)
 }
