@@ -468,14 +468,14 @@ fn tls_to_opaque_distribution(
 fn meta_of(m: Option<meta::Metadata>, name: &str) -> Arc<ResourceMeta> {
     let bounded = |s: String| -> Arc<str> { Arc::from(s.chars().take(253).collect::<String>()) };
     Arc::new(match m.and_then(|m| m.kind) {
-        Some(meta::metadata::Kind::Resource(r)) => ResourceMeta {
-            group: bounded(r.group),
-            kind: bounded(r.kind),
-            namespace: bounded(r.namespace),
-            name: bounded(r.name),
-            port: u16::try_from(r.port).ok().filter(|p| *p != 0),
-            section: bounded(r.section),
-        },
+        Some(meta::metadata::Kind::Resource(r)) => ResourceMeta::new(
+            bounded(r.group),
+            bounded(r.kind),
+            bounded(r.namespace),
+            bounded(r.name),
+            u16::try_from(r.port).ok().filter(|p| *p != 0),
+            bounded(r.section),
+        ),
         Some(meta::metadata::Kind::Default(d)) => ResourceMeta::default_named(&bounded(d)),
         None => ResourceMeta::default_named(name),
     })
