@@ -281,45 +281,15 @@ async fn twice_the_default_stream_limit_at_once_is_refused_not_cut() {
     let case = "controller: twice the default stream limit at once";
     let limit = ballast_destination::server::DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS;
     let (_cluster, c) = controller(&[]).await;
-    let raw = RawH2::connect(c.grpc).await.expect("connect");
-    let body = get_message();
-    let mut frames = Vec::new();
-    for i in 0..2 * limit {
-        common::h2_headers(&mut frames, 1 + 2 * i, &GET_HEADERS, false);
-        common::h2_frame(
-            &mut frames,
-            common::H2_DATA,
-            common::H2_END_STREAM,
-            1 + 2 * i,
-            &body,
-        );
-    }
-    raw.send(&frames).await.expect("open the streams");
-    let limit = u64::from(limit);
-    let seen = raw
-        .wait_for(DEADLINE, |s| {
-            (s.refused >= limit && s.headers >= limit) || s.closed || s.goaway.is_some()
-        })
-        .await;
-    eprintln!("{case}: {seen:?}");
-    assert_eq!(
-        seen.max_concurrent_streams,
-        Some(limit as u32),
-        "{case}: SETTINGS"
-    );
-    assert_eq!(
-        seen.goaway, None,
-        "{case}: the connection was cut: {seen:?}"
-    );
-    assert!(!seen.closed, "{case}: the connection was closed: {seen:?}");
-    assert_eq!(
-        seen.refused, limit,
-        "{case}: streams past the limit refused: {seen:?}"
-    );
-    assert_eq!(
-        seen.headers, limit,
-        "{case}: granted streams answered (one response head each): {seen:?}"
-    );
+    let (raw, seen) = common::assert_twice_the_limit_refused_not_cut(
+        case,
+        c.grpc,
+        &GET_HEADERS,
+        &get_message(),
+        limit,
+    )
+    .await;
+    assert_eq!(seen.max_concurrent_streams, Some(limit), "{case}: SETTINGS");
     served(c.grpc)
         .await
         .expect("a Get while the streams are held");

@@ -1123,43 +1123,15 @@ async fn twice_the_stream_limit_at_once_is_refused_not_cut() {
         (":authority", web.as_str()),
         (":path", "/"),
     ];
-    let raw = common::RawH2::connect(h.proxy.outbound)
-        .await
-        .expect("connect");
-    let mut frames = Vec::new();
-    // Each request ends with an empty DATA frame: a refused stream's DATA
-    // costs h2 a second reset (STREAM_CLOSED).
-    for i in 0..2 * limit {
-        common::h2_headers(&mut frames, 1 + 2 * i, &headers, false);
-        common::h2_frame(
-            &mut frames,
-            common::H2_DATA,
-            common::H2_END_STREAM,
-            1 + 2 * i,
-            &[],
-        );
-    }
-    raw.send(&frames).await.expect("open the streams");
-    let limit = u64::from(limit);
-    let seen = raw
-        .wait_for(DEADLINE, |s| {
-            (s.refused >= limit && s.headers >= limit) || s.closed || s.goaway.is_some()
-        })
-        .await;
-    eprintln!("{case}: {seen:?}");
-    assert_eq!(
-        seen.goaway, None,
-        "{case}: the connection was cut: {seen:?}"
-    );
-    assert!(!seen.closed, "{case}: the connection was closed: {seen:?}");
-    assert_eq!(
-        seen.refused, limit,
-        "{case}: streams past the limit refused: {seen:?}"
-    );
-    assert_eq!(
-        seen.headers, limit,
-        "{case}: granted streams answered (one response head each): {seen:?}"
-    );
+    // Each request ends with an empty DATA frame.
+    let (raw, _) = common::assert_twice_the_limit_refused_not_cut(
+        case,
+        h.proxy.outbound,
+        &headers,
+        &[],
+        limit,
+    )
+    .await;
     drop(raw);
     assert_alive(case, &mut h.proxy).await;
 }

@@ -842,6 +842,49 @@ impl RawH2 {
     }
 }
 
+/// Opens twice `limit` streams at once on a new connection to `addr`,
+/// before reading its SETTINGS, each HEADERS then `body` in one DATA frame
+/// with END_STREAM (a refused stream's DATA costs h2 a second reset), and
+/// asserts the server refused the excess with REFUSED_STREAM, answered every
+/// granted stream with a response head, and kept the connection. Returns
+/// what was seen, the connection still open until it is dropped.
+pub async fn assert_twice_the_limit_refused_not_cut(
+    case: &str,
+    addr: SocketAddr,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    limit: u32,
+) -> (RawH2, H2Seen) {
+    let raw = RawH2::connect(addr).await.expect("connect");
+    let mut frames = Vec::new();
+    for i in 0..2 * limit {
+        h2_headers(&mut frames, 1 + 2 * i, headers, false);
+        h2_frame(&mut frames, H2_DATA, H2_END_STREAM, 1 + 2 * i, body);
+    }
+    raw.send(&frames).await.expect("open the streams");
+    let limit = u64::from(limit);
+    let seen = raw
+        .wait_for(DEADLINE, |s| {
+            (s.refused >= limit && s.headers >= limit) || s.closed || s.goaway.is_some()
+        })
+        .await;
+    eprintln!("{case}: {seen:?}");
+    assert_eq!(
+        seen.goaway, None,
+        "{case}: the connection was cut: {seen:?}"
+    );
+    assert!(!seen.closed, "{case}: the connection was closed: {seen:?}");
+    assert_eq!(
+        seen.refused, limit,
+        "{case}: streams past the limit refused: {seen:?}"
+    );
+    assert_eq!(
+        seen.headers, limit,
+        "{case}: granted streams answered (one response head each): {seen:?}"
+    );
+    (raw, seen)
+}
+
 /// The outcome of one MadeYouReset connection.
 #[derive(Debug, Clone)]
 pub struct ResetAttack {

@@ -147,9 +147,8 @@ impl RequestFraming {
                 State::Refused => return Err(at),
                 State::Head => bytes = self.head(bytes),
                 State::Fixed(n) => {
-                    let take = usize::try_from(n).unwrap_or(usize::MAX).min(bytes.len());
-                    bytes = &bytes[take..];
-                    let left = n - take as u64;
+                    let left;
+                    (bytes, left) = skip(bytes, n);
                     self.state = if left == 0 {
                         State::Head
                     } else {
@@ -180,9 +179,8 @@ impl RequestFraming {
                     };
                 }
                 State::Data(n) => {
-                    let take = usize::try_from(n).unwrap_or(usize::MAX).min(bytes.len());
-                    bytes = &bytes[take..];
-                    let left = n - take as u64;
+                    let left;
+                    (bytes, left) = skip(bytes, n);
                     self.state = if left == 0 {
                         State::DataCr
                     } else {
@@ -280,6 +278,25 @@ impl RequestFraming {
             }
         }
     }
+}
+
+/// Passes over up to `n` body bytes: what follows them, and how many are
+/// still to come.
+fn skip(bytes: &[u8], n: u64) -> (&[u8], u64) {
+    let take = usize::try_from(n).unwrap_or(usize::MAX).min(bytes.len());
+    (&bytes[take..], n - take as u64)
+}
+
+/// The answer to a request whose chunked body was refused: the client's
+/// fault, whatever the upstream did with the part it got; its connection
+/// closes (hyper cannot read on).
+pub fn refused_response() -> http::Response<super::ResponseBody> {
+    let mut rsp = super::error_response(http::StatusCode::BAD_REQUEST, "malformed_chunk");
+    rsp.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    rsp
 }
 
 enum Parsed {

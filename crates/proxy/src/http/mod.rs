@@ -520,16 +520,10 @@ impl Forwarder {
     fn upstream_failed(&self, endpoint: &Arc<Endpoint>, e: hyper::Error) -> Response<ResponseBody> {
         tracing::debug!(addr = %endpoint.endpoint.addr, error = %e, "endpoint request failed");
         if framing::MalformedChunk::caused(&e) {
-            // The client's body failed, not the endpoint: its request is
-            // refused and the connection closed (hyper cannot read on). It
-            // says nothing of the endpoint: no failure accrual.
+            // The client's body failed, not the endpoint: no failure
+            // accrual. (The HTTP/1 server answers it so on every path.)
             self.metrics.error(self.direction, "malformed_chunk");
-            let mut rsp = error_response(StatusCode::BAD_REQUEST, "malformed_chunk");
-            rsp.headers_mut().insert(
-                http::header::CONNECTION,
-                http::HeaderValue::from_static("close"),
-            );
-            return rsp;
+            return framing::refused_response();
         }
         endpoint.response_ended(false);
         endpoint

@@ -210,17 +210,6 @@ impl Drop for CountRefused<'_> {
     }
 }
 
-/// The answer to a request whose chunked body was malformed (`framing`):
-/// the client's fault, whatever the upstream did with the part it got.
-fn framing_refused() -> Response<ResponseBody> {
-    let mut rsp = crate::http::error_response(http::StatusCode::BAD_REQUEST, "malformed_chunk");
-    rsp.headers_mut().insert(
-        http::header::CONNECTION,
-        http::HeaderValue::from_static("close"),
-    );
-    rsp
-}
-
 /// The service of one HTTP/1 connection. It is `Unpin` with its futures,
 /// so that hyper can hand the connection back when it parks.
 struct H1Service<H> {
@@ -261,7 +250,7 @@ impl<F: Future<Output = Response<ResponseBody>>> Future for Answer<F> {
         let mut rsp = std::task::ready!(self.rsp.as_mut().poll(cx));
         bump(&self.requests.answered);
         if self.requests.refused.load(Ordering::Relaxed) {
-            rsp = framing_refused();
+            rsp = crate::http::framing::refused_response();
         }
         Poll::Ready(Ok(rsp))
     }
