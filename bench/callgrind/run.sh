@@ -41,7 +41,10 @@ grpc=$(free_port); admin=$(free_port)
 cat > "$dir/manifests/backend.yaml" <<YAML
 apiVersion: v1
 kind: Service
-metadata: {name: backend, namespace: bench}
+metadata:
+  name: backend
+  namespace: bench
+  annotations: {balancer.linkerd.io/failure-accrual: consecutive}
 spec:
   clusterIP: 10.96.0.10
   selector: {app: backend}
@@ -57,6 +60,24 @@ status:
   podIP: 127.0.0.1
   hostIP: 127.0.0.1
   conditions: [{type: Ready, status: "True"}]
+---
+# The path a meshed pod takes: a route from OutboundPolicies with retries
+# and timeouts, failure accrual on the Service (above).
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata:
+  name: backend-route
+  namespace: bench
+  annotations:
+    retry.linkerd.io/http: 5xx
+    retry.linkerd.io/limit: "2"
+    retry.linkerd.io/timeout: 5s
+spec:
+  parentRefs: [{group: core, kind: Service, name: backend, port: 80}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /}}]
+    backendRefs: [{name: backend, port: 80}]
+    timeouts: {request: 10s}
 YAML
 BALLAST_LOG=warn "$BALLAST" destination --manifests "$dir/manifests" \
   --addr "127.0.0.1:$grpc" --admin-addr "127.0.0.1:$admin" & pids+=($!)
@@ -70,6 +91,14 @@ instructions() {
   local vg=$!
   wait_port "$port"
   oha --no-tui -n "$n" -c 16 -H "Host: $host" "http://127.0.0.1:$port/" >"$dir/oha.out"
+  # CHECKED_BY names a function that says whether the path measured was
+  # the one meant (for Ballast: the route with retries and timeouts).
+  if [ -n "${CHECKED_BY:-}" ] && ! "$CHECKED_BY" "$n"; then
+    kill -TERM "$vg" 2>/dev/null || true
+    wait "$vg" 2>/dev/null || true
+    tail -20 "$dir/proxy.log" >&2
+    return 1
+  fi
   kill -TERM "$vg" 2>/dev/null || true
   wait "$vg" 2>/dev/null || true
   # A figure only counts if the measured process served every request: a
@@ -87,10 +116,22 @@ instructions() {
   if [ -n "${KEEP:-}" ]; then cp "$out" "$KEEP/callgrind.$(basename "$1").$n"; fi
 }
 
-p=$(free_port)
-ballast_cmd() { local n=$1; instructions "$p" "$n" backend.bench.svc.cluster.local \
+p=$(free_port); proxy_admin=$(free_port)
+# Every request went through the HTTPRoute, with a 200, on the retrying,
+# timed path: its route series counts them all.
+route_served() {
+  local n=$1 line
+  line=$(curl -fsS "http://127.0.0.1:$proxy_admin/metrics" |
+    grep '^outbound_http_route_request_statuses_total{' | grep 'route_name="backend-route"' |
+    grep 'http_status="200"' || true)
+  if [ "${line##* }" != "$n" ]; then
+    echo "ballast: expected $n requests on route backend-route, the proxy counted: ${line:-none}" >&2
+    return 1
+  fi
+}
+ballast_cmd() { local n=$1; CHECKED_BY=route_served instructions "$p" "$n" backend.bench.svc.cluster.local \
   "$PROXY" --destination-addr "127.0.0.1:$grpc" --outbound-addr "127.0.0.1:$p" \
-  --inbound-addr 127.0.0.1:0 --admin-addr 127.0.0.1:0 --tap-addr 127.0.0.1:0 \
+  --inbound-addr 127.0.0.1:0 --admin-addr "127.0.0.1:$proxy_admin" --tap-addr 127.0.0.1:0 \
   --identity-disabled; }
 h=$(free_port)
 cat > "$dir/haproxy.cfg" <<HAP

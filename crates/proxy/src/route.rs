@@ -65,12 +65,13 @@ pub trait Match {
 }
 
 /// The route `req` takes (its index), how its rule matched, and the rule's
-/// policy; `None` when no route matches.
+/// policy; `None` when no route matches. `host` is the request's
+/// ([`request_host`]), read once by the caller.
 pub fn find<'r, M: Match, P, B>(
     routes: &'r [Route<M, P>],
     req: &Request<B>,
+    host: Option<&str>,
 ) -> Option<(usize, M::Summary, &'r P)> {
-    let host = request_host(req);
     best(routes.iter().enumerate().filter_map(|(i, route)| {
         let host_match = if route.hosts.is_empty() {
             None
@@ -396,7 +397,7 @@ mod tests {
     }
 
     fn taken(routes: &[Route<HttpMatch, &'static str>], r: &Request<()>) -> Option<&'static str> {
-        find(routes, r).map(|(_, _, p)| *p)
+        find(routes, r, request_host(r)).map(|(_, _, p)| *p)
     }
 
     fn exact(h: &'static str, v: &'static str) -> HeaderMatch {
@@ -609,7 +610,7 @@ mod tests {
             ],
         }];
         let call = |path: &str, headers| req("POST", path, headers);
-        let taken = |r: &Request<()>| find(&routes, r).map(|(_, _, p)| *p);
+        let taken = |r: &Request<()>| find(&routes, r, request_host(r)).map(|(_, _, p)| *p);
         assert_eq!(taken(&call("/pkg.Svc/Get", &[])), Some("get"));
         assert_eq!(taken(&call("/pkg.Svc/Put", &[])), Some("svc"));
         assert_eq!(taken(&call("/pkg.Svc/Put", &[("x-a", "1")])), Some("svc-a"));

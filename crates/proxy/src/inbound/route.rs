@@ -45,7 +45,13 @@ pub fn find<'r, M: Match, B>(
     routes: &'r [Route<M, RoutePolicy>],
     req: &Request<B>,
 ) -> Option<&'r RoutePolicy> {
-    route::find(routes, req).map(|(_, _, policy)| policy)
+    // The host is read only when a route names hosts.
+    let host = if routes.iter().any(|r| !r.hosts.is_empty()) {
+        route::request_host(req)
+    } else {
+        None
+    };
+    route::find(routes, req, host).map(|(_, _, policy)| policy)
 }
 
 /// Regexes a server's routes ask for, counted before any is compiled: at

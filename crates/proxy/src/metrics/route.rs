@@ -11,7 +11,10 @@ use prometheus_client::{
     metrics::{counter::Counter, gauge::Gauge, histogram::Histogram},
     registry::{Registry, Unit},
 };
-use std::sync::Arc;
+use std::{
+    hash::Hash,
+    sync::{Arc, OnceLock},
+};
 
 /// Linkerd's buckets of `*_route_request_duration_seconds`.
 const REQUEST_BUCKETS: [f64; 4] = [0.05, 0.5, 1.0, 10.0];
@@ -240,7 +243,7 @@ fn response_histogram() -> Histogram {
 }
 
 impl RouteFamilies {
-    fn new(limits: SeriesLimits, drops: &SeriesDrops) -> Self {
+    pub(crate) fn new(limits: SeriesLimits, drops: &SeriesDrops) -> Self {
         let (l, d) = (limits, drops);
         Self {
             request_duration: RetainedFamily::new(l, d.clone(), request_histogram),
@@ -320,6 +323,125 @@ impl RouteFamilies {
     }
 }
 
+/// Most outcomes of one label set whose status series [`Outcomes`] keeps.
+const KEPT_OUTCOMES: usize = 4;
+
+/// The status series of one label set, the first few outcomes' handles
+/// kept: a route's requests end in one or a few outcomes (a 200, a few
+/// statuses), so counting one of those takes neither a lock nor a hash.
+/// Other outcomes are counted through the family, as any series is.
+#[derive(Debug)]
+pub struct Outcomes<L> {
+    of: L,
+    kept: [OnceLock<(Outcome, Arc<Counter>)>; KEPT_OUTCOMES],
+}
+
+impl<L: Clone + Hash + Eq> Outcomes<L> {
+    pub fn new(of: L) -> Self {
+        Self {
+            of,
+            kept: Default::default(),
+        }
+    }
+
+    pub fn labels(&self) -> &L {
+        &self.of
+    }
+
+    /// Counts one `outcome` of these labels in `family`.
+    pub fn inc(&self, family: &RetainedFamily<StatusLabels<L>, Counter>, outcome: Outcome) {
+        for slot in &self.kept {
+            match slot.get() {
+                Some((kept, counter)) if *kept == outcome => {
+                    counter.inc();
+                    return;
+                }
+                Some(_) => continue,
+                None => {
+                    let counter = family.get(&StatusLabels {
+                        of: self.of.clone(),
+                        outcome: outcome.clone(),
+                    });
+                    counter.inc();
+                    // Lost to another thread: its outcome is kept instead.
+                    let _ = slot.set((outcome, counter));
+                    return;
+                }
+            }
+        }
+        family
+            .get(&StatusLabels {
+                of: self.of.clone(),
+                outcome,
+            })
+            .inc();
+    }
+}
+
+/// A route's retry counters.
+#[derive(Debug, Default)]
+pub struct RetryCounters {
+    pub requests: Arc<Counter>,
+    pub successes: Arc<Counter>,
+    pub limit_exceeded: Arc<Counter>,
+}
+
+/// The series of one route (for one hostname), resolved once and used by
+/// every request that takes it: a policy version keeps them while it
+/// lives, so they stay exported while the route is in force.
+#[derive(Debug)]
+pub struct RouteHandles {
+    pub request_duration: Arc<Histogram>,
+    pub statuses: Outcomes<RouteLabels>,
+    /// Made by the first request that may retry: a route without retries
+    /// exports no retry series, as before.
+    retries: OnceLock<RetryCounters>,
+}
+
+impl RouteHandles {
+    pub fn new(families: &RouteFamilies, labels: RouteLabels) -> Self {
+        Self {
+            request_duration: families.request_duration.get(&labels),
+            statuses: Outcomes::new(labels),
+            retries: OnceLock::new(),
+        }
+    }
+
+    pub fn labels(&self) -> &RouteLabels {
+        self.statuses.labels()
+    }
+
+    pub fn retries(&self, families: &RouteFamilies) -> &RetryCounters {
+        self.retries.get_or_init(|| {
+            let labels = self.labels();
+            RetryCounters {
+                requests: families.retry_requests.get(labels),
+                successes: families.retry_successes.get(labels),
+                limit_exceeded: families.retry_limit_exceeded.get(labels),
+            }
+        })
+    }
+}
+
+/// The series of one backend of one route, resolved once (see
+/// [`RouteHandles`]).
+#[derive(Debug)]
+pub struct BackendHandles {
+    pub requests: Arc<Counter>,
+    pub response_duration: Arc<Histogram>,
+    pub statuses: Outcomes<RouteBackendLabels>,
+}
+
+impl BackendHandles {
+    pub fn new(families: &RouteFamilies, labels: RouteBackendLabels) -> Self {
+        Self {
+            requests: families.backend_requests.get(&labels),
+            response_duration: families.backend_response_duration.get(&labels),
+            statuses: Outcomes::new(labels),
+        }
+    }
+}
+
 /// The outbound policy metrics: HTTP and gRPC routes, and open watches.
 #[derive(Debug)]
 pub struct OutboundPolicyMetrics {
@@ -367,6 +489,7 @@ impl OutboundPolicyMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::series::{SeriesDrops, SeriesLimits};
     use std::hash::{BuildHasher, RandomState};
 
     fn meta(name: &str, port: Option<u16>) -> ResourceMeta {
@@ -378,6 +501,39 @@ mod tests {
             port,
             Arc::from(""),
         )
+    }
+
+    #[test]
+    fn outcomes_count_into_the_familys_series_kept_or_not() {
+        let limits = SeriesLimits {
+            retention: std::time::Duration::from_secs(600),
+            max_series: 100,
+        };
+        let families = RouteFamilies::new(limits, &SeriesDrops::default());
+        let labels = RouteBackendLabels {
+            parent: Arc::new(meta("parent", Some(80))),
+            route: Arc::new(meta("route", None)),
+            backend: Arc::new(meta("backend", Some(80))),
+        };
+        let outcomes = Outcomes::new(labels.clone());
+        let family = &families.backend_response_statuses;
+        // More outcomes than are kept: every one is counted all the same.
+        let statuses: Vec<u16> = (0..KEPT_OUTCOMES as u16 + 3).map(|i| 200 + i).collect();
+        for round in 1..=3u64 {
+            for s in &statuses {
+                outcomes.inc(family, Outcome::Http(Some(*s), None));
+            }
+            for s in &statuses {
+                let series = family.get(&StatusLabels {
+                    of: labels.clone(),
+                    outcome: Outcome::Http(Some(*s), None),
+                });
+                assert_eq!(series.get(), round, "status {s}");
+            }
+        }
+        assert_eq!(family.len(), statuses.len());
+        outcomes.inc(family, Outcome::Http(None, Some(RouteError::FailFast)));
+        assert_eq!(family.len(), statuses.len() + 1);
     }
 
     #[test]

@@ -52,6 +52,7 @@ mod tests {
                 )),
             }),
             filters: vec![],
+            bound: Default::default(),
         }
     }
 

@@ -19,6 +19,7 @@
 //! API, a target is routed as above.
 
 mod backend;
+mod bound;
 mod filters;
 mod overrides;
 mod policy;

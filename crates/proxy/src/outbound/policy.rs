@@ -8,6 +8,7 @@
 //! cannot be acted on is refused whole, naming what was wrong, and the last
 //! policy stays.
 
+use super::bound::{BackendSlot, RouteSlot};
 use crate::{
     balance::FailureAccrual,
     discovery::Endpoint,
@@ -80,11 +81,12 @@ pub enum HttpRoutes {
     Grpc(Routes<GrpcMatch>),
 }
 
-/// Routes and their metadata, side by side.
+/// Routes, their metadata and their metric series, side by side.
 #[derive(Debug)]
 pub struct Routes<M> {
     pub metas: Vec<Arc<ResourceMeta>>,
     pub routes: Vec<Route<M, RulePolicy>>,
+    pub slots: Vec<RouteSlot>,
 }
 
 impl<M> Default for Routes<M> {
@@ -92,6 +94,7 @@ impl<M> Default for Routes<M> {
         Self {
             metas: Vec::new(),
             routes: Vec::new(),
+            slots: Vec::new(),
         }
     }
 }
@@ -209,6 +212,8 @@ pub enum Distribution {
 pub struct RouteBackend {
     pub backend: Arc<Backend>,
     pub filters: Vec<Filter>,
+    /// Its series and balancer, once a request was sent to it.
+    pub bound: BackendSlot,
 }
 
 /// Where a backend's requests go.
@@ -670,6 +675,7 @@ fn distribution<F>(
                     Ok(RouteBackend {
                         backend: backend(b)?,
                         filters: filters(fs)?,
+                        bound: BackendSlot::default(),
                     })
                 })
                 .collect::<Result<_, InvalidPolicy>>()?,
@@ -684,6 +690,7 @@ fn distribution<F>(
                         RouteBackend {
                             backend: backend(b)?,
                             filters: filters(fs)?,
+                            bound: BackendSlot::default(),
                         },
                         w,
                     ))
@@ -922,6 +929,7 @@ fn http_routes(routes: Option<Vec<out::HttpRoute>>) -> Result<Routes<HttpMatch>,
     let mut out = Routes::default();
     for r in routes.unwrap_or_default() {
         out.metas.push(meta_of(r.metadata, "http"));
+        out.slots.push(RouteSlot::default());
         let hosts = r
             .hosts
             .into_iter()
@@ -964,6 +972,7 @@ fn grpc_routes(routes: Vec<out::GrpcRoute>) -> Result<Routes<GrpcMatch>, Invalid
     let mut out = Routes::default();
     for r in routes {
         out.metas.push(meta_of(r.metadata, "grpc"));
+        out.slots.push(RouteSlot::default());
         let hosts = r
             .hosts
             .into_iter()

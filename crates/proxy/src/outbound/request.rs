@@ -16,10 +16,12 @@
 
 use super::{
     backend,
+    bound::BoundBackend,
     filters::{self, InvalidRedirect},
     overrides,
     policy::{
-        BackendTarget, ClientPolicy, Filter, HttpRoutes, RetryBackoff, RetryPolicy, RulePolicy,
+        BackendTarget, ClientPolicy, Filter, HttpRoutes, RetryBackoff, RetryPolicy, RouteBackend,
+        RulePolicy,
     },
     Outbound, Target, DIRECTION,
 };
@@ -30,8 +32,8 @@ use crate::{
         ResponseBody, PROXY_ERROR_HEADER,
     },
     metrics::route::{
-        grpc_status_name, Outcome, RouteBackendLabels, RouteError, RouteFamilies, RouteLabels,
-        StatusLabels,
+        grpc_status_name, BackendHandles, OutboundPolicyMetrics, Outcome, RetryCounters,
+        RouteBackendLabels, RouteError, RouteFamilies, RouteHandles,
     },
     route,
 };
@@ -39,13 +41,13 @@ use ballast_backoff::{Backoff, BackoffConfig};
 use bytes::Bytes;
 use http::{header, request::Parts, HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use prometheus_client::metrics::counter::Counter;
 use std::{sync::Arc, time::Duration};
 use tokio::time::Instant;
 
 /// What the rule matched, for the rest of the request.
 struct Matched<'p> {
-    labels: RouteLabels,
+    /// The route's series (the policy's parent, the route, the hostname).
+    handles: Arc<RouteHandles>,
     rule: &'p RulePolicy,
     prefix_len: Option<usize>,
     grpc: bool,
@@ -59,15 +61,11 @@ pub(super) async fn serve(
 ) -> Response<ResponseBody> {
     let started = Instant::now();
     let grpc_request = is_grpc(req.headers());
-    let Some(matched) = find(&policy, &req) else {
+    let Some(matched) = find(&outbound.metrics.outbound_policy, &policy, &req) else {
         outbound.metrics.error(DIRECTION, "no_route");
         return answer_error(grpc_request, StatusCode::NOT_FOUND, "no route");
     };
-    let families = if matched.grpc {
-        &outbound.metrics.outbound_policy.grpc
-    } else {
-        &outbound.metrics.outbound_policy.http
-    };
+    let families = matched.families(&outbound.metrics.outbound_policy);
     let rule = matched.rule;
     let mut response_filters = Vec::new();
     for filter in &rule.filters {
@@ -116,8 +114,7 @@ pub(super) async fn serve(
         try_timeout: retry.as_ref().and_then(|r| r.timeout).or(timeouts.response),
         accrual: policy.failure_accrual.as_ref(),
     };
-    let work = tries.run(req, retry.as_ref());
-    let mut rsp = within(timeouts.request, work, |limit| {
+    let mut rsp = within(timeouts.request, tries.run(req, retry.as_ref()), |limit| {
         outbound.metrics.error(DIRECTION, "request_timeout");
         answer_error(
             grpc_request,
@@ -137,49 +134,40 @@ pub(super) async fn serve(
     finish(families, &matched, started, rsp, error)
 }
 
-fn find<'p, B>(policy: &'p ClientPolicy, req: &Request<B>) -> Option<Matched<'p>> {
-    let hostname = hostname_label(route::request_host(req));
-    let (meta, rule, prefix_len, grpc) = match policy.routes(req.version()) {
+impl Matched<'_> {
+    fn families<'m>(&self, metrics: &'m OutboundPolicyMetrics) -> &'m RouteFamilies {
+        if self.grpc {
+            &metrics.grpc
+        } else {
+            &metrics.http
+        }
+    }
+}
+
+fn find<'p, B>(
+    metrics: &OutboundPolicyMetrics,
+    policy: &'p ClientPolicy,
+    req: &Request<B>,
+) -> Option<Matched<'p>> {
+    let host = route::request_host(req);
+    let (meta, slot, rule, prefix_len, grpc) = match policy.routes(req.version()) {
         HttpRoutes::Http(routes) => {
-            let (i, rank, rule) = route::find(&routes.routes, req)?;
-            (routes.metas.get(i)?, rule, rank.prefix_len(), false)
+            let (i, rank, rule) = route::find(&routes.routes, req, host)?;
+            let (meta, slot) = (routes.metas.get(i)?, routes.slots.get(i)?);
+            (meta, slot, rule, rank.prefix_len(), false)
         }
         HttpRoutes::Grpc(routes) => {
-            let (i, _, rule) = route::find(&routes.routes, req)?;
-            (routes.metas.get(i)?, rule, None, true)
+            let (i, _, rule) = route::find(&routes.routes, req, host)?;
+            (routes.metas.get(i)?, routes.slots.get(i)?, rule, None, true)
         }
     };
+    let families = if grpc { &metrics.grpc } else { &metrics.http };
     Some(Matched {
-        labels: RouteLabels {
-            parent: policy.parent.clone(),
-            route: meta.clone(),
-            hostname,
-        },
+        handles: slot.handles(families, &policy.parent, meta, host),
         rule,
         prefix_len,
         grpc,
     })
-}
-
-/// The `hostname` label: the request's host when it is a DNS name (as
-/// Linkerd labels it), else empty. Bounded: a client's `Host` may be long.
-fn hostname_label(host: Option<&str>) -> Arc<str> {
-    let Some(host) = host.map(|h| h.trim_end_matches('.')) else {
-        return crate::metrics::empty_label();
-    };
-    let dns = !host.is_empty()
-        && host.len() <= 253
-        && host.split('.').all(|l| {
-            !l.is_empty()
-                && l.len() <= 63
-                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        })
-        && host.parse::<std::net::Ipv4Addr>().is_err();
-    if dns {
-        Arc::from(host.to_ascii_lowercase())
-    } else {
-        crate::metrics::empty_label()
-    }
 }
 
 /// A response the proxy made, naming why (`l5d-proxy-error`).
@@ -292,15 +280,16 @@ fn finish(
     mut rsp: Response<ResponseBody>,
     error: Option<RouteError>,
 ) -> Response<ResponseBody> {
-    let duration = families.request_duration.get(&matched.labels);
+    let handles = matched.handles.clone();
     let status = rsp.status().as_u16();
-    let labels = matched.labels.clone();
     let grpc = matched.grpc;
     let statuses = families.request_statuses.clone();
     let header_status = grpc_status(rsp.headers());
     rsp.body_mut().on_end(
         Box::new(move |end: BodyEnd| {
-            duration.observe(started.elapsed().as_secs_f64());
+            handles
+                .request_duration
+                .observe(started.elapsed().as_secs_f64());
             let error = match end.timed_out {
                 Some(BodyTimeout::Request) => Some(RouteError::RequestTimeout),
                 Some(BodyTimeout::Idle) => Some(RouteError::IdleTimeout),
@@ -316,12 +305,7 @@ fn finish(
             } else {
                 Outcome::Http(error.is_none().then_some(status), error)
             };
-            statuses
-                .get(&StatusLabels {
-                    of: labels,
-                    outcome,
-                })
-                .inc();
+            handles.statuses.inc(&statuses, outcome);
         }),
         header_status,
     );
@@ -365,18 +349,12 @@ impl Tries<'_> {
                     .await
             }
         };
-        let labels = &self.matched.labels;
-        let counters = RetryCounters {
-            requests: self.families.retry_requests.get(labels),
-            successes: self.families.retry_successes.get(labels),
-            limit_exceeded: self.families.retry_limit_exceeded.get(labels),
-        };
         retry_loop(
             retry,
             RequestBody::Replay(first),
             || replay.body().map(RequestBody::Replay),
             |body| self.once(copy_of(&parts, body)),
-            &counters,
+            self.matched.handles.retries(self.families),
         )
         .await
     }
@@ -397,28 +375,39 @@ impl Tries<'_> {
                 _ => {}
             }
         }
-        let backend_labels = RouteBackendLabels {
-            parent: self.matched.labels.parent.clone(),
-            route: self.matched.labels.route.clone(),
-            backend: chosen.backend.meta.clone(),
-        };
-        self.families.backend_requests.get(&backend_labels).inc();
-        let target = match &chosen.backend.target {
-            BackendTarget::Balancer(path) => Target::Logical(path.clone()),
-            BackendTarget::Forward(endpoint) => Target::Endpoint(endpoint.clone()),
-        };
-        let balancer = match outbound.http_balancer(&target) {
-            Ok(b) => {
-                if matches!(target, Target::Logical(_)) {
-                    b.set_failure_accrual(self.accrual);
+        let bound = chosen.bound.get_or_init(|| {
+            let labels = self.matched.handles.labels();
+            BoundBackend {
+                metrics: BackendHandles::new(
+                    self.families,
+                    RouteBackendLabels {
+                        parent: labels.parent.clone(),
+                        route: labels.route.clone(),
+                        backend: chosen.backend.meta.clone(),
+                    },
+                ),
+                balancer: outbound
+                    .http_balancer(&target_of(chosen))
+                    .map(|b| Arc::downgrade(&b))
+                    .unwrap_or_default(),
+            }
+        });
+        bound.metrics.requests.inc();
+        // The bound balancer, unless the cache let it go (or had no room
+        // when it was bound): then the cache's, as without binding.
+        let balancer = match bound.balancer.upgrade() {
+            Some(b) => b,
+            None => match outbound.http_balancer(&target_of(chosen)) {
+                Ok(b) => b,
+                Err(e) => {
+                    outbound.too_many_targets(&e);
+                    return proxy_error(StatusCode::SERVICE_UNAVAILABLE, "too_many_targets");
                 }
-                b
-            }
-            Err(e) => {
-                outbound.too_many_targets(&e);
-                return proxy_error(StatusCode::SERVICE_UNAVAILABLE, "too_many_targets");
-            }
+            },
         };
+        if matches!(chosen.backend.target, BackendTarget::Balancer(_)) {
+            balancer.set_failure_accrual(self.accrual);
+        }
         let started = Instant::now();
         let send = outbound
             .forwarder
@@ -435,9 +424,9 @@ impl Tries<'_> {
         for m in response_filters {
             filters::modify_headers(m, rsp.headers_mut());
         }
-        self.families
-            .backend_response_duration
-            .get(&backend_labels)
+        bound
+            .metrics
+            .response_duration
             .observe(started.elapsed().as_secs_f64());
         let error = error_of(&rsp);
         let outcome = if self.matched.grpc {
@@ -445,14 +434,19 @@ impl Tries<'_> {
         } else {
             Outcome::Http(error.is_none().then_some(rsp.status().as_u16()), error)
         };
-        self.families
-            .backend_response_statuses
-            .get(&StatusLabels {
-                of: backend_labels,
-                outcome,
-            })
-            .inc();
+        bound
+            .metrics
+            .statuses
+            .inc(&self.families.backend_response_statuses, outcome);
         rsp
+    }
+}
+
+/// Where a backend's requests go.
+fn target_of(b: &RouteBackend) -> Target {
+    match &b.backend.target {
+        BackendTarget::Balancer(path) => Target::Logical(path.clone()),
+        BackendTarget::Forward(endpoint) => Target::Endpoint(endpoint.clone()),
     }
 }
 
@@ -471,25 +465,25 @@ fn copy_of(parts: &Parts, body: RequestBody) -> Request<RequestBody> {
 }
 
 /// The answer of `work`, or of `timed_out` once `limit` (if any) passed.
-async fn within(
+///
+/// Not an `async fn`: one would keep `work` both as its argument and inside
+/// the timeout, doubling the request's future (it nests three deep), and a
+/// future is moved whole, so its size is paid per request in copies.
+fn within<W>(
     limit: Option<Duration>,
-    work: impl std::future::Future<Output = Response<ResponseBody>>,
+    work: W,
     timed_out: impl FnOnce(Duration) -> Response<ResponseBody>,
-) -> Response<ResponseBody> {
+) -> impl std::future::Future<Output = Response<ResponseBody>>
+where
+    W: std::future::Future<Output = Response<ResponseBody>>,
+{
+    use futures_util::{future::Either, FutureExt};
     match limit {
-        None => work.await,
-        Some(limit) => match tokio::time::timeout(limit, work).await {
-            Ok(rsp) => rsp,
-            Err(_) => timed_out(limit),
-        },
+        None => Either::Left(work),
+        Some(limit) => Either::Right(
+            tokio::time::timeout(limit, work).map(move |r| r.unwrap_or_else(|_| timed_out(limit))),
+        ),
     }
-}
-
-/// A route's retry counters.
-struct RetryCounters {
-    requests: Arc<Counter>,
-    successes: Arc<Counter>,
-    limit_exceeded: Arc<Counter>,
 }
 
 /// Sends `first`, and again (a body from `again` each time) while the
@@ -587,11 +581,7 @@ mod tests {
     }
 
     fn counters() -> RetryCounters {
-        RetryCounters {
-            requests: Arc::default(),
-            successes: Arc::default(),
-            limit_exceeded: Arc::default(),
-        }
+        RetryCounters::default()
     }
 
     const BACKOFF: RetryBackoff = RetryBackoff {
@@ -759,18 +749,6 @@ mod tests {
             Some("request timeout: 1s")
         );
         assert_eq!(started.elapsed(), Duration::from_secs(1));
-    }
-
-    #[test]
-    fn only_dns_names_label_the_hostname() {
-        assert_eq!(
-            &*hostname_label(Some("Web.Shop.svc.cluster.local.")),
-            "web.shop.svc.cluster.local"
-        );
-        for bad in ["10.0.0.1", "[::1]", "a..b", "x\"y", &"a".repeat(300)] {
-            assert_eq!(&*hostname_label(Some(bad)), "", "{bad}");
-        }
-        assert_eq!(&*hostname_label(None), "");
     }
 
     #[test]
