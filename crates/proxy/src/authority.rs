@@ -21,8 +21,10 @@ pub fn request_host<B>(req: &http::Request<B>) -> Option<&str> {
         return Some(a.host());
     }
     let host = req.headers().get(http::header::HOST)?.to_str().ok()?;
-    Some(match host.rsplit_once(':') {
-        Some((h, port)) if !h.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => h,
+    // By bytes: a `char` search costs more than the rest of the request's
+    // routing.
+    Some(match host.bytes().rposition(|b| b == b':') {
+        Some(i) if i > 0 && host.as_bytes()[i + 1..].iter().all(u8::is_ascii_digit) => &host[..i],
         _ => host,
     })
 }

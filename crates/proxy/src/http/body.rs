@@ -20,9 +20,11 @@ use std::{
     task::{ready, Context, Poll},
 };
 
+/// gRPC's status in headers or trailers.
 pub fn grpc_status(headers: &HeaderMap) -> Option<u32> {
+    const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
     headers
-        .get("grpc-status")
+        .get(GRPC_STATUS)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse().ok())
 }

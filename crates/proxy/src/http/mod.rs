@@ -28,8 +28,10 @@ use hyper::body::Incoming;
 use std::sync::Arc;
 use tokio::time::Instant;
 
-/// The header naming why the proxy itself answered (Linkerd's name).
-pub const PROXY_ERROR_HEADER: &str = "l5d-proxy-error";
+/// The header naming why the proxy itself answered (Linkerd's name). A
+/// `HeaderName`, not a `&str`: looking a name up by string parses it
+/// first, on every response.
+pub const PROXY_ERROR_HEADER: HeaderName = HeaderName::from_static("l5d-proxy-error");
 
 /// A response made by the proxy, naming the reason.
 pub fn error_response(status: StatusCode, reason: &str) -> Response<ResponseBody> {
@@ -37,7 +39,7 @@ pub fn error_response(status: StatusCode, reason: &str) -> Response<ResponseBody
     *rsp.status_mut() = status;
     let headers = rsp.headers_mut();
     if let Ok(v) = HeaderValue::from_str(reason) {
-        headers.insert(HeaderName::from_static(PROXY_ERROR_HEADER), v);
+        headers.insert(PROXY_ERROR_HEADER, v);
     }
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     rsp

@@ -61,11 +61,12 @@ impl BackendSlot {
 
 /// Whether `host` gives the `hostname` label `label`, without making it.
 fn same_hostname(label: &str, host: Option<&str>) -> bool {
-    match dns_hostname(host) {
-        // A kept label is a DNS name in lower case.
-        Some(h) => !label.is_empty() && h.eq_ignore_ascii_case(label),
-        None => label.is_empty(),
+    if label.is_empty() {
+        return dns_hostname(host).is_none();
     }
+    // A kept label is a DNS name in lower case: a host equal to it but for
+    // case and a trailing dot is one too, and needs no reading.
+    host.is_some_and(|h| h.trim_end_matches('.').eq_ignore_ascii_case(label))
 }
 
 /// The request's host when it is a DNS name (as Linkerd labels it),

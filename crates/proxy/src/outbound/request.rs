@@ -284,7 +284,12 @@ fn finish(
     let status = rsp.status().as_u16();
     let grpc = matched.grpc;
     let statuses = families.request_statuses.clone();
-    let header_status = grpc_status(rsp.headers());
+    // Only a gRPC outcome reads it.
+    let header_status = if grpc {
+        grpc_status(rsp.headers())
+    } else {
+        None
+    };
     rsp.body_mut().on_end(
         Box::new(move |end: BodyEnd| {
             handles
@@ -545,7 +550,8 @@ fn retryable(retry: &RetryPolicy, rsp: &Response<ResponseBody>) -> bool {
     {
         return true;
     }
-    grpc_status(rsp.headers()).is_some_and(|c| retry.grpc_codes.contains(&c))
+    !retry.grpc_codes.is_empty()
+        && grpc_status(rsp.headers()).is_some_and(|c| retry.grpc_codes.contains(&c))
 }
 
 fn backoff_config(b: RetryBackoff) -> BackoffConfig {

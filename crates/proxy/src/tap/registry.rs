@@ -25,6 +25,7 @@ use super::{
 use crate::{
     config::TapConfig,
     discovery::Endpoint,
+    http::grpc_status,
     metrics::{Direction, DstLabels, TlsLabels},
 };
 use arc_swap::ArcSwapOption;
@@ -529,14 +530,6 @@ impl ResponseTap {
             None => {}
         }
     }
-}
-
-/// gRPC's status in headers or trailers.
-fn grpc_status(headers: &HeaderMap) -> Option<u32> {
-    headers
-        .get("grpc-status")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse().ok())
 }
 
 /// The HTTP/2 reason a hyper error carries, if any.
