@@ -20,18 +20,25 @@ if ! awk -v b="$budget" 'BEGIN { exit !(b + 0 > 0) }'; then
   echo "gate: no ratio in $budget_file" >&2
   exit 2
 fi
-out=$(BALLAST=${BALLAST:-target/debug/ballast} PROXY=${PROXY:-target/sidecar/ballast-proxy} \
-  TARGETS="ballast haproxy" bench/callgrind/run.sh "$SMALL" "$LARGE")
-echo "$out"
-ballast=$(awk '$1 == "ballast:" { print $2 }' <<<"$out")
-haproxy=$(awk '$1 == "haproxy:" { print $2 }' <<<"$out")
-if [ -z "$ballast" ] || [ -z "$haproxy" ] || [ "$haproxy" -le 0 ]; then
-  echo "gate: no figures to compare" >&2
-  exit 2
-fi
-ratio=$(awk -v b="$ballast" -v h="$haproxy" 'BEGIN { printf "%.3f", b / h }')
+# The median of RUNS runs: the count of one run moves by up to about 2.5%
+# with how requests batch into each wake-up under load.
+RUNS=${RUNS:-3}
+ratios=()
+for run in $(seq 1 "$RUNS"); do
+  out=$(BALLAST=${BALLAST:-target/debug/ballast} PROXY=${PROXY:-target/sidecar/ballast-proxy} \
+    TARGETS="ballast haproxy" bench/callgrind/run.sh "$SMALL" "$LARGE")
+  echo "run $run: $(tr '\n' ';' <<<"$out")"
+  ballast=$(awk '$1 == "ballast:" { print $2 }' <<<"$out")
+  haproxy=$(awk '$1 == "haproxy:" { print $2 }' <<<"$out")
+  if [ -z "$ballast" ] || [ -z "$haproxy" ] || [ "$haproxy" -le 0 ]; then
+    echo "gate: no figures to compare" >&2
+    exit 2
+  fi
+  ratios+=("$(awk -v b="$ballast" -v h="$haproxy" 'BEGIN { printf "%.3f", b / h }')")
+done
+ratio=$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{ r[NR] = $1 } END { print r[int((NR + 1) / 2)] }')
 if awk -v r="$ratio" -v m="$budget" 'BEGIN { exit !(r > m) }'; then
-  echo "gate: FAILED: Ballast costs ${ratio}x HAProxy's instructions per request, over the budget of ${budget}x ($budget_file)" >&2
+  echo "gate: FAILED: Ballast costs ${ratio}x HAProxy's instructions per request (median of ${ratios[*]}), over the budget of ${budget}x ($budget_file)" >&2
   exit 1
 fi
-echo "gate: passed: ${ratio}x HAProxy's instructions per request, within the budget of ${budget}x"
+echo "gate: passed: ${ratio}x HAProxy's instructions per request (median of ${ratios[*]}), within the budget of ${budget}x"
