@@ -44,6 +44,7 @@ use crate::{
     pipeline::{Accepted, Side},
     tcp::{self, TcpBalancer},
 };
+use arc_swap::ArcSwapOption;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use linkerd2_proxy_api::outbound::{traffic_spec, TrafficSpec};
@@ -145,8 +146,9 @@ pub enum HttpRoute {
         watch: Arc<Policy>,
         last: Arc<ClientPolicy>,
     },
-    /// Request by request, by `Host` / `:authority` (explicit mode).
-    ByAuthority(std::sync::Mutex<Option<LastRoute>>),
+    /// Request by request, by `Host` / `:authority` (explicit mode); the
+    /// last route read without a lock (HTTP/2 requests share it).
+    ByAuthority(ArcSwapOption<LastRoute>),
     /// The target could not be had (`--max-targets`).
     Refused,
 }
@@ -415,12 +417,9 @@ impl Outbound {
 
     /// Where this connection's last request went, if `req` names the same
     /// authority.
-    fn remembered(
-        last: &std::sync::Mutex<Option<LastRoute>>,
-        req: &Request<Incoming>,
-    ) -> Option<RouteTo> {
+    fn remembered(last: &ArcSwapOption<LastRoute>, req: &Request<Incoming>) -> Option<RouteTo> {
         let authority = authority_of(req)?;
-        let last = last.lock().unwrap_or_else(|e| e.into_inner());
+        let last = last.load();
         last.as_ref()
             .filter(|l| &*l.authority == authority)
             .map(|l| l.to.clone())
@@ -443,7 +442,7 @@ impl Outbound {
     /// Routes a request whose authority this connection has not just used.
     async fn by_authority(
         &self,
-        last: &std::sync::Mutex<Option<LastRoute>>,
+        last: &ArcSwapOption<LastRoute>,
         req: Request<Incoming>,
     ) -> Response<ResponseBody> {
         let authority = authority_of(&req);
@@ -468,10 +467,10 @@ impl Outbound {
             },
         };
         if let Some(a) = remember {
-            *last.lock().unwrap_or_else(|e| e.into_inner()) = Some(LastRoute {
+            last.store(Some(Arc::new(LastRoute {
                 authority: a,
                 to: to.clone(),
-            });
+            })));
         }
         self.send_to(to, req).await
     }
@@ -569,7 +568,7 @@ impl Side for Outbound {
 
     fn bind_http(self: &Arc<Self>, route: Route) -> HttpRoute {
         match route {
-            Route::ByAuthority => HttpRoute::ByAuthority(std::sync::Mutex::new(None)),
+            Route::ByAuthority => HttpRoute::ByAuthority(ArcSwapOption::empty()),
             Route::Policy { watch, policy, .. } => HttpRoute::Policy {
                 watch,
                 last: policy,
