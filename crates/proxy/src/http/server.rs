@@ -102,21 +102,18 @@ impl Activity {
         self.last_ms.store(ms, Ordering::Relaxed);
     }
 
-    /// Resolves once no request has been in flight for `timeout`.
-    async fn idle(&self, timeout: Duration) {
-        loop {
-            let last = self.base + Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
-            let deadline = last + timeout;
-            if self.in_flight.load(Ordering::Relaxed) == 0 && Instant::now() >= deadline {
-                return;
-            }
-            let next = if Instant::now() >= deadline {
-                Instant::now() + timeout
-            } else {
-                deadline
-            };
-            tokio::time::sleep_until(next).await;
+    /// `None` when no request has been in flight for `timeout` by `now`;
+    /// else when to look again.
+    fn idle_check(&self, now: Instant, timeout: Duration) -> Option<Instant> {
+        let last = self.base + Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        let deadline = last + timeout;
+        if now < deadline {
+            return Some(deadline);
         }
+        if self.in_flight.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        Some(now + timeout)
     }
 }
 
@@ -341,6 +338,13 @@ where
     Ok((parked, Box::new(conn.into_parts())))
 }
 
+/// What ended a wait of a serving HTTP/2 connection.
+enum H2Event {
+    Done(hyper::Result<()>),
+    Stop,
+    Check,
+}
+
 /// What ended a wait of a serving HTTP/1 connection.
 enum H1Event {
     Done(hyper::Result<()>),
@@ -521,17 +525,51 @@ where
         }
     });
     let conn = h2_builder(limits).serve_connection(io, service);
-    tokio::pin!(conn);
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
-        _ = stopped(&mut shutdown) => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
-        }
-        _ = activity.idle(limits.idle_timeout) => {
-            metrics.http_idle_closed_total.inc();
-            conn.as_mut().graceful_shutdown();
-            conn.await
+    let probe = shutdown.clone();
+    let stop = stopped(&mut shutdown);
+    let check = tokio::time::sleep(limits.idle_timeout);
+    tokio::pin!(conn, stop, check);
+    // As HTTP/1's: each wait is polled once to register its wake-up, and
+    // again only when it may be over, not on every wake of the connection
+    // (several per request).
+    let (mut stop_armed, mut check_armed) = (false, false);
+    let result = loop {
+        let event = std::future::poll_fn(|cx| {
+            if let Poll::Ready(r) = conn.as_mut().poll(cx) {
+                return Poll::Ready(H2Event::Done(r));
+            }
+            if !stop_armed || probe.has_changed().unwrap_or(true) {
+                if stop.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(H2Event::Stop);
+                }
+                stop_armed = true;
+            }
+            if !check_armed || check.is_elapsed() {
+                if check.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(H2Event::Check);
+                }
+                check_armed = true;
+            }
+            Poll::Pending
+        })
+        .await;
+        match event {
+            H2Event::Done(r) => break r,
+            H2Event::Stop => {
+                conn.as_mut().graceful_shutdown();
+                break conn.await;
+            }
+            H2Event::Check => match activity.idle_check(Instant::now(), limits.idle_timeout) {
+                None => {
+                    metrics.http_idle_closed_total.inc();
+                    conn.as_mut().graceful_shutdown();
+                    break conn.await;
+                }
+                Some(next) => {
+                    check.as_mut().reset(next);
+                    check_armed = false;
+                }
+            },
         }
     };
     if let Err(e) = &result {
@@ -540,4 +578,43 @@ where
         }
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_http2_connection_idles_out_only_with_nothing_in_flight_for_the_timeout() {
+        let timeout = Duration::from_secs(10);
+        let activity = Activity {
+            base: Instant::now(),
+            last_ms: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+        };
+        // Before the timeout: look again when it ends.
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert_eq!(
+            activity.idle_check(Instant::now(), timeout),
+            Some(activity.base + timeout)
+        );
+        // A request finished at 6 s: the timeout counts from it.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        activity.touch();
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert_eq!(
+            activity.idle_check(Instant::now(), timeout),
+            Some(activity.base + Duration::from_secs(16))
+        );
+        // A request in flight for longer than the timeout keeps it open.
+        activity.in_flight.fetch_add(1, Ordering::Relaxed);
+        tokio::time::advance(Duration::from_secs(30)).await;
+        let now = Instant::now();
+        assert_eq!(activity.idle_check(now, timeout), Some(now + timeout));
+        // Answered: idle once the timeout passed since.
+        drop(InFlight(&activity));
+        assert!(activity.idle_check(Instant::now(), timeout).is_some());
+        tokio::time::advance(timeout).await;
+        assert_eq!(activity.idle_check(Instant::now(), timeout), None);
+    }
 }
