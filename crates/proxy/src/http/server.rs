@@ -283,41 +283,26 @@ where
     let stop = stopped(shutdown);
     let check = tokio::time::sleep(park_after);
     tokio::pin!(stop, check);
-    // Each wait is polled once to register its wake-up, and again only when
-    // it may be over (a connection's futures are polled by its one task,
-    // whose waker does not change).
-    let (mut stop_armed, mut check_armed) = (false, false);
+    let mut armed = Armed::default();
     let parked = loop {
         let event = std::future::poll_fn(|cx| {
             if let Poll::Ready(r) = conn.poll_without_shutdown(cx) {
-                return Poll::Ready(H1Event::Done(r));
+                return Poll::Ready(Event::Done(r));
             }
-            if !stop_armed || probe.has_changed().unwrap_or(true) {
-                if stop.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(H1Event::Stop);
-                }
-                stop_armed = true;
-            }
-            if !check_armed || check.is_elapsed() {
-                if check.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(H1Event::Check);
-                }
-                check_armed = true;
-            }
-            Poll::Pending
+            poll_waits(cx, probe, stop.as_mut(), check.as_mut(), &mut armed)
         })
         .await;
         match event {
-            H1Event::Done(r) => {
+            Event::Done(r) => {
                 r?;
                 break false;
             }
-            H1Event::Stop => {
+            Event::Stop => {
                 Pin::new(&mut conn).graceful_shutdown();
                 std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)).await?;
                 break false;
             }
-            H1Event::Check => {
+            Event::Check => {
                 let started = requests.started.load(Ordering::Relaxed);
                 let answered = requests.answered.load(Ordering::Relaxed);
                 if started != seen {
@@ -331,25 +316,53 @@ where
                 }
                 seen = started;
                 check.as_mut().reset(Instant::now() + park_after);
-                check_armed = false;
+                armed.check = false;
             }
         }
     };
     Ok((parked, Box::new(conn.into_parts())))
 }
 
-/// What ended a wait of a serving HTTP/2 connection.
-enum H2Event {
-    Done(hyper::Result<()>),
+/// What ended a wait of a serving connection: the connection, the
+/// shutdown, or its periodic check's timer.
+enum Event<T> {
+    Done(T),
     Stop,
     Check,
 }
 
-/// What ended a wait of a serving HTTP/1 connection.
-enum H1Event {
-    Done(hyper::Result<()>),
-    Stop,
-    Check,
+/// Which of a serving connection's waits registered their wake-ups.
+#[derive(Default)]
+struct Armed {
+    stop: bool,
+    check: bool,
+}
+
+/// Polls a serving connection's waits besides the connection: `stop` (the
+/// shutdown, which `probe` watches too) and `check`. Each is polled once to
+/// register its wake-up, and again only when it may be over: a connection's
+/// futures are polled by its one task, whose waker does not change, and
+/// that task wakes several times per request.
+fn poll_waits<T>(
+    cx: &mut Context<'_>,
+    probe: &watch::Receiver<bool>,
+    stop: Pin<&mut impl Future<Output = ()>>,
+    mut check: Pin<&mut tokio::time::Sleep>,
+    armed: &mut Armed,
+) -> Poll<Event<T>> {
+    if !armed.stop || probe.has_changed().unwrap_or(true) {
+        if stop.poll(cx).is_ready() {
+            return Poll::Ready(Event::Stop);
+        }
+        armed.stop = true;
+    }
+    if !armed.check || check.is_elapsed() {
+        if check.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Event::Check);
+        }
+        armed.check = true;
+    }
+    Poll::Pending
 }
 
 /// Counts a parked connection for as long as it stays parked.
@@ -529,37 +542,22 @@ where
     let stop = stopped(&mut shutdown);
     let check = tokio::time::sleep(limits.idle_timeout);
     tokio::pin!(conn, stop, check);
-    // As HTTP/1's: each wait is polled once to register its wake-up, and
-    // again only when it may be over, not on every wake of the connection
-    // (several per request).
-    let (mut stop_armed, mut check_armed) = (false, false);
+    let mut armed = Armed::default();
     let result = loop {
         let event = std::future::poll_fn(|cx| {
             if let Poll::Ready(r) = conn.as_mut().poll(cx) {
-                return Poll::Ready(H2Event::Done(r));
+                return Poll::Ready(Event::Done(r));
             }
-            if !stop_armed || probe.has_changed().unwrap_or(true) {
-                if stop.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(H2Event::Stop);
-                }
-                stop_armed = true;
-            }
-            if !check_armed || check.is_elapsed() {
-                if check.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(H2Event::Check);
-                }
-                check_armed = true;
-            }
-            Poll::Pending
+            poll_waits(cx, &probe, stop.as_mut(), check.as_mut(), &mut armed)
         })
         .await;
         match event {
-            H2Event::Done(r) => break r,
-            H2Event::Stop => {
+            Event::Done(r) => break r,
+            Event::Stop => {
                 conn.as_mut().graceful_shutdown();
                 break conn.await;
             }
-            H2Event::Check => match activity.idle_check(Instant::now(), limits.idle_timeout) {
+            Event::Check => match activity.idle_check(Instant::now(), limits.idle_timeout) {
                 None => {
                     metrics.http_idle_closed_total.inc();
                     conn.as_mut().graceful_shutdown();
@@ -567,7 +565,7 @@ where
                 }
                 Some(next) => {
                     check.as_mut().reset(next);
-                    check_armed = false;
+                    armed.check = false;
                 }
             },
         }
