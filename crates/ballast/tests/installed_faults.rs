@@ -570,15 +570,39 @@ fn counter(metrics: &str, name: &str, labels: &[&str]) -> f64 {
         .sum()
 }
 
+/// The emojivoto pods whose proxies hold a certificate.
+const APPS: &[&str] = &["web", "emoji", "voting", "vote-bot"];
+
+/// Seconds since the Unix epoch, as the proxies' certificate gauges count.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default()
+}
+
+/// Renewals a proxy's metrics count as failed.
+fn failed_renewals(metrics: &str) -> f64 {
+    counter(metrics, "control_identity_cert_refreshes_total", &[])
+        - counter(
+            metrics,
+            "control_identity_cert_refreshes_total",
+            &["result=\"ok\""],
+        )
+}
+
 /// The identity controller down past its proxies' certificate renewals:
-/// certificates are issued for 180 s (install's 24 h, shortened so that a
-/// renewal falls inside the test; leaves are backdated by the 20 s clock-skew
-/// allowance, so each lives 200 s and is renewed at 70% of it, about 140 s),
-/// the identity controller is away from 5 s to 150 s after the application
-/// was ready, over the proxies' renewal and the controllers', and back about
-/// 45 s before either expires (room for a loaded machine and the back-off).
-/// Proxies serve on their current certificate meanwhile: no call fails, and
-/// each renews once the controller is back.
+/// certificates are issued for 240 s (install's 24 h, shortened so that a
+/// renewal falls inside the test) and renewed at 70% of the time they have
+/// left, about 168 s after issue. The identity controller goes away 5 s after
+/// the application was ready and comes back once web's proxy has failed a
+/// renewal: then about 70 s before web's certificate expires, less by how
+/// much earlier the other pods' were issued (the test fails if that leaves
+/// under 45 s, room for a loaded machine and the proxies' back-off). Proxies
+/// serve on their current certificate meanwhile: no call fails, and each
+/// renews once the controller is back. (With a fixed 150 s away and 180 s
+/// certificates, a pod started some seconds before the application was ready
+/// could be left with too little.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn identity_down_past_a_certificate_renewal_fails_no_call() {
     if !can_run() {
@@ -586,8 +610,8 @@ async fn identity_down_past_a_certificate_renewal_fails_no_call() {
     }
     let _one = cluster::one_at_a_time().await;
     let cluster = ClusterBox::installed_with(|rendered| {
-        let shorter = rendered.replace("--issuance-lifetime=24h", "--issuance-lifetime=180s");
-        assert!(shorter.contains("--issuance-lifetime=180s"));
+        let shorter = rendered.replace("--issuance-lifetime=24h", "--issuance-lifetime=240s");
+        assert!(shorter.contains("--issuance-lifetime=240s"));
         shorter
     })
     .await;
@@ -599,14 +623,50 @@ async fn identity_down_past_a_certificate_renewal_fails_no_call() {
     requests_flow(&cluster, 20, "before identity went away").await;
     let phase = Phase::start(&cluster, "identity down past a renewal");
     under_load(Duration::from_secs(5).saturating_sub(app_ready.elapsed())).await;
+    let mut expiries = Vec::new();
+    for app in APPS {
+        let ip = cluster.pod_ip("emojivoto", app);
+        let (_, page) = cluster
+            .get((ip, 4191).into(), "/metrics")
+            .await
+            .unwrap_or_else(|e| panic!("{app}'s proxy metrics: {e}"));
+        let at = counter(&page, "control_identity_cert_expiration_timestamp_seconds", &[]);
+        assert!(at > 0.0, "{app}'s proxy has no certificate");
+        expiries.push((*app, at));
+    }
+    let first_expiry = expiries
+        .iter()
+        .map(|(_, at)| *at)
+        .fold(f64::INFINITY, f64::min);
     cluster.scale("ballast-identity", 0).await;
-    under_load(Duration::from_secs(150).saturating_sub(app_ready.elapsed())).await;
     let web_ip = cluster.pod_ip("emojivoto", "web");
-    let (_, during) = cluster
-        .get((web_ip, 4191).into(), "/metrics")
-        .await
-        .expect("web's proxy metrics");
+    let during = loop {
+        let (_, page) = cluster
+            .get((web_ip, 4191).into(), "/metrics")
+            .await
+            .expect("web's proxy metrics");
+        if failed_renewals(&page) > 0.0 {
+            break page;
+        }
+        assert!(
+            unix_now() + 45.0 < first_expiry,
+            "web's proxy attempted no renewal 45 s before a certificate expires \
+             (expiries {expiries:?}, now {:.0})\n{}",
+            unix_now(),
+            page.lines()
+                .filter(|l| l.starts_with("identity_") || l.starts_with("control_identity"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
     cluster.scale("ballast-identity", 2).await;
+    eprintln!(
+        "identity away {:.0} s after the application was ready; back {:.0} s before the \
+         first certificate expires ({expiries:?})",
+        app_ready.elapsed().as_secs_f64(),
+        first_expiry - unix_now()
+    );
     cluster
         .wait_deployments_ready("ballast", Duration::from_secs(120))
         .await;
@@ -642,12 +702,7 @@ async fn identity_down_past_a_certificate_renewal_fails_no_call() {
     }
     requests_flow(&cluster, 20, "after identity came back").await;
     let (_, failed) = phase.end(&cluster);
-    let failed_renewals = counter(&during, "control_identity_cert_refreshes_total", &[])
-        - counter(
-            &during,
-            "control_identity_cert_refreshes_total",
-            &["result=\"ok\""],
-        );
+    let failed_renewals = failed_renewals(&during);
     eprintln!("web's proxy: {failed_renewals} failed renewals while identity was away");
     assert!(
         failed_renewals > 0.0,

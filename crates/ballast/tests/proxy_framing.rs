@@ -8,6 +8,8 @@
 //!   Content-Length it also carried (that length is not the body's).
 //! - Contradictory framing from a backend (two different lengths) is a 502,
 //!   never a guess.
+//! - A backend's response head longer than a read buffer (within the limit)
+//!   is forwarded whole.
 //! - A request with two `Host` lines, or a `Host` other than its absolute-form
 //!   target's authority, is answered 400 and its connection closed.
 //!
@@ -371,6 +373,36 @@ async fn a_body_read_by_transfer_encoding_never_goes_on_with_a_content_length() 
             assert!(
                 lengths.iter().all(|l| *l == BODY.len().to_string()),
                 "{side}: a length that is not the body's: {r:?}"
+            );
+        }
+    }
+}
+
+/// A backend's response head past hyper's 8 KiB read buffer (and past any
+/// fixed read size) but inside `--http1-max-header-bytes` (64 KiB) is
+/// forwarded whole: the endpoint connection's buffer grows to the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_response_head_within_the_limit_is_forwarded_whole() {
+    let value = "v".repeat(4000);
+    let mut answer = String::from("HTTP/1.1 200 OK\r\nContent-Length: 74\r\n");
+    for i in 0..6 {
+        answer.push_str(&format!("x-long-{i}: {value}\r\n"));
+    }
+    answer.push_str("\r\n");
+    let mut answer = answer.into_bytes();
+    assert!(answer.len() > 16 * 1024, "a head of {} bytes", answer.len());
+    answer.extend_from_slice(BODY);
+    let backend = RawBackend::start(answer).await;
+    let paths = Paths::start(backend.addr).await;
+    for (side, addr, host) in paths.each() {
+        let r = exchange(addr, &get(&host, "/")).await;
+        assert_eq!(r.status, 200, "{side}: {:?}", r.status);
+        assert_eq!(r.body, BODY, "{side}");
+        for i in 0..6 {
+            assert_eq!(
+                r.all(&format!("x-long-{i}")),
+                [value.as_str()],
+                "{side}: header x-long-{i}"
             );
         }
     }

@@ -23,14 +23,6 @@ use std::{
 };
 use tokio::sync::Notify;
 
-/// What an endpoint's HTTP/1 connection reads at least at a time (its
-/// buffer grows to `max_buf_size` for a long head). hyper's default, 8 KiB
-/// growing adaptively, allocated a new buffer of that size for nearly every
-/// response while the last one's body was still on its way: 1,100
-/// instructions per request more under callgrind (2 KiB measured the same
-/// as 4 KiB, for more reads of a large body).
-const H1_CLIENT_READ_BYTES: usize = 4096;
-
 /// Pool limits and timeouts.
 #[derive(Clone, Copy, Debug)]
 pub struct PoolConfig {
@@ -211,8 +203,7 @@ impl EndpointConns {
         let mut builder = http1::Builder::new();
         builder
             .max_header_size(limits.h1_max_header_bytes)
-            .max_buf_size(limits.h1_max_header_bytes.max(8 * 1024))
-            .read_buf_exact_size(Some(H1_CLIENT_READ_BYTES));
+            .max_buf_size(limits.h1_max_header_bytes.max(8 * 1024));
         if limits.h1_max_headers != crate::config::DEFAULT_HTTP1_MAX_HEADERS {
             builder.max_headers(limits.h1_max_headers);
         }
