@@ -630,7 +630,11 @@ async fn identity_down_past_a_certificate_renewal_fails_no_call() {
             .get((ip, 4191).into(), "/metrics")
             .await
             .unwrap_or_else(|e| panic!("{app}'s proxy metrics: {e}"));
-        let at = counter(&page, "control_identity_cert_expiration_timestamp_seconds", &[]);
+        let at = counter(
+            &page,
+            "control_identity_cert_expiration_timestamp_seconds",
+            &[],
+        );
         assert!(at > 0.0, "{app}'s proxy has no certificate");
         expiries.push((*app, at));
     }
