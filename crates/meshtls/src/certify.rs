@@ -1,7 +1,8 @@
 //! The Certify client: a P-256 key made in memory at start, a CSR naming the
 //! local identity, and a loop that asks the identity service for a
 //! certificate, renews at 70% of its remaining life (Linkerd's rule, clamped
-//! to [min, max] refresh), retries with backoff on failure, and keeps the
+//! to [min, max] refresh), retries with backoff on failure (at most a
+//! quarter of the current certificate's time left apart), and keeps the
 //! current certificate in service meanwhile.
 
 use crate::{name::IdentityName, tls, tls::CertStore, Credentials};
@@ -133,6 +134,25 @@ pub fn refresh_in(
 ) -> Duration {
     let left = not_after.duration_since(now).unwrap_or_default();
     (left * 7 / 10).clamp(min, max.max(min))
+}
+
+/// The shortest wait between renewal attempts near or past expiry.
+pub const MIN_RETRY: Duration = Duration::from_secs(1);
+
+/// The wait after a failed renewal: the back-off's `delay`, but at most a
+/// quarter of the time the current certificate (expiring at `not_after`)
+/// has left, and never under [`MIN_RETRY`] for that reason. A back-off grown
+/// to its maximum while the identity service was away would otherwise let a
+/// certificate with a short life expire between two attempts; this keeps
+/// retrying often enough as expiry nears (each attempt is one small call).
+pub fn retry_in(delay: Duration, now: SystemTime, not_after: Option<SystemTime>) -> Duration {
+    match not_after {
+        Some(at) => {
+            let left = at.duration_since(now).unwrap_or_default();
+            delay.min((left / 4).max(MIN_RETRY))
+        }
+        None => delay,
+    }
 }
 
 async fn read_token(path: &PathBuf) -> Result<Vec<u8>, CertifyError> {
@@ -309,8 +329,13 @@ pub async fn run(
                 wait
             }
             Err(e) => {
-                let wait = backoff.next_delay();
-                if store.get().is_some() {
+                let current = store.get();
+                let wait = retry_in(
+                    backoff.next_delay(),
+                    SystemTime::now(),
+                    current.as_ref().map(|c| c.not_after),
+                );
+                if current.is_some() {
                     tracing::warn!(error = %e, retry_in = ?wait, "renewal failed; serving on the current certificate");
                 } else {
                     tracing::warn!(error = %e, retry_in = ?wait, "cannot get a certificate yet");
@@ -337,6 +362,32 @@ mod tests {
         assert_eq!(refresh_in(now, now + Duration::from_secs(5), min, max), min);
         assert_eq!(refresh_in(now, now - day, min, max), min);
         assert_eq!(refresh_in(now, now + day * 100, min, max), max);
+    }
+
+    #[test]
+    fn retries_come_often_enough_to_renew_before_expiry() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let backoff = Duration::from_secs(30);
+        // No certificate yet, or hours left: the back-off decides.
+        assert_eq!(retry_in(backoff, now, None), backoff);
+        let hours = Some(now + Duration::from_secs(7 * 3600));
+        assert_eq!(retry_in(backoff, now, hours), backoff);
+        // 60 s left: at most 15 s between attempts.
+        let soon = Some(now + Duration::from_secs(60));
+        assert_eq!(retry_in(backoff, now, soon), Duration::from_secs(15));
+        assert_eq!(
+            retry_in(Duration::from_secs(2), now, soon),
+            Duration::from_secs(2)
+        );
+        // Nearly or already expired: every second, not faster.
+        let nearly = Some(now + Duration::from_secs(2));
+        assert_eq!(retry_in(backoff, now, nearly), MIN_RETRY);
+        let past = Some(now - Duration::from_secs(10));
+        assert_eq!(retry_in(backoff, now, past), MIN_RETRY);
+        assert_eq!(
+            retry_in(Duration::from_millis(200), now, past),
+            Duration::from_millis(200)
+        );
     }
 
     #[test]
