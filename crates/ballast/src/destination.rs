@@ -385,7 +385,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         stop_rx.clone(),
     );
     let service = DestinationService::new(store.clone(), config, stop_rx.clone());
-    let tls = own.map(|(config, _)| (config, stats));
+    let tls = own.map(|(config, _)| config);
     // Linkerd's proxies dial policy on its own port; it serves the same
     // services under the same limits and TLS.
     let policy_task = controller::Task::spawn(
@@ -393,6 +393,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         server::serve(
             policy_listener,
             tls.clone(),
+            stats.clone(),
             service.clone(),
             Some(policy_service.clone()),
             controller::stopped(stop_rx.clone()),
@@ -403,6 +404,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         server::serve(
             grpc,
             tls,
+            stats,
             service,
             Some(policy_service),
             controller::stopped(stop_rx.clone()),

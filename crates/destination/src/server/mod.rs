@@ -53,8 +53,9 @@ pub struct ServerConfig {
     /// Concurrent streams (Get and GetProfile together) before new ones are
     /// refused with `RESOURCE_EXHAUSTED`.
     pub max_streams: usize,
-    /// Open client connections when serving TLS (the TLS acceptor's bound;
-    /// beyond it new ones wait in the listen backlog).
+    /// Open client connections, TLS or plaintext (the accept loop's bound;
+    /// beyond it new ones wait in the listen backlog; counted in
+    /// `grpc_server_connections_open`).
     pub max_connections: usize,
     /// Largest request message accepted.
     pub max_request_bytes: usize,
@@ -243,13 +244,12 @@ fn stream_metrics(metrics: &Metrics, method: &str) -> Arc<StreamMetrics> {
 /// Serves the Destination API and gRPC health on `listener` until `shutdown`
 /// resolves, then waits for open connections to close. With `tls`, clients
 /// that start a TLS handshake get the controller's own certificate; others
-/// are served plaintext.
+/// are served plaintext. Connections are bounded (`max_connections`) and
+/// counted in `stats` either way.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    tls: Option<(
-        std::sync::Arc<rustls::ServerConfig>,
-        std::sync::Arc<ballast_meshtls::server::ServeStats>,
-    )>,
+    tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    stats: std::sync::Arc<ballast_meshtls::server::ServeStats>,
     service: DestinationService,
     policy: Option<crate::policy::PolicyService>,
     shutdown: impl Future<Output = ()> + Send,
@@ -274,29 +274,17 @@ pub async fn serve(
         .add_optional_service(policy.as_ref().map(|p| p.inbound_server()));
     // Updates are small and latency-bound: no Nagle delay. TCP keepalive
     // finds peers that vanished without a FIN.
-    match tls {
-        None => {
-            let incoming = tonic::transport::server::TcpIncoming::from(listener)
-                .with_nodelay(Some(true))
-                .with_keepalive(Some(config.keepalive));
-            router
-                .serve_with_incoming_shutdown(incoming, shutdown)
-                .await
-        }
-        Some((tls, stats)) => {
-            let incoming = ballast_meshtls::server::incoming(
-                listener,
-                Some(tls),
-                ballast_meshtls::server::ServeLimits {
-                    max_connections: config.max_connections,
-                    keepalive: Some(config.keepalive),
-                    ..Default::default()
-                },
-                stats,
-            );
-            router
-                .serve_with_incoming_shutdown(incoming, shutdown)
-                .await
-        }
-    }
+    let incoming = ballast_meshtls::server::incoming(
+        listener,
+        tls,
+        ballast_meshtls::server::ServeLimits {
+            max_connections: config.max_connections,
+            keepalive: Some(config.keepalive),
+            ..Default::default()
+        },
+        stats,
+    );
+    router
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
 }
