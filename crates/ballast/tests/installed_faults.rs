@@ -581,6 +581,33 @@ fn unix_now() -> f64 {
         .unwrap_or_default()
 }
 
+/// `app`'s proxy's /metrics in emojivoto. Asked again (its pod looked up
+/// again) for up to 30 s: a CI run once found one proxy's admin port
+/// refusing; if it lasts, the pods' state and restarts say why.
+async fn proxy_metrics(cluster: &ClusterBox, app: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut failures = Vec::new();
+    loop {
+        let ip = cluster.pod_ip("emojivoto", app);
+        match cluster.get((ip, 4191).into(), "/metrics").await {
+            Ok((200, page)) => {
+                if !failures.is_empty() {
+                    eprintln!("{app}'s proxy metrics answered after {failures:?}");
+                }
+                return page;
+            }
+            Ok((status, _)) => failures.push(format!("{ip}: {status}")),
+            Err(e) => failures.push(format!("{ip}: {e}")),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{app}'s proxy metrics: {failures:?}\n{}",
+            cluster.describe("emojivoto")
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// Renewals a proxy's metrics count as failed.
 fn failed_renewals(metrics: &str) -> f64 {
     counter(metrics, "control_identity_cert_refreshes_total", &[])
@@ -625,11 +652,7 @@ async fn identity_down_past_a_certificate_renewal_fails_no_call() {
     under_load(Duration::from_secs(5).saturating_sub(app_ready.elapsed())).await;
     let mut expiries = Vec::new();
     for app in APPS {
-        let ip = cluster.pod_ip("emojivoto", app);
-        let (_, page) = cluster
-            .get((ip, 4191).into(), "/metrics")
-            .await
-            .unwrap_or_else(|e| panic!("{app}'s proxy metrics: {e}"));
+        let page = proxy_metrics(&cluster, app).await;
         let at = counter(
             &page,
             "control_identity_cert_expiration_timestamp_seconds",
