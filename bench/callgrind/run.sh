@@ -47,69 +47,27 @@ mkdir -p "$dir/manifests"
 grpc=$(free_port); admin=$(free_port)
 # The mtls target's server proxy (B) listens here, in front of nginx.
 inbound=$(free_port)
-cat > "$dir/manifests/backend.yaml" <<YAML
+# service NAME IP PORT POD_LABELS POD_SPEC: a Service with failure accrual,
+# its one pod at 127.0.0.1:PORT, and the path a meshed pod takes to it: a
+# route from OutboundPolicies with retries and timeouts (NAME-route).
+service() {
+  cat <<YAML
 apiVersion: v1
 kind: Service
 metadata:
-  name: backend
+  name: $1
   namespace: bench
   annotations: {balancer.linkerd.io/failure-accrual: consecutive}
 spec:
-  clusterIP: 10.96.0.10
-  selector: {app: backend}
-  ports: [{name: http, port: 80, targetPort: $backend}]
+  clusterIP: $2
+  selector: {app: $1}
+  ports: [{name: http, port: 80, targetPort: $3}]
 ---
 apiVersion: v1
 kind: Pod
-metadata: {name: backend-0, namespace: bench, labels: {app: backend}}
+metadata: {name: $1-0, namespace: bench, labels: {app: $1$4}}
 spec:
-  containers: [{name: app, ports: [{name: http, containerPort: $backend}]}]
-status:
-  phase: Running
-  podIP: 127.0.0.1
-  hostIP: 127.0.0.1
-  conditions: [{type: Ready, status: "True"}]
----
-# The path a meshed pod takes: a route from OutboundPolicies with retries
-# and timeouts, failure accrual on the Service (above).
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata:
-  name: backend-route
-  namespace: bench
-  annotations:
-    retry.linkerd.io/http: 5xx
-    retry.linkerd.io/limit: "2"
-    retry.linkerd.io/timeout: 5s
-spec:
-  parentRefs: [{group: core, kind: Service, name: backend, port: 80}]
-  rules:
-  - matches: [{path: {type: PathPrefix, value: /}}]
-    backendRefs: [{name: backend, port: 80}]
-    timeouts: {request: 10s}
----
-# The mtls target: the same Service and route for a meshed pod (a service
-# account, the control plane's label) whose port is proxy B's inbound.
-apiVersion: v1
-kind: Service
-metadata:
-  name: meshed
-  namespace: bench
-  annotations: {balancer.linkerd.io/failure-accrual: consecutive}
-spec:
-  clusterIP: 10.96.0.11
-  selector: {app: meshed}
-  ports: [{name: http, port: 80, targetPort: $inbound}]
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: meshed-0
-  namespace: bench
-  labels: {app: meshed, linkerd.io/control-plane-ns: linkerd}
-spec:
-  serviceAccountName: server
-  containers: [{name: app, ports: [{name: http, containerPort: $inbound}]}]
+$5  containers: [{name: app, ports: [{name: http, containerPort: $3}]}]
 status:
   phase: Running
   podIP: 127.0.0.1
@@ -119,19 +77,26 @@ status:
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata:
-  name: meshed-route
+  name: $1-route
   namespace: bench
   annotations:
     retry.linkerd.io/http: 5xx
     retry.linkerd.io/limit: "2"
     retry.linkerd.io/timeout: 5s
 spec:
-  parentRefs: [{group: core, kind: Service, name: meshed, port: 80}]
+  parentRefs: [{group: core, kind: Service, name: $1, port: 80}]
   rules:
   - matches: [{path: {type: PathPrefix, value: /}}]
-    backendRefs: [{name: meshed, port: 80}]
+    backendRefs: [{name: $1, port: 80}]
     timeouts: {request: 10s}
 YAML
+}
+service backend 10.96.0.10 "$backend" "" "" >"$dir/manifests/backend.yaml"
+# The mtls target's meshed pod (a service account, the control plane's
+# label), whose port is proxy B's inbound.
+service meshed 10.96.0.11 "$inbound" ", linkerd.io/control-plane-ns: linkerd" \
+  "  serviceAccountName: server
+" >"$dir/manifests/meshed.yaml"
 BALLAST_LOG=warn "$BALLAST" destination --manifests "$dir/manifests" \
   --addr "127.0.0.1:$grpc" --admin-addr "127.0.0.1:$admin" & pids+=($!)
 wait_port "$grpc"
