@@ -139,8 +139,9 @@ instructions() {
     return 1
   fi
   awk '/^summary:|^totals:/ { print $2; exit }' "$out"
-  # KEEP=DIR keeps each profile for callgrind_annotate.
-  if [ -n "${KEEP:-}" ]; then cp "$out" "$KEEP/callgrind.$(basename "$1").$n"; fi
+  # KEEP=DIR keeps each profile for callgrind_annotate (as KEEP_AS, else the
+  # command's name).
+  if [ -n "${KEEP:-}" ]; then cp "$out" "$KEEP/callgrind.${KEEP_AS:-$(basename "$1")}.$n"; fi
 }
 
 p=$(free_port); proxy_admin=$(free_port)
@@ -193,19 +194,19 @@ mtls_cmd() {
   local vb=$!
   wait_port "$inbound" && wait_ready "http://127.0.0.1:$b_admin/ready" || { kill "$vb"; tail -20 "$dir/b.log" >&2; return 1; }
   # shellcheck disable=SC2046
-  a=$(READY_URL="http://127.0.0.1:$proxy_admin/ready" ROUTE=meshed-route CHECKED_BY=route_served \
+  a=$(KEEP_AS=mtls-client READY_URL="http://127.0.0.1:$proxy_admin/ready" ROUTE=meshed-route CHECKED_BY=route_served \
     instructions "$p" "$n" meshed.bench.svc.cluster.local \
     "$PROXY" --destination-addr "127.0.0.1:$grpc" --outbound-addr "127.0.0.1:$p" \
     --inbound-addr 127.0.0.1:0 --admin-addr "127.0.0.1:$proxy_admin" --tap-addr 127.0.0.1:0 \
     $(identity_flags client)) || { kill "$vb"; tail -20 "$dir/b.log" >&2; return 1; }
   # Every request reached B over mutual TLS from A's identity.
-  local tls
-  tls=$(curl -fsS "http://127.0.0.1:$b_admin/metrics" | grep '^inbound_http_authz_allow_total{' | grep 'tls="true"' | grep 'client_id="client\.' || true)
+  local page
+  page=$(curl -fsS "http://127.0.0.1:$b_admin/metrics" || true)
   kill -TERM "$vb" 2>/dev/null || true
   wait "$vb" 2>/dev/null || true
-  if [ -z "$tls" ]; then
+  if ! grep '^inbound_http_authz_allow_total{' <<<"$page" | grep 'tls="true"' | grep -q 'client_id="client\.'; then
     echo "mtls: proxy B counted no request from A's identity over TLS; its metrics:" >&2
-    curl -fsS "http://127.0.0.1:$b_admin/metrics" 2>/dev/null | grep -E '^inbound_http' | head -20 >&2 || true
+    grep -E '^inbound_http' <<<"$page" | head -20 >&2 || true
     return 1
   fi
   b=$(awk '/^summary:|^totals:/ { print $2; exit }' "$out_b")

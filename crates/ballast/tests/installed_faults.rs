@@ -666,12 +666,8 @@ async fn identity_down_past_a_certificate_renewal_fails_no_call() {
         .map(|(_, at)| *at)
         .fold(f64::INFINITY, f64::min);
     cluster.scale("ballast-identity", 0).await;
-    let web_ip = cluster.pod_ip("emojivoto", "web");
     let during = loop {
-        let (_, page) = cluster
-            .get((web_ip, 4191).into(), "/metrics")
-            .await
-            .expect("web's proxy metrics");
+        let page = proxy_metrics(&cluster, "web").await;
         if failed_renewals(&page) > 0.0 {
             break page;
         }
@@ -705,10 +701,7 @@ async fn identity_down_past_a_certificate_renewal_fails_no_call() {
         &["result=\"ok\""],
     );
     loop {
-        let (_, now) = cluster
-            .get((web_ip, 4191).into(), "/metrics")
-            .await
-            .expect("web's proxy metrics");
+        let now = proxy_metrics(&cluster, "web").await;
         if counter(
             &now,
             "control_identity_cert_refreshes_total",

@@ -1026,79 +1026,26 @@ pub async fn allocated(admin: SocketAddr) -> Option<u64> {
         .map(|v| v as u64)
 }
 
-/// The sum of a metric's series (every line named `name`, any labels, any
-/// prefix before it) on an admin server's /metrics.
-pub async fn gauge_sum(admin: SocketAddr, name: &str) -> Option<u64> {
-    let (status, body) = crate::support::http_get(admin, "/metrics").await;
-    if status != 200 {
-        return None;
-    }
-    let sum: f64 = body
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            let metric = series.split('{').next()?;
-            (metric == name || metric.ends_with(&format!("_{name}")))
-                .then(|| value.trim().parse::<f64>().ok())?
-        })
-        .sum();
-    Some(sum as u64)
-}
-
 /// The highest allocated bytes a process reported on /metrics while it ran,
-/// sampled every 50 ms; with [`AllocatedPeak::with_gauge`], also the highest
-/// value of a gauge in the same samples.
+/// sampled every 50 ms.
 pub struct AllocatedPeak {
     stop: Arc<AtomicBool>,
     task: JoinHandle<u64>,
-    // Read by the controller's suite only (each suite compiles this file).
-    #[allow(dead_code)]
-    gauge_peak: Arc<AtomicU64>,
 }
 
 impl AllocatedPeak {
     pub fn start(admin: SocketAddr) -> AllocatedPeak {
-        Self::sample(admin, None)
-    }
-
-    /// Also the peak of `gauge` (summed over its series; see [`gauge_sum`]).
-    #[allow(dead_code)]
-    pub fn with_gauge(admin: SocketAddr, gauge: &'static str) -> AllocatedPeak {
-        Self::sample(admin, Some(gauge))
-    }
-
-    fn sample(admin: SocketAddr, gauge: Option<&'static str>) -> AllocatedPeak {
         let stop = Arc::new(AtomicBool::new(false));
-        let gauge_peak = Arc::new(AtomicU64::new(0));
-        let (flag, peak) = (stop.clone(), gauge_peak.clone());
+        let flag = stop.clone();
         let task = tokio::spawn(async move {
             let mut most = 0;
-            loop {
-                let last = flag.load(Ordering::Relaxed);
+            while !flag.load(Ordering::Relaxed) {
                 most = most.max(allocated(admin).await.unwrap_or(0));
-                if let Some(name) = gauge {
-                    peak.fetch_max(gauge_sum(admin, name).await.unwrap_or(0), Ordering::Relaxed);
-                }
-                if last {
-                    return most;
-                }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
+            most.max(allocated(admin).await.unwrap_or(0))
         });
-        AllocatedPeak {
-            stop,
-            task,
-            gauge_peak,
-        }
-    }
-
-    /// The peak of allocated bytes and of the gauge (0 without one).
-    #[allow(dead_code)]
-    pub async fn stop_both(self) -> (u64, u64) {
-        let gauge = self.gauge_peak.clone();
-        let most = self.stop().await;
-        (most, gauge.load(Ordering::Relaxed))
+        AllocatedPeak { stop, task }
     }
 
     pub async fn stop(self) -> u64 {
