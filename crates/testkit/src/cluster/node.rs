@@ -413,15 +413,29 @@ fn hosts_text(pod: &PodNames, services: &[ServiceEntry]) -> String {
 }
 
 fn write_hosts(pod: &PodNames, services: &[ServiceEntry]) -> io::Result<()> {
-    use std::io::Write;
-    // Rewritten in place (same inode): running containers have this very file bound
-    // over their /etc/hosts, and a renamed new file would not reach them.
-    let mut file = std::fs::OpenOptions::new()
+    replace_in_place(&pod.hosts_file, hosts_text(pod, services).as_bytes())
+}
+
+/// Replaces a file's content keeping its inode: running containers have the pod's
+/// hosts file bound over their /etc/hosts, and a renamed new file would not reach
+/// them. Readers (every name lookup in the pod) never see it empty or cut short: the
+/// new text goes in with one write at offset 0, padded with blank lines (harmless in
+/// a hosts file) to the old length, and only then is the padding cut off. Truncating
+/// first, as `O_TRUNC` does, left a window in which a lookup found no names at all.
+fn replace_in_place(path: &std::path::Path, text: &[u8]) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new()
         .write(true)
-        .truncate(true)
         .create(true)
-        .open(&pod.hosts_file)?;
-    file.write_all(hosts_text(pod, services).as_bytes())
+        .truncate(false)
+        .open(path)?;
+    let old_len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+    let mut padded = text.to_vec();
+    if old_len > padded.len() {
+        padded.resize(old_len, b'\n');
+    }
+    file.write_all_at(&padded, 0)?;
+    file.set_len(text.len() as u64)
 }
 
 #[cfg(test)]
@@ -516,5 +530,42 @@ mod tests {
             2,
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_hosts_file_rewritten_in_place_is_never_seen_empty() {
+        let dir = std::env::temp_dir().join(format!("ballast-hosts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("hosts");
+        let first = "127.0.0.1\tlocalhost\n";
+        let long = format!(
+            "{first}{}",
+            "10.96.0.10\tweb.ns.svc.cluster.local web\n".repeat(40)
+        );
+        let short = format!("{first}10.96.0.11\tdb.ns.svc.cluster.local db\n");
+        replace_in_place(&path, long.as_bytes()).expect("write");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (path, stop) = (path.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut reads = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let text = std::fs::read_to_string(&path).expect("read");
+                    assert!(text.starts_with(first), "a reader saw {text:?}");
+                    reads += 1;
+                }
+                reads
+            })
+        };
+        for i in 0..3000 {
+            let text = if i % 2 == 0 { &short } else { &long };
+            replace_in_place(&path, text.as_bytes()).expect("rewrite");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let reads = reader.join().expect("no reader saw the file empty");
+        assert!(reads > 0);
+        replace_in_place(&path, short.as_bytes()).expect("rewrite");
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), short);
+        std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }
