@@ -8,7 +8,7 @@
 # would not.
 #
 # Needs what run.sh needs, and the proxy as the image builds it:
-#   cargo rustc --profile sidecar -p ballast-sidecar --bin ballast-proxy -- -C target-feature=+crt-static
+#   deploy/sidecar/build.sh
 #   cargo build -p ballast
 # Usage (from the workspace root): bench/callgrind/gate.sh [SMALL] [LARGE]
 set -euo pipefail
