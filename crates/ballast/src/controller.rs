@@ -150,8 +150,12 @@ pub struct OwnIdentity {
     pub certs: Arc<CertStore>,
 }
 
-/// Starts certifying the controller's identity when trust anchors are given.
-pub fn own_identity(config: &IdentityConfig) -> anyhow::Result<Option<OwnIdentity>> {
+/// Starts certifying the controller's identity when trust anchors are given;
+/// `metrics` hears every renewal (the certificate's expiry among them).
+pub fn own_identity(
+    config: &IdentityConfig,
+    metrics: &certify::CertifyMetrics,
+) -> anyhow::Result<Option<OwnIdentity>> {
     let Some(anchors) = &config.trust_anchors else {
         return Ok(None);
     };
@@ -178,8 +182,11 @@ pub fn own_identity(config: &IdentityConfig) -> anyhow::Result<Option<OwnIdentit
             request_timeout: Duration::from_secs(10),
         },
     };
-    let certs = certify::spawn(name.clone(), renewal, |_| {})
-        .map_err(|e| anyhow::anyhow!("--identity-addr: {e}"))?;
+    let metrics = metrics.clone();
+    let certs = certify::spawn(name.clone(), renewal, move |outcome| {
+        metrics.observe(outcome)
+    })
+    .map_err(|e| anyhow::anyhow!("--identity-addr: {e}"))?;
     Ok(Some(OwnIdentity { name, roots, certs }))
 }
 

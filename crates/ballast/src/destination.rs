@@ -17,7 +17,10 @@ use ballast_flags::{
     bytes, count, dns_label, dns_name, dns_name_or_empty, host_port, BACKOFF, GIB, GRACE, KIB,
     MANY, TIMEOUT,
 };
-use ballast_meshtls::tls::{self, CertStore};
+use ballast_meshtls::{
+    certify,
+    tls::{self, CertStore},
+};
 use clap::Args as ClapArgs;
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use tokio::sync::watch;
@@ -250,17 +253,21 @@ pub struct Args {
 /// renewed in the background; and the TLS configuration that serves it.
 fn own_identity(
     args: &Args,
+    metrics: &certify::CertifyMetrics,
 ) -> anyhow::Result<Option<(Arc<rustls::ServerConfig>, Arc<CertStore>)>> {
-    let Some(own) = controller::own_identity(&controller::IdentityConfig {
-        trust_anchors: args.identity_trust_anchors.clone(),
-        addr: args.identity_addr.clone(),
-        server_name: args.identity_server_name.clone(),
-        token_file: args.identity_token_file.clone(),
-        service_account: args.service_account.clone(),
-        namespace: args.namespace.clone(),
-        controller_namespace: args.controller_namespace.clone(),
-        trust_domain: args.identity_trust_domain.clone(),
-    })?
+    let Some(own) = controller::own_identity(
+        &controller::IdentityConfig {
+            trust_anchors: args.identity_trust_anchors.clone(),
+            addr: args.identity_addr.clone(),
+            server_name: args.identity_server_name.clone(),
+            token_file: args.identity_token_file.clone(),
+            service_account: args.service_account.clone(),
+            namespace: args.namespace.clone(),
+            controller_namespace: args.controller_namespace.clone(),
+            trust_domain: args.identity_trust_domain.clone(),
+        },
+        metrics,
+    )?
     else {
         return Ok(None);
     };
@@ -319,8 +326,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let metrics = Metrics::default();
     let policy_metrics = PolicyMetrics::default();
     let stats = Arc::new(ballast_meshtls::server::ServeStats::default());
+    let certify_metrics = certify::CertifyMetrics::default();
     let (registry, _sampler) = controller::registry(|r| {
         metrics.register(r);
+        certify_metrics.register(r);
         policy_metrics.register(r);
         stats.register(r);
     });
@@ -338,7 +347,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     );
     let (stop_tx, stop_rx) = watch::channel(false);
 
-    let own = own_identity(&args)?;
+    let own = own_identity(&args, &certify_metrics)?;
     let ready_store = store.clone();
     let ready_cert = own.as_ref().map(|(_, certs)| certs.clone());
     let admin_state = AdminState::new(

@@ -14,7 +14,7 @@ use ballast_flags::{
     bytes, count, dns_label, dns_name, dns_name_or_empty, duration, host_port, BACKOFF, GIB, GRACE,
     HOUR, KIB, TIMEOUT,
 };
-use ballast_meshtls::tls;
+use ballast_meshtls::{certify, tls};
 use ballast_viz::{
     collector::{self, Clock, Collector, CollectorConfig, HttpFetch, Source},
     metrics::VizMetrics,
@@ -280,16 +280,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     );
     tracing::info!("admin listening on {}", admin.local_addr()?);
 
-    let own = controller::own_identity(&controller::IdentityConfig {
-        trust_anchors: args.identity_trust_anchors.clone(),
-        addr: args.identity_addr.clone(),
-        server_name: args.identity_server_name.clone(),
-        token_file: args.identity_token_file.clone(),
-        service_account: args.service_account.clone(),
-        namespace: Some(args.namespace.clone()),
-        controller_namespace: args.controller_namespace.clone(),
-        trust_domain: args.identity_trust_domain.clone(),
-    })?;
+    let certify_metrics = certify::CertifyMetrics::default();
+    let own = controller::own_identity(
+        &controller::IdentityConfig {
+            trust_anchors: args.identity_trust_anchors.clone(),
+            addr: args.identity_addr.clone(),
+            server_name: args.identity_server_name.clone(),
+            token_file: args.identity_token_file.clone(),
+            service_account: args.service_account.clone(),
+            namespace: Some(args.namespace.clone()),
+            controller_namespace: args.controller_namespace.clone(),
+            trust_domain: args.identity_trust_domain.clone(),
+        },
+        &certify_metrics,
+    )?;
     let tap_tls = match own {
         Some(own) => {
             tracing::info!(identity = %own.name, "taps are mutual TLS");
@@ -331,6 +335,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         metrics.register(r);
         tapper.register(r);
         store_metrics.register(r);
+        certify_metrics.register(r);
     });
 
     let mesh = Arc::new(Mutex::new(Mesh::new(MeshConfig {

@@ -9,7 +9,7 @@ use support::{
     eventually,
     identity::{
         chain, controller_identity, identity, plaintext_client, request, tls_client, token_secret,
-        IdentityCa, Pki,
+        IdentityCa, Pki, CONTROL_NS,
     },
     write_atomic,
 };
@@ -298,4 +298,67 @@ fn generate_never_overwrites_a_trust_anchor_unless_forced() {
     assert_eq!(std::fs::read(out.join("ca.crt")).unwrap(), anchor);
     assert!(generate(&["--force"]).status.success());
     assert_ne!(std::fs::read(out.join("ca.crt")).unwrap(), anchor);
+}
+
+/// A controller with an identity of its own exports its certificate's expiry
+/// and renewals under the proxy's names, so that one alert covers both.
+#[tokio::test]
+async fn a_controller_exports_its_own_certificates_expiry() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = Pki::generate(&tmp.path().join("pki")).await;
+    let tokens = tmp.path().join("tokens");
+    std::fs::create_dir_all(&tokens).unwrap();
+    write_atomic(
+        &tokens.join("tokens.yaml"),
+        &token_secret(CONTROL_NS, "linkerd-destination", "tok-dst"),
+    );
+    let ca = IdentityCa::start(&pki, &tokens, &[]).await;
+    let token = tmp.path().join("dst.token");
+    std::fs::write(&token, "tok-dst").unwrap();
+    let cluster = tmp.path().join("cluster");
+    std::fs::create_dir_all(&cluster).unwrap();
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+
+    // Ready only once it holds a certificate.
+    let dst = support::Controller::start(
+        &cluster,
+        &[
+            "--identity-trust-anchors",
+            &pki.anchors().display().to_string(),
+            "--identity-addr",
+            &ca.grpc.to_string(),
+            "--identity-token-file",
+            &token.display().to_string(),
+        ],
+    )
+    .await;
+    let expiry = dst
+        .metric("control_identity_cert_expiration_timestamp_seconds")
+        .await
+        .expect("the expiry is exported");
+    assert!(
+        expiry > now + 3600.0,
+        "a day's certificate expires at {expiry}, now {now}"
+    );
+    assert_eq!(
+        dst.metric("control_identity_cert_refreshes_total{result=\"ok\"}")
+            .await,
+        Some(1.0)
+    );
+    let refreshed = dst
+        .metric("control_identity_cert_refresh_timestamp_seconds")
+        .await
+        .expect("the renewal time is exported");
+    assert!(refreshed >= now.floor(), "{refreshed} < {now}");
+    if let Some(page) = support::openmetrics::check_page(dst.admin, "destination controller").await
+    {
+        page.assert_has(
+            "control_identity_cert_expiration_timestamp_seconds",
+            "gauge",
+        );
+        page.assert_has("control_identity_cert_refreshes", "counter");
+    }
 }

@@ -8,14 +8,21 @@
 use crate::{name::IdentityName, tls, tls::CertStore, Credentials};
 use ballast_backoff::{Backoff, BackoffConfig};
 use linkerd2_proxy_api::identity::{identity_client::IdentityClient, CertifyRequest};
+use prometheus_client::{
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
 use rustls::{
     pki_types::{CertificateDer, PrivatePkcs8KeyDer},
     RootCertStore,
 };
 use std::{
     path::PathBuf,
-    sync::Arc,
-    time::{Duration, SystemTime},
+    sync::{
+        atomic::{AtomicI64, AtomicU64},
+        Arc,
+    },
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 /// Linkerd's bounds on the wait before a renewal.
@@ -264,6 +271,81 @@ pub fn service_name(
         Some(name) => IdentityName::parse(name).map(Some),
         None if crate::io::is_loopback(addr) => Ok(None),
         None => default().map(Some),
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+/// What renewing a certificate exports, under Linkerd's proxy's names (so
+/// that alerts written for them apply), in every process that renews one:
+/// the proxy and each controller with an identity of its own.
+#[derive(Clone, Debug, Default)]
+pub struct CertifyMetrics {
+    pub expiration: Gauge<i64, AtomicI64>,
+    /// When the last certificate was received (Unix seconds, fractional).
+    pub refreshed_at: Gauge<f64, AtomicU64>,
+    /// Certify calls by `result` (`ok`, `error`), as Linkerd's proxy counts them.
+    pub refresh: Family<ResultLabels, Counter>,
+    /// Failed Certify calls by why.
+    pub refresh_failures: Family<ReasonLabels, Counter>,
+}
+
+impl CertifyMetrics {
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "control_identity_cert_expiration_timestamp_seconds",
+            "When this process's certificate expires (Unix seconds); 0 before the first",
+            self.expiration.clone(),
+        );
+        r.register(
+            "control_identity_cert_refresh_timestamp_seconds",
+            "When this process last received a certificate (Unix seconds); 0 before the first",
+            self.refreshed_at.clone(),
+        );
+        r.register(
+            "control_identity_cert_refreshes",
+            "Certify calls by result (ok, error)",
+            self.refresh.clone(),
+        );
+        r.register(
+            "identity_cert_refresh_failures",
+            "Failed Certify calls by reason",
+            self.refresh_failures.clone(),
+        );
+    }
+
+    /// Counts a Certify outcome; a new certificate's expiry is exported.
+    pub fn observe(&self, outcome: &Result<SystemTime, CertifyError>) {
+        let result = match outcome {
+            Ok(not_after) => {
+                let secs = not_after
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+                    .unwrap_or(0);
+                self.expiration.set(secs);
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_secs_f64())
+                    .unwrap_or(0.0);
+                self.refreshed_at.set(now);
+                "ok"
+            }
+            Err(e) => {
+                self.refresh_failures
+                    .get_or_create(&ReasonLabels { reason: e.reason() })
+                    .inc();
+                "error"
+            }
+        };
+        self.refresh.get_or_create(&ResultLabels { result }).inc();
     }
 }
 

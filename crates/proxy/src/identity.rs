@@ -4,7 +4,7 @@
 //! connection uses.
 
 use ballast_meshtls::{
-    certify::{self, CertifyError},
+    certify,
     tls::{self, CertStore, TRANSPORT_HEADER_ALPN},
     IdentityName,
 };
@@ -48,58 +48,23 @@ pub struct MeshTls {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabels {
-    pub result: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TlsErrorLabels {
     pub direction: crate::metrics::Direction,
     /// `handshake`, `timeout`, `shed`, `identity`, `header`.
     pub error: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
-    pub reason: &'static str,
-}
-
 #[derive(Clone, Debug, Default)]
 pub struct IdentityMetrics {
-    pub expiration: Gauge<i64, std::sync::atomic::AtomicI64>,
-    /// When the last certificate was received (Unix seconds, fractional).
-    pub refreshed_at: Gauge<f64, std::sync::atomic::AtomicU64>,
-    /// Certify calls by `result` (`ok`, `error`), as Linkerd's proxy counts them.
-    pub refresh: Family<ResultLabels, Counter>,
-    /// Failed Certify calls by why.
-    pub refresh_failures: Family<ReasonLabels, Counter>,
+    /// The certificate's renewals and expiry.
+    pub certify: certify::CertifyMetrics,
     pub tls_errors: Family<TlsErrorLabels, Counter>,
     pub handshakes_in_flight: Gauge<i64, std::sync::atomic::AtomicI64>,
 }
 
 impl IdentityMetrics {
     pub fn register(&self, r: &mut Registry) {
-        // Linkerd's proxy's names, so that alerts written for it apply.
-        r.register(
-            "control_identity_cert_expiration_timestamp_seconds",
-            "When this proxy's certificate expires (Unix seconds); 0 before the first",
-            self.expiration.clone(),
-        );
-        r.register(
-            "control_identity_cert_refresh_timestamp_seconds",
-            "When this proxy last received a certificate (Unix seconds); 0 before the first",
-            self.refreshed_at.clone(),
-        );
-        r.register(
-            "control_identity_cert_refreshes",
-            "Certify calls by result (ok, error)",
-            self.refresh.clone(),
-        );
-        r.register(
-            "identity_cert_refresh_failures",
-            "Failed Certify calls by reason",
-            self.refresh_failures.clone(),
-        );
+        self.certify.register(r);
         r.register(
             "tls_errors",
             "Mesh TLS connections that failed: handshake errors and timeouts, handshakes shed at --max-tls-handshakes, peers with the wrong identity, bad transport headers",
@@ -110,32 +75,6 @@ impl IdentityMetrics {
             "Inbound TLS handshakes in progress (bounded by --max-tls-handshakes)",
             self.handshakes_in_flight.clone(),
         );
-    }
-
-    /// Counts a Certify outcome; a new certificate's expiry is exported.
-    fn observe(&self, outcome: &Result<std::time::SystemTime, CertifyError>) {
-        let result = match outcome {
-            Ok(not_after) => {
-                let secs = not_after
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_secs() as i64)
-                    .unwrap_or(0);
-                self.expiration.set(secs);
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_secs_f64())
-                    .unwrap_or(0.0);
-                self.refreshed_at.set(now);
-                "ok"
-            }
-            Err(e) => {
-                self.refresh_failures
-                    .get_or_create(&ReasonLabels { reason: e.reason() })
-                    .inc();
-                "error"
-            }
-        };
-        self.refresh.get_or_create(&ResultLabels { result }).inc();
     }
 
     pub fn error(&self, direction: crate::metrics::Direction, error: &'static str) {
@@ -150,7 +89,7 @@ pub fn start(config: IdentityConfig, metrics: IdentityMetrics) -> Result<Arc<Mes
     let roots = config.renewal.certify.roots.clone();
     let observed = metrics.clone();
     let store = certify::spawn(config.local_name.clone(), config.renewal, move |outcome| {
-        observed.observe(outcome)
+        observed.certify.observe(outcome)
     })?;
     let client =
         tls::client_config(roots.clone(), Some(store.clone()), &[]).map_err(|e| e.to_string())?;
