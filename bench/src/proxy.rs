@@ -28,7 +28,10 @@
 //! - `ballast`: explicit mode, the outbound listener with `Host:
 //!   backend.bench.svc.cluster.local`, a service whose one endpoint is the
 //!   backend, resolved by a `ballast destination --manifests DIR`
-//!   controller the benchmark starts (pinned to the load core);
+//!   controller the benchmark starts (pinned to the load core); as a meshed
+//!   pod's requests go, on an HTTPRoute with a request timeout and retries,
+//!   with failure accrual on the Service (each Service of the benchmark has
+//!   them);
 //! - `ballast-2hop`: client -> proxy A outbound (`Host:
 //!   hop.bench.svc.cluster.local`, a service whose one endpoint is proxy B's
 //!   inbound listener) -> proxy B inbound (`--inbound-forward-port`: the

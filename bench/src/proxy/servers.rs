@@ -186,7 +186,9 @@ pub async fn ballast_proxy_help(ballast: &Path) -> Option<String> {
 
 /// The manifests the controller serves: one Service whose one endpoint is
 /// the backend, and one (`hop`) whose one endpoint is proxy B's inbound
-/// listener on `hop_port`.
+/// listener on `hop_port`. Each takes the path a meshed pod's request takes
+/// (as bench/callgrind/run.sh's): failure accrual on the Service, and an
+/// HTTPRoute from OutboundPolicies with a request timeout and retries.
 pub fn write_manifests(dir: &Path, backend_port: u16, hop_port: u16) -> anyhow::Result<()> {
     std::fs::write(
         dir.join("backend.yaml"),
@@ -199,7 +201,8 @@ pub fn write_manifests(dir: &Path, backend_port: u16, hop_port: u16) -> anyhow::
 fn service_yaml(name: &str, port: u16) -> String {
     let ip = if name == "backend" { 10 } else { 11 };
     format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: bench}}\n\
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: bench\n\
+         \x20 annotations: {{balancer.linkerd.io/failure-accrual: consecutive}}\n\
          spec:\n  clusterIP: 10.96.0.{ip}\n  selector: {{app: {name}}}\n\
          \x20 ports: [{{name: http, port: 80, targetPort: {port}}}]\n\
          ---\n\
@@ -207,7 +210,20 @@ fn service_yaml(name: &str, port: u16) -> String {
          \x20 labels: {{app: {name}}}\n\
          spec:\n  containers: [{{name: app, ports: [{{name: http, containerPort: {port}}}]}}]\n\
          status:\n  phase: Running\n  podIP: 127.0.0.1\n  hostIP: 127.0.0.1\n\
-         \x20 conditions: [{{type: Ready, status: \"True\"}}]\n"
+         \x20 conditions: [{{type: Ready, status: \"True\"}}]\n\
+         ---\n\
+         apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\n\
+         metadata:\n  name: {name}-route\n  namespace: bench\n\
+         \x20 annotations:\n\
+         \x20   retry.linkerd.io/http: 5xx\n\
+         \x20   retry.linkerd.io/limit: \"2\"\n\
+         \x20   retry.linkerd.io/timeout: 5s\n\
+         spec:\n\
+         \x20 parentRefs: [{{group: core, kind: Service, name: {name}, port: 80}}]\n\
+         \x20 rules:\n\
+         \x20 - matches: [{{path: {{type: PathPrefix, value: /}}}}]\n\
+         \x20   backendRefs: [{{name: {name}, port: 80}}]\n\
+         \x20   timeouts: {{request: 10s}}\n"
     )
 }
 
