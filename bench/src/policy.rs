@@ -470,7 +470,7 @@ async fn routes_on_the_path(o: &Opts) -> anyhow::Result<()> {
     let manifests = tmp.path().join("cluster");
     std::fs::create_dir_all(&manifests)?;
     let backend_port: u16 = nginx.addr.rsplit(':').next().unwrap_or("0").parse()?;
-    servers::write_manifests(&manifests, backend_port, backend_port)?;
+    servers::write_manifests(&manifests, backend_port, backend_port, false)?;
     let (mut c, _) = start(
         &o.ballast,
         &["--manifests".to_string(), manifests.display().to_string()],

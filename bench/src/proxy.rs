@@ -670,7 +670,7 @@ async fn run(o: Opts) -> anyhow::Result<()> {
     std::fs::create_dir_all(&manifests)?;
     let backend_port = port_of(&nginx.addr)?;
     let hop_port = servers::free_port()?;
-    servers::write_manifests(&manifests, backend_port, hop_port)?;
+    servers::write_manifests(&manifests, backend_port, hop_port, true)?;
     let controller = if targets.iter().any(|t| t.is_ballast()) {
         let args = vec!["--manifests".to_string(), manifests.display().to_string()];
         let (c, _) = ballast_bench::start(&o.ballast, &args).await?;

@@ -375,7 +375,7 @@ async fn main() -> anyhow::Result<()> {
     let manifests = tmp.path().join("cluster");
     std::fs::create_dir_all(&manifests)?;
     let backend_port: u16 = nginx.addr.rsplit(':').next().unwrap_or("0").parse()?;
-    servers::write_manifests(&manifests, backend_port, backend_port)?;
+    servers::write_manifests(&manifests, backend_port, backend_port, false)?;
     let (mut controller, _) = ballast_bench::start(
         &o.ballast,
         &["--manifests".to_string(), manifests.display().to_string()],

@@ -186,23 +186,37 @@ pub async fn ballast_proxy_help(ballast: &Path) -> Option<String> {
 
 /// The manifests the controller serves: one Service whose one endpoint is
 /// the backend, and one (`hop`) whose one endpoint is proxy B's inbound
-/// listener on `hop_port`. Each takes the path a meshed pod's request takes
-/// (as bench/callgrind/run.sh's): failure accrual on the Service, and an
-/// HTTPRoute from OutboundPolicies with a request timeout and retries.
-pub fn write_manifests(dir: &Path, backend_port: u16, hop_port: u16) -> anyhow::Result<()> {
-    std::fs::write(
-        dir.join("backend.yaml"),
-        service_yaml("backend", backend_port),
-    )?;
-    std::fs::write(dir.join("hop.yaml"), service_yaml("hop", hop_port))?;
+/// listener on `hop_port`. With `meshed_route`, each takes the path a meshed
+/// pod's request takes (as bench/callgrind/run.sh's): failure accrual on the
+/// Service, and an HTTPRoute from OutboundPolicies with a request timeout and
+/// retries; without, the default route (benchmarks that add routes of their
+/// own).
+pub fn write_manifests(
+    dir: &Path,
+    backend_port: u16,
+    hop_port: u16,
+    meshed_route: bool,
+) -> anyhow::Result<()> {
+    for (name, port) in [("backend", backend_port), ("hop", hop_port)] {
+        let mut text = service_yaml(name, port, meshed_route);
+        if meshed_route {
+            text.push_str(&route_yaml(name));
+        }
+        std::fs::write(dir.join(format!("{name}.yaml")), text)?;
+    }
     Ok(())
 }
 
-fn service_yaml(name: &str, port: u16) -> String {
+fn service_yaml(name: &str, port: u16, failure_accrual: bool) -> String {
     let ip = if name == "backend" { 10 } else { 11 };
+    let annotations = if failure_accrual {
+        "\x20 annotations: {balancer.linkerd.io/failure-accrual: consecutive}\n"
+    } else {
+        ""
+    };
     format!(
         "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: bench\n\
-         \x20 annotations: {{balancer.linkerd.io/failure-accrual: consecutive}}\n\
+         {annotations}\
          spec:\n  clusterIP: 10.96.0.{ip}\n  selector: {{app: {name}}}\n\
          \x20 ports: [{{name: http, port: 80, targetPort: {port}}}]\n\
          ---\n\
@@ -210,8 +224,15 @@ fn service_yaml(name: &str, port: u16) -> String {
          \x20 labels: {{app: {name}}}\n\
          spec:\n  containers: [{{name: app, ports: [{{name: http, containerPort: {port}}}]}}]\n\
          status:\n  phase: Running\n  podIP: 127.0.0.1\n  hostIP: 127.0.0.1\n\
-         \x20 conditions: [{{type: Ready, status: \"True\"}}]\n\
-         ---\n\
+         \x20 conditions: [{{type: Ready, status: \"True\"}}]\n"
+    )
+}
+
+/// `NAME-route`: every path of the Service's port 80, a 10 s request timeout,
+/// retries on 5xx (at most 2, 5 s per try).
+fn route_yaml(name: &str) -> String {
+    format!(
+        "---\n\
          apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\n\
          metadata:\n  name: {name}-route\n  namespace: bench\n\
          \x20 annotations:\n\
