@@ -284,11 +284,25 @@ async fn when_the_controller_returns_the_proxy_converges_to_the_current_endpoint
     let started = Instant::now();
     let mut conn = Http1::connect(mesh.proxy.outbound).await.unwrap();
     while mesh.counts()[..3].contains(&0) {
-        assert!(
-            started.elapsed() < DEADLINE,
-            "a, b, c not all used: {:?}",
-            mesh.counts()
-        );
+        if started.elapsed() >= DEADLINE {
+            // Say why an endpoint was never chosen: not ready (a connect
+            // failed and is backing off), never discovered, or outcosted.
+            let m = mesh.proxy.metrics().await;
+            let web = mesh.web();
+            let state = |s| {
+                m.sum(
+                    "balancer_endpoints",
+                    &[("authority", web.as_str()), ("endpoint_state", s)],
+                )
+            };
+            panic!(
+                "a, b, c not all used: {:?}; balancer endpoints ready {}, pending {}\nproxy log:\n{}",
+                mesh.counts(),
+                state("ready"),
+                state("pending"),
+                mesh.proxy.process.log()
+            );
+        }
         conn.get(&mesh.web(), "/").await.unwrap();
     }
 
