@@ -182,11 +182,8 @@ pub fn own_identity(
             request_timeout: Duration::from_secs(10),
         },
     };
-    let metrics = metrics.clone();
-    let certs = certify::spawn(name.clone(), renewal, move |outcome| {
-        metrics.observe(outcome)
-    })
-    .map_err(|e| anyhow::anyhow!("--identity-addr: {e}"))?;
+    let certs = certify::spawn(name.clone(), renewal, metrics.clone())
+        .map_err(|e| anyhow::anyhow!("--identity-addr: {e}"))?;
     Ok(Some(OwnIdentity { name, roots, certs }))
 }
 

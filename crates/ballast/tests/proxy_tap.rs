@@ -387,7 +387,7 @@ mod identity_on {
                 request_timeout: Duration::from_secs(5),
             },
         };
-        let store = certify::spawn(identity(sa, ns), renewal, |_| {}).unwrap();
+        let store = certify::spawn(identity(sa, ns), renewal, Default::default()).unwrap();
         eventually(&format!("a certificate for {sa}.{ns}"), || async {
             store.is_ready().then_some(())
         })

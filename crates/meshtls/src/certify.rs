@@ -361,11 +361,12 @@ pub struct Renewal {
 }
 
 /// Makes a key for `name` in memory and renews its certificate from the
-/// identity service, forever, into the returned store.
+/// identity service, forever, into the returned store; `metrics` counts
+/// every renewal.
 pub fn spawn(
     name: IdentityName,
     renewal: Renewal,
-    observe: impl Fn(&Result<SystemTime, CertifyError>) + Send + 'static,
+    metrics: CertifyMetrics,
 ) -> Result<Arc<CertStore>, String> {
     let key = LocalKey::generate(name.clone()).map_err(|e| e.to_string())?;
     let channel = channel(
@@ -377,17 +378,17 @@ pub fn spawn(
     let client = IdentityClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES);
     let store = CertStore::new();
     tracing::info!(identity = %name, service = %renewal.addr, "requesting a certificate");
-    tokio::spawn(run(client, key, renewal.certify, store.clone(), observe));
+    tokio::spawn(run(client, key, renewal.certify, store.clone(), metrics));
     Ok(store)
 }
 
-/// Renews forever into `store`; `observe` hears every outcome (metrics).
+/// Renews forever into `store`, counting every outcome in `metrics`.
 pub async fn run(
     mut client: IdentityClient<tonic::transport::Channel>,
     key: LocalKey,
     config: CertifyConfig,
     store: Arc<CertStore>,
-    observe: impl Fn(&Result<SystemTime, CertifyError>),
+    metrics: CertifyMetrics,
 ) {
     let mut backoff = Backoff::new(&config.backoff);
     loop {
@@ -425,7 +426,7 @@ pub async fn run(
                 wait
             }
         };
-        observe(&outcome.map(|c| c.not_after));
+        metrics.observe(&outcome.map(|c| c.not_after));
         tokio::time::sleep(wait).await;
     }
 }

@@ -87,10 +87,11 @@ impl IdentityMetrics {
 /// Builds the TLS configurations and starts renewing the certificate.
 pub fn start(config: IdentityConfig, metrics: IdentityMetrics) -> Result<Arc<MeshTls>, String> {
     let roots = config.renewal.certify.roots.clone();
-    let observed = metrics.clone();
-    let store = certify::spawn(config.local_name.clone(), config.renewal, move |outcome| {
-        observed.certify.observe(outcome)
-    })?;
+    let store = certify::spawn(
+        config.local_name.clone(),
+        config.renewal,
+        metrics.certify.clone(),
+    )?;
     let client =
         tls::client_config(roots.clone(), Some(store.clone()), &[]).map_err(|e| e.to_string())?;
     let client_opaque =

@@ -534,9 +534,8 @@ mod tests {
 
     #[test]
     fn a_hosts_file_rewritten_in_place_is_never_seen_empty() {
-        let dir = std::env::temp_dir().join(format!("ballast-hosts-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let path = dir.join("hosts");
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("hosts");
         let first = "127.0.0.1\tlocalhost\n";
         let long = format!(
             "{first}{}",
@@ -544,28 +543,31 @@ mod tests {
         );
         let short = format!("{first}10.96.0.11\tdb.ns.svc.cluster.local db\n");
         replace_in_place(&path, long.as_bytes()).expect("write");
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let stop = Arc::new(AtomicBool::new(false));
+        let reads = Arc::new(AtomicU64::new(0));
         let reader = {
-            let (path, stop) = (path.clone(), stop.clone());
+            let (path, stop, reads) = (path.clone(), stop.clone(), reads.clone());
             std::thread::spawn(move || {
-                let mut reads = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                while !stop.load(Ordering::Relaxed) {
                     let text = std::fs::read_to_string(&path).expect("read");
                     assert!(text.starts_with(first), "a reader saw {text:?}");
-                    reads += 1;
+                    reads.fetch_add(1, Ordering::Relaxed);
                 }
-                reads
             })
         };
-        for i in 0..3000 {
+        // At least 3,000 rewrites, and on until the reader has read 1,000 times
+        // (on a busy machine its thread may start late); a panicked reader ends it.
+        let mut i = 0;
+        while (i < 3000 || reads.load(Ordering::Relaxed) < 1000) && !reader.is_finished() {
             let text = if i % 2 == 0 { &short } else { &long };
             replace_in_place(&path, text.as_bytes()).expect("rewrite");
+            i += 1;
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let reads = reader.join().expect("no reader saw the file empty");
-        assert!(reads > 0);
+        stop.store(true, Ordering::Relaxed);
+        reader.join().expect("no reader saw the file empty");
+        assert!(reads.load(Ordering::Relaxed) >= 1000);
         replace_in_place(&path, short.as_bytes()).expect("rewrite");
         assert_eq!(std::fs::read_to_string(&path).expect("read"), short);
-        std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }
