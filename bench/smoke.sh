@@ -19,7 +19,7 @@
 # `cargo build -p ballast -p ballast-sidecar` unless BALLAST and PROXY are
 # given (SKIP_BUILD=1: nothing).
 # Usage (from anywhere): [BALLAST=PATH] [PROXY=PATH] [SKIP_BUILD=1] bench/smoke.sh [NAME...]
-#   NAME: run only these (index-memory destination-bench kube-bench
+#   NAME: run only these (index-memory tls-floor destination-bench kube-bench
 #   policy-bench proxy-bench mtls-bench tap-bench viz-bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +30,7 @@ export RUST_BACKTRACE=0
 BIN=target/debug
 SMOKE_TIMEOUT=${SMOKE_TIMEOUT:-600}
 
-known=" index-memory destination-bench kube-bench policy-bench proxy-bench mtls-bench tap-bench viz-bench "
+known=" index-memory tls-floor destination-bench kube-bench policy-bench proxy-bench mtls-bench tap-bench viz-bench "
 for name in "$@"; do
   if [[ "$known" != *" $name "* ]]; then
     echo "bench/smoke.sh: unknown bench binary $name (known:$known)" >&2
@@ -101,6 +101,9 @@ all_started=$SECONDS
 
 # In process: bytes per pod, stage by stage.
 run index-memory 200
+
+# In process: what rustls holds per idle mutual TLS connection, 20 pairs.
+run tls-floor 20
 
 # The destination controller on 20 pods in 2 services; 3 Get streams on
 # one service, 1 more on each service; one change per scenario.
