@@ -1,7 +1,7 @@
 //! `ballast check`: flags and wiring; the checks are ballast-check's.
 
 use ballast_check::{cluster, manifests, Config};
-use ballast_flags::{count, duration, DAY, TIMEOUT};
+use ballast_flags::{count, dns_label, duration, DAY, TIMEOUT};
 use clap::{Args as ClapArgs, ValueEnum};
 use std::{path::PathBuf, time::Duration};
 use tracing::instrument::WithSubscriber;
@@ -69,21 +69,6 @@ pub struct Args {
     max_objects: usize,
 }
 
-/// A namespace name: an RFC 1123 label (it goes into request paths).
-fn dns_label(s: &str) -> Result<String, String> {
-    let ok = !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-');
-    if ok {
-        Ok(s.to_string())
-    } else {
-        Err("must be a namespace name: 1 to 63 lowercase letters, digits or '-', starting and ending with a letter or digit".into())
-    }
-}
-
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let config = Config {
         namespace: args.namespace.clone(),
@@ -121,19 +106,4 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         anyhow::bail!("{}", report.summary_line());
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::dns_label;
-
-    #[test]
-    fn namespaces_are_dns_labels() {
-        for ok in ["ballast", "a", "linkerd-2"] {
-            assert!(dns_label(ok).is_ok(), "{ok}");
-        }
-        for bad in ["", "-a", "a-", "A", "a/b", "a.b", &"x".repeat(64)] {
-            assert!(dns_label(bad).is_err(), "{bad}");
-        }
-    }
 }

@@ -127,6 +127,68 @@ pub async fn start_source(
     Ok(source)
 }
 
+/// Declares a command's `--identity-*` flags for its own mesh identity
+/// (trust anchors, identity service address, its name, the token file) under
+/// its own environment prefix, with the anchors' help saying what the
+/// identity is for there. One declaration, so the commands cannot drift.
+macro_rules! own_identity_flags {
+    ($name:ident, $prefix:literal, $anchors_help:literal) => {
+        #[derive(clap::Args)]
+        pub struct $name {
+            #[doc = $anchors_help]
+            #[arg(long, env = concat!($prefix, "_IDENTITY_TRUST_ANCHORS"))]
+            identity_trust_anchors: Option<std::path::PathBuf>,
+
+            /// The identity service, HOST:PORT.
+            #[arg(
+                        long,
+                        env = concat!($prefix, "_IDENTITY_ADDR"),
+                        default_value = "ballast-identity-headless.ballast.svc.cluster.local:8080",
+                        value_parser = ballast_flags::host_port
+                    )]
+            identity_addr: String,
+
+            /// The identity service's identity; it is dialled in TLS verifying this
+            /// name (default: the `linkerd-identity` service account's), except at a
+            /// loopback address when no name is given; an empty value dials it in plaintext.
+            #[arg(long, env = concat!($prefix, "_IDENTITY_SERVER_NAME"),
+                          value_parser = ballast_flags::dns_name_or_empty)]
+            identity_server_name: Option<String>,
+
+            /// The service-account token sent with each certificate request.
+            #[arg(
+                        long,
+                        env = concat!($prefix, "_IDENTITY_TOKEN_FILE"),
+                        default_value = "/var/run/secrets/tokens/linkerd-identity-token"
+                    )]
+            identity_token_file: std::path::PathBuf,
+        }
+
+        impl $name {
+            /// These flags with the rest of what names the identity.
+            pub fn config(
+                &self,
+                service_account: &str,
+                namespace: Option<&str>,
+                controller_namespace: &str,
+                trust_domain: &str,
+            ) -> $crate::controller::IdentityConfig {
+                $crate::controller::IdentityConfig {
+                    trust_anchors: self.identity_trust_anchors.clone(),
+                    addr: self.identity_addr.clone(),
+                    server_name: self.identity_server_name.clone(),
+                    token_file: self.identity_token_file.clone(),
+                    service_account: service_account.to_string(),
+                    namespace: namespace.map(str::to_string),
+                    controller_namespace: controller_namespace.to_string(),
+                    trust_domain: trust_domain.to_string(),
+                }
+            }
+        }
+    };
+}
+pub(crate) use own_identity_flags;
+
 /// A controller's own mesh identity: the `--identity-*` flags, each
 /// command's own, meaning this.
 pub struct IdentityConfig {

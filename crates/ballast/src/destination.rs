@@ -14,8 +14,7 @@ use ballast_destination::{
     store::Store,
 };
 use ballast_flags::{
-    bytes, count, dns_label, dns_name, dns_name_or_empty, host_port, BACKOFF, GIB, GRACE, KIB,
-    MANY, TIMEOUT,
+    bytes, count, dns_label, dns_name, dns_name_or_empty, BACKOFF, GIB, GRACE, KIB, MANY, TIMEOUT,
 };
 use ballast_meshtls::{
     certify,
@@ -24,6 +23,12 @@ use ballast_meshtls::{
 use clap::Args as ClapArgs;
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use tokio::sync::watch;
+
+controller::own_identity_flags!(
+    OwnIdentityFlags,
+    "BALLAST_DESTINATION",
+    "Serve TLS with the controller's own identity (certified by the identity service) to clients that start a TLS handshake; the trust anchors (PEM). Without it, plaintext only."
+);
 
 #[derive(ClapArgs)]
 #[command(
@@ -205,34 +210,8 @@ pub struct Args {
     #[arg(long, env = "BALLAST_DESTINATION_SHUTDOWN_GRACE", default_value = "10s", value_parser = GRACE)]
     shutdown_grace: Duration,
 
-    /// Serve TLS with the controller's own identity (certified by the
-    /// identity service) to clients that start a TLS handshake; the trust
-    /// anchors (PEM). Without it, plaintext only.
-    #[arg(long, env = "BALLAST_DESTINATION_IDENTITY_TRUST_ANCHORS")]
-    identity_trust_anchors: Option<PathBuf>,
-
-    /// The identity service, HOST:PORT.
-    #[arg(
-        long,
-        env = "BALLAST_DESTINATION_IDENTITY_ADDR",
-        default_value = "ballast-identity-headless.ballast.svc.cluster.local:8080",
-        value_parser = host_port
-    )]
-    identity_addr: String,
-
-    /// The identity service's identity; it is dialled in TLS verifying this
-    /// name (default: the `linkerd-identity` service account's), except at a
-    /// loopback address when no name is given; an empty value dials it in plaintext.
-    #[arg(long, env = "BALLAST_DESTINATION_IDENTITY_SERVER_NAME", value_parser = dns_name_or_empty)]
-    identity_server_name: Option<String>,
-
-    /// The service-account token sent with each certificate request.
-    #[arg(
-        long,
-        env = "BALLAST_DESTINATION_IDENTITY_TOKEN_FILE",
-        default_value = "/var/run/secrets/tokens/linkerd-identity-token"
-    )]
-    identity_token_file: PathBuf,
+    #[command(flatten)]
+    own_identity: OwnIdentityFlags,
 
     /// The service account this controller runs as: its identity names the certificate it serves.
     #[arg(
@@ -256,16 +235,12 @@ fn own_identity(
     metrics: &certify::CertifyMetrics,
 ) -> anyhow::Result<Option<(Arc<rustls::ServerConfig>, Arc<CertStore>)>> {
     let Some(own) = controller::own_identity(
-        &controller::IdentityConfig {
-            trust_anchors: args.identity_trust_anchors.clone(),
-            addr: args.identity_addr.clone(),
-            server_name: args.identity_server_name.clone(),
-            token_file: args.identity_token_file.clone(),
-            service_account: args.service_account.clone(),
-            namespace: args.namespace.clone(),
-            controller_namespace: args.controller_namespace.clone(),
-            trust_domain: args.identity_trust_domain.clone(),
-        },
+        &args.own_identity.config(
+            &args.service_account,
+            args.namespace.as_deref(),
+            &args.controller_namespace,
+            &args.identity_trust_domain,
+        ),
         metrics,
     )?
     else {

@@ -2,7 +2,7 @@
 //! sidecar added (or removed, `--uninject`); also the proxy configuration
 //! flags `ballast injector` shares.
 
-use ballast_flags::{dns_label, dns_name, host_port};
+use ballast_flags::{dns_label, dns_name, host_port, non_empty};
 use ballast_inject::{config as defaults, values, Action, Config, Format, Mode};
 use clap::Args as ClapArgs;
 use std::{
@@ -131,13 +131,13 @@ pub struct ProxyConfigFlags {
     /// Mount the trust anchors from this ConfigMap, which must exist in every
     /// injected pod's own namespace (a pod mounts no other namespace's),
     /// instead of giving them inline.
-    #[arg(long, env = "BALLAST_INJECT_TRUST_ANCHORS_CONFIG_MAP", value_parser = not_empty,
+    #[arg(long, env = "BALLAST_INJECT_TRUST_ANCHORS_CONFIG_MAP", value_parser = non_empty,
           conflicts_with = "identity_trust_anchors_file")]
     pub trust_anchors_config_map: Option<String>,
 
     /// The key of the PEM bundle in that ConfigMap.
     #[arg(long, env = "BALLAST_INJECT_TRUST_ANCHORS_KEY",
-          default_value = defaults::DEFAULT_TRUST_ANCHORS_KEY, value_parser = not_empty)]
+          default_value = defaults::DEFAULT_TRUST_ANCHORS_KEY, value_parser = non_empty)]
     pub trust_anchors_key: String,
 
     /// The proxy's uid (not 0), exempted from redirection; `config.linkerd.io/proxy-uid` overrides.
@@ -178,7 +178,7 @@ pub struct ProxyConfigFlags {
     /// binary's version); `config.linkerd.io/proxy-version` overrides and
     /// then also sets the proxy image's tag.
     #[arg(long, env = "BALLAST_INJECT_PROXY_VERSION", default_value = defaults::PROXY_VERSION,
-          value_parser = not_empty)]
+          value_parser = non_empty)]
     pub proxy_version: String,
 }
 
@@ -273,13 +273,6 @@ fn quantity(s: &str) -> Result<String, values::InvalidValue> {
 
 fn log_level(s: &str) -> Result<String, values::InvalidValue> {
     values::check_log_level(s)?;
-    Ok(s.to_string())
-}
-
-fn not_empty(s: &str) -> Result<String, &'static str> {
-    if s.trim().is_empty() {
-        return Err("must not be empty");
-    }
     Ok(s.to_string())
 }
 

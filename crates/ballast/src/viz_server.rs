@@ -11,8 +11,8 @@ use ballast_destination::{
     store::Store,
 };
 use ballast_flags::{
-    bytes, count, dns_label, dns_name, dns_name_or_empty, duration, host_port, BACKOFF, GIB, GRACE,
-    HOUR, KIB, TIMEOUT,
+    bytes, count, dns_label, dns_name, dns_name_or_empty, duration, BACKOFF, GIB, GRACE, HOUR, KIB,
+    TIMEOUT,
 };
 use ballast_meshtls::{certify, tls};
 use ballast_viz::{
@@ -35,6 +35,12 @@ use std::{
     time::Duration,
 };
 use tokio::sync::watch;
+
+controller::own_identity_flags!(
+    OwnIdentityFlags,
+    "BALLAST_VIZ",
+    "Tap the proxies over mutual TLS as viz's own identity (certified by the identity service); the trust anchors (PEM). Without it, taps are plaintext."
+);
 
 #[derive(ClapArgs)]
 #[command(
@@ -187,34 +193,8 @@ pub struct Args {
     #[arg(long, env = "BALLAST_VIZ_SHUTDOWN_GRACE", default_value = "10s", value_parser = GRACE)]
     shutdown_grace: Duration,
 
-    /// Tap the proxies over mutual TLS as viz's own identity (certified by
-    /// the identity service); the trust anchors (PEM). Without it, taps are
-    /// plaintext.
-    #[arg(long, env = "BALLAST_VIZ_IDENTITY_TRUST_ANCHORS")]
-    identity_trust_anchors: Option<PathBuf>,
-
-    /// The identity service, HOST:PORT.
-    #[arg(
-        long,
-        env = "BALLAST_VIZ_IDENTITY_ADDR",
-        default_value = "ballast-identity-headless.ballast.svc.cluster.local:8080",
-        value_parser = host_port
-    )]
-    identity_addr: String,
-
-    /// The identity service's identity; it is dialled in TLS verifying this
-    /// name (default: the `linkerd-identity` service account's), except at a
-    /// loopback address when no name is given; an empty value dials it in plaintext.
-    #[arg(long, env = "BALLAST_VIZ_IDENTITY_SERVER_NAME", value_parser = dns_name_or_empty)]
-    identity_server_name: Option<String>,
-
-    /// The service-account token sent with each certificate request.
-    #[arg(
-        long,
-        env = "BALLAST_VIZ_IDENTITY_TOKEN_FILE",
-        default_value = "/var/run/secrets/tokens/linkerd-identity-token"
-    )]
-    identity_token_file: PathBuf,
+    #[command(flatten)]
+    own_identity: OwnIdentityFlags,
 
     /// The service account viz runs as: its identity is the one proxies
     /// admit to their tap ports.
@@ -282,16 +262,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     let certify_metrics = certify::CertifyMetrics::default();
     let own = controller::own_identity(
-        &controller::IdentityConfig {
-            trust_anchors: args.identity_trust_anchors.clone(),
-            addr: args.identity_addr.clone(),
-            server_name: args.identity_server_name.clone(),
-            token_file: args.identity_token_file.clone(),
-            service_account: args.service_account.clone(),
-            namespace: Some(args.namespace.clone()),
-            controller_namespace: args.controller_namespace.clone(),
-            trust_domain: args.identity_trust_domain.clone(),
-        },
+        &args.own_identity.config(
+            &args.service_account,
+            Some(&args.namespace),
+            &args.controller_namespace,
+            &args.identity_trust_domain,
+        ),
         &certify_metrics,
     )?;
     let tap_tls = match own {

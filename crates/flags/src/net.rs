@@ -190,9 +190,12 @@ mod tests {
         }
         assert_eq!(dns_name_or_empty("").as_deref(), Ok(""));
         assert!(dns_name_or_empty(" ").is_err());
-        assert!(dns_label("shop").is_ok());
-        assert!(dns_label("shop.web").is_err());
-        assert!(dns_label("").is_err());
+        for ok in ["shop", "a", "linkerd-2"] {
+            assert!(dns_label(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "shop.web", "-a", "a-", "A", "a/b", &"x".repeat(64)] {
+            assert!(dns_label(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
