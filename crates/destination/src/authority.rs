@@ -11,12 +11,13 @@
 //! beyond a bounded length.
 
 use crate::{index::Target, resource::ObjectKey};
-use std::net::{IpAddr, SocketAddr};
+use ballast_authority::Host;
+use std::net::SocketAddr;
 
 /// The longest path considered: a DNS name (253) plus `:65535`.
-pub const MAX_PATH_LEN: usize = 253 + 6;
+pub const MAX_PATH_LEN: usize = ballast_authority::MAX_LEN;
 /// Port assumed when the path names none.
-pub const DEFAULT_PORT: u16 = 80;
+pub const DEFAULT_PORT: u16 = ballast_authority::DEFAULT_PORT;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("invalid authority {shown:?}: {reason}")]
@@ -37,74 +38,22 @@ pub fn parse(path: &str, cluster_domain: &str) -> Result<Target, InvalidAuthorit
     if path.is_empty() {
         return Err(fail("empty path"));
     }
-    if path.len() > MAX_PATH_LEN {
-        return Err(fail("longer than a DNS name and port"));
-    }
-    if let Ok(addr) = path.parse::<SocketAddr>() {
-        if addr.port() == 0 {
-            return Err(fail("port must be between 1 and 65535"));
-        }
-        return Ok(Target::Addr(addr));
-    }
-    let (host, port) = split_port(path).map_err(fail)?;
-    if host.parse::<IpAddr>().is_ok() || host.starts_with('[') {
-        // An IP with no port, or a malformed bracketed one.
-        return Err(fail("an IP address needs a port (IP:PORT, [IPv6]:PORT)"));
-    }
-    let host = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
-    let domain = cluster_domain.trim_end_matches('.').to_ascii_lowercase();
-    let labels: Vec<&str> = host.split('.').collect();
-    if labels.iter().any(|l| !is_dns_label(l)) {
-        return Err(fail("not a DNS name"));
-    }
-    let service = match labels.as_slice() {
-        [name, ns] | [name, ns, "svc"] => ObjectKey::new(*ns, *name),
-        [name, ns, "svc", rest @ ..] if rest.join(".") == domain => ObjectKey::new(*ns, *name),
-        [_, _, _, "svc", rest @ ..] if rest.join(".") == domain => {
-            return Err(fail(
-                "pod-instance names (ID.NAME.NS.svc...) are not supported",
-            ))
-        }
-        _ => {
-            return Err(fail(
-                "not a service name (NAME.NAMESPACE.svc.CLUSTER_DOMAIN)",
-            ))
-        }
-    };
-    Ok(Target::Service { service, port })
-}
-
-fn split_port(path: &str) -> Result<(&str, u16), &'static str> {
-    match path.rsplit_once(':') {
-        None => Ok((path, DEFAULT_PORT)),
-        Some((host, port)) => {
-            if host.contains(':') && !host.starts_with('[') {
-                return Err("IPv6 addresses must be in brackets");
-            }
-            match port.parse::<u16>() {
-                Ok(p) if p != 0 => Ok((host, p)),
-                _ => Err("port must be between 1 and 65535"),
-            }
+    match ballast_authority::split(path).map_err(fail)? {
+        (Host::Ip(ip), Some(port)) => Ok(Target::Addr(SocketAddr::new(ip, port))),
+        (Host::Ip(_), None) => Err(fail("an IP address needs a port (IP:PORT, [IPv6]:PORT)")),
+        (Host::Name(host), port) => {
+            let service = ballast_authority::service(host, cluster_domain).map_err(fail)?;
+            Ok(Target::Service {
+                service: ObjectKey::new(service.namespace, service.name),
+                port: port.unwrap_or(DEFAULT_PORT),
+            })
         }
     }
-}
-
-fn is_dns_label(l: &str) -> bool {
-    !l.is_empty()
-        && l.len() <= 63
-        && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        && !l.starts_with('-')
-        && !l.ends_with('-')
 }
 
 /// The canonical name of a service: `NAME.NS.svc.CLUSTER_DOMAIN`.
 pub fn service_fqdn(service: &ObjectKey, cluster_domain: &str) -> String {
-    format!(
-        "{}.{}.svc.{}",
-        service.name,
-        service.namespace,
-        cluster_domain.trim_end_matches('.')
-    )
+    ballast_authority::service_fqdn(&service.name, &service.namespace, cluster_domain)
 }
 
 #[cfg(test)]

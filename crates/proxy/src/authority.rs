@@ -1,6 +1,7 @@
 //! Which target an HTTP authority (`Host` / `:authority`) names.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use ballast_authority::Host;
+use std::net::SocketAddr;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HostTarget {
@@ -29,78 +30,32 @@ pub fn request_host<B>(req: &http::Request<B>) -> Option<&str> {
     })
 }
 
-/// Reads `host[:port]` (port 80 when absent). A service may be named
-/// `name.ns`, `name.ns.svc` or `name.ns.svc.CLUSTER_DOMAIN`, with or without
-/// a trailing dot, in any case.
+/// Reads `host[:port]` (port 80 when absent) by the mesh's one authority
+/// grammar (`ballast_authority`); what it refuses is not for the mesh.
 pub fn parse_host(authority: &str, cluster_domain: &str) -> HostTarget {
-    let (host, port) = match split_port(authority) {
-        Some(hp) => hp,
-        None => return HostTarget::Other,
-    };
-    // An IPv6 address only in brackets, an IPv4 address only without.
-    let ip = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
-        Some(v6) => v6.parse::<Ipv6Addr>().ok().map(IpAddr::V6),
-        None => host.parse::<Ipv4Addr>().ok().map(IpAddr::V4),
-    };
-    if let Some(ip) = ip {
-        return HostTarget::Addr(SocketAddr::new(ip, port));
-    }
-    let host = host.trim_end_matches('.').to_ascii_lowercase();
-    let domain = cluster_domain.trim_end_matches('.').to_ascii_lowercase();
-    let labels: Vec<&str> = host.split('.').collect();
-    if labels.len() < 2 || !labels[..2].iter().all(|l| is_dns_label(l)) {
+    let Ok((host, port)) = ballast_authority::split(authority) else {
         return HostTarget::Other;
+    };
+    let port = port.unwrap_or(ballast_authority::DEFAULT_PORT);
+    match host {
+        Host::Ip(ip) => HostTarget::Addr(SocketAddr::new(ip, port)),
+        Host::Name(name) => match ballast_authority::service(name, cluster_domain) {
+            Ok(s) => HostTarget::Service(format!(
+                "{}:{port}",
+                ballast_authority::service_fqdn(&s.name, &s.namespace, cluster_domain)
+            )),
+            Err(_) => HostTarget::Other,
+        },
     }
-    let rest = labels[2..].join(".");
-    let in_mesh = rest.is_empty() || rest == "svc" || rest == format!("svc.{domain}");
-    if !in_mesh {
-        return HostTarget::Other;
-    }
-    HostTarget::Service(format!("{}.{}.svc.{domain}:{port}", labels[0], labels[1]))
 }
 
 /// Whether `authority` names its host by two labels only (`NAME.NS`), a
 /// form that a name outside the mesh (`example.com`) shares.
 pub fn is_short_name(authority: &str) -> bool {
-    split_port(authority).is_some_and(|(host, _)| {
-        let host = host.trim_end_matches('.');
-        host.split('.').count() == 2 && host.parse::<Ipv4Addr>().is_err()
-    })
-}
-
-fn split_port(authority: &str) -> Option<(&str, u16)> {
-    if authority.is_empty() || authority.len() > 253 + 6 {
-        return None;
-    }
-    // `[v6]:port`, `[v6]`, `host:port`, `host`.
-    if let Some(rest) = authority.strip_prefix('[') {
-        let end = rest.find(']')?;
-        let host = &authority[..end + 2];
-        return match &rest[end + 1..] {
-            "" => Some((host, 80)),
-            p => Some((host, parse_port(p.strip_prefix(':')?)?)),
-        };
-    }
-    match authority.split_once(':') {
-        // More than one colon without brackets: an IPv6 address whose port
-        // cannot be told from its last group.
-        Some((_, port)) if port.contains(':') => None,
-        Some((host, port)) => Some((host, parse_port(port)?)),
-        None => Some((authority, 80)),
-    }
-}
-
-fn parse_port(p: &str) -> Option<u16> {
-    p.parse().ok().filter(|&port| port != 0)
-}
-
-fn is_dns_label(l: &str) -> bool {
-    !l.is_empty()
-        && l.len() <= 63
-        && l.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !l.starts_with('-')
-        && !l.ends_with('-')
+    matches!(
+        ballast_authority::split(authority),
+        Ok((Host::Name(host), _)) if host.trim_end_matches('.').split('.').count() == 2
+    )
 }
 
 #[cfg(test)]
