@@ -522,102 +522,89 @@ fn backends(
         .collect()
 }
 
-fn http_route(route: &Route, svc: &ServiceOutbound, config: &PolicyConfig) -> outbound::HttpRoute {
-    use outbound::http_route::{
-        distribution, Distribution, RouteBackend, Rule, WeightedRouteBackend,
-    };
-    let rules = route
-        .rules
-        .iter()
-        .map(|rule| {
-            let backends = backends(rule, svc, config)
-                .into_iter()
-                .map(|(backend, weight)| WeightedRouteBackend {
-                    backend: Some(RouteBackend {
-                        backend: Some(backend),
-                        filters: vec![],
-                        #[allow(deprecated)]
-                        request_timeout: None,
-                    }),
-                    weight,
-                })
-                .collect();
-            #[allow(deprecated)]
-            Rule {
-                matches: rule.matches.iter().filter_map(http_match).collect(),
-                filters: rule.filters.iter().map(http_filter).collect(),
-                backends: Some(Distribution {
-                    kind: Some(distribution::Kind::RandomAvailable(
-                        distribution::RandomAvailable { backends },
-                    )),
-                }),
-                request_timeout: rule.timeouts.request.map(duration),
-                timeouts: Some(timeouts(&rule.timeouts)),
-                retry: rule.retry.as_ref().map(http_retry),
-                allow_l5d_request_headers: false,
-            }
-        })
-        .collect();
-    outbound::HttpRoute {
-        metadata: Some(route_meta(route)),
-        hosts: hosts(route),
-        rules,
-    }
-}
-
-fn grpc_route(route: &Route, svc: &ServiceOutbound, config: &PolicyConfig) -> outbound::GrpcRoute {
-    use outbound::grpc_route::{
-        distribution, Distribution, RouteBackend, Rule, WeightedRouteBackend,
-    };
-    let rules = route
-        .rules
-        .iter()
-        .map(|rule| {
-            let backends = backends(rule, svc, config)
-                .into_iter()
-                .map(|(backend, weight)| WeightedRouteBackend {
-                    backend: Some(RouteBackend {
-                        backend: Some(backend),
-                        filters: vec![],
-                        #[allow(deprecated)]
-                        request_timeout: None,
-                    }),
-                    weight,
-                })
-                .collect();
-            #[allow(deprecated)]
-            Rule {
-                matches: rule.matches.iter().filter_map(grpc_match).collect(),
-                filters: rule
-                    .filters
-                    .iter()
-                    .filter_map(|f| match f {
-                        RouteFilter::RequestHeaders(m) => Some(outbound::grpc_route::Filter {
-                            kind: Some(outbound::grpc_route::filter::Kind::RequestHeaderModifier(
-                                request_headers(m),
+/// HTTP and gRPC routes have one shape in different wire modules: one body
+/// for both, each with its own match, filter and retry writers.
+macro_rules! route_to_wire {
+    ($name:ident, $module:ident, $wire:ident, $write_match:path, $write_filters:path, $write_retry:path) => {
+        fn $name(route: &Route, svc: &ServiceOutbound, config: &PolicyConfig) -> outbound::$wire {
+            use outbound::$module::{
+                distribution, Distribution, RouteBackend, Rule, WeightedRouteBackend,
+            };
+            let rules = route
+                .rules
+                .iter()
+                .map(|rule| {
+                    let backends = backends(rule, svc, config)
+                        .into_iter()
+                        .map(|(backend, weight)| WeightedRouteBackend {
+                            backend: Some(RouteBackend {
+                                backend: Some(backend),
+                                filters: vec![],
+                                #[allow(deprecated)]
+                                request_timeout: None,
+                            }),
+                            weight,
+                        })
+                        .collect();
+                    #[allow(deprecated)]
+                    Rule {
+                        matches: rule.matches.iter().filter_map($write_match).collect(),
+                        filters: $write_filters(&rule.filters),
+                        backends: Some(Distribution {
+                            kind: Some(distribution::Kind::RandomAvailable(
+                                distribution::RandomAvailable { backends },
                             )),
                         }),
-                        // The index admits no other filter on a gRPC route.
-                        _ => None,
-                    })
-                    .collect(),
-                backends: Some(Distribution {
-                    kind: Some(distribution::Kind::RandomAvailable(
-                        distribution::RandomAvailable { backends },
-                    )),
-                }),
-                request_timeout: rule.timeouts.request.map(duration),
-                timeouts: Some(timeouts(&rule.timeouts)),
-                retry: rule.retry.as_ref().map(grpc_retry),
-                allow_l5d_request_headers: false,
+                        request_timeout: rule.timeouts.request.map(duration),
+                        timeouts: Some(timeouts(&rule.timeouts)),
+                        retry: rule.retry.as_ref().map($write_retry),
+                        allow_l5d_request_headers: false,
+                    }
+                })
+                .collect();
+            outbound::$wire {
+                metadata: Some(route_meta(route)),
+                hosts: hosts(route),
+                rules,
             }
+        }
+    };
+}
+
+route_to_wire!(
+    http_route,
+    http_route,
+    HttpRoute,
+    http_match,
+    http_filters,
+    http_retry
+);
+route_to_wire!(
+    grpc_route,
+    grpc_route,
+    GrpcRoute,
+    grpc_match,
+    grpc_filters,
+    grpc_retry
+);
+
+fn http_filters(filters: &[RouteFilter]) -> Vec<outbound::http_route::Filter> {
+    filters.iter().map(http_filter).collect()
+}
+
+fn grpc_filters(filters: &[RouteFilter]) -> Vec<outbound::grpc_route::Filter> {
+    filters
+        .iter()
+        .filter_map(|f| match f {
+            RouteFilter::RequestHeaders(m) => Some(outbound::grpc_route::Filter {
+                kind: Some(outbound::grpc_route::filter::Kind::RequestHeaderModifier(
+                    request_headers(m),
+                )),
+            }),
+            // The index admits no other filter on a gRPC route.
+            _ => None,
         })
-        .collect();
-    outbound::GrpcRoute {
-        metadata: Some(route_meta(route)),
-        hosts: hosts(route),
-        rules,
-    }
+        .collect()
 }
 
 // === inbound ===

@@ -91,104 +91,69 @@ fn route_authorizations(
     Ok(all.into())
 }
 
-impl Route<HttpMatch, RoutePolicy> {
-    /// The route of a server that names none: every request, the server's
-    /// authorizations.
-    pub fn default_route(authorizations: Arc<[Authorization]>) -> Self {
-        Self::default_named(PolicyMeta::default_named("default"), authorizations)
-    }
+/// HTTP and gRPC routes have one shape in different wire types: one body
+/// for both, each with its own match reader.
+macro_rules! inbound_routes {
+    ($match:ty, $wire:ty, $read_match:path) => {
+        impl Route<$match, RoutePolicy> {
+            /// The route of a server that names none: every request, the
+            /// server's authorizations.
+            pub fn default_route(authorizations: Arc<[Authorization]>) -> Self {
+                Self::default_named(PolicyMeta::default_named("default"), authorizations)
+            }
 
-    pub fn default_named(meta: Arc<PolicyMeta>, authorizations: Arc<[Authorization]>) -> Self {
-        Self {
-            hosts: Vec::new(),
-            rules: vec![Rule {
-                matches: Vec::new(),
-                policy: RoutePolicy {
-                    meta,
-                    authorizations,
-                },
-            }],
-        }
-    }
+            pub fn default_named(
+                meta: Arc<PolicyMeta>,
+                authorizations: Arc<[Authorization]>,
+            ) -> Self {
+                Self {
+                    hosts: Vec::new(),
+                    rules: vec![Rule {
+                        matches: Vec::new(),
+                        policy: RoutePolicy {
+                            meta,
+                            authorizations,
+                        },
+                    }],
+                }
+            }
 
-    pub fn from_wire(
-        route: inbound_api::HttpRoute,
-        server: &[Authorization],
-    ) -> Result<Self, InvalidServer> {
-        let meta = meta_from_wire(route.metadata.ok_or(InvalidRoute::MissingMeta)?)?;
-        let authorizations = route_authorizations(route.authorizations, server)?;
-        let hosts = route
-            .hosts
-            .into_iter()
-            .map(wire::host_match)
-            .collect::<Result<_, _>>()?;
-        let rules = route
-            .rules
-            .into_iter()
-            .map(|r| {
-                Ok(Rule {
-                    matches: r
-                        .matches
-                        .into_iter()
-                        .map(wire::http_match)
-                        .collect::<Result<_, _>>()?,
-                    policy: RoutePolicy {
-                        meta: meta.clone(),
-                        authorizations: authorizations.clone(),
-                    },
-                })
-            })
-            .collect::<Result<_, InvalidRoute>>()?;
-        Ok(Self { hosts, rules })
-    }
-}
-
-impl Route<GrpcMatch, RoutePolicy> {
-    pub fn default_route(authorizations: Arc<[Authorization]>) -> Self {
-        Self {
-            hosts: Vec::new(),
-            rules: vec![Rule {
-                matches: Vec::new(),
-                policy: RoutePolicy {
-                    meta: PolicyMeta::default_named("default"),
-                    authorizations,
-                },
-            }],
-        }
-    }
-
-    pub fn from_wire(
-        route: inbound_api::GrpcRoute,
-        server: &[Authorization],
-    ) -> Result<Self, InvalidServer> {
-        let meta = meta_from_wire(route.metadata.ok_or(InvalidRoute::MissingMeta)?)?;
-        let authorizations = route_authorizations(route.authorizations, server)?;
-        let hosts = route
-            .hosts
-            .into_iter()
-            .map(wire::host_match)
-            .collect::<Result<_, _>>()?;
-        let rules = route
-            .rules
-            .into_iter()
-            .map(|r| {
-                let matches = r
-                    .matches
+            pub fn from_wire(
+                route: $wire,
+                server: &[Authorization],
+            ) -> Result<Self, InvalidServer> {
+                let meta = meta_from_wire(route.metadata.ok_or(InvalidRoute::MissingMeta)?)?;
+                let authorizations = route_authorizations(route.authorizations, server)?;
+                let hosts = route
+                    .hosts
                     .into_iter()
-                    .map(wire::grpc_match)
+                    .map(wire::host_match)
                     .collect::<Result<_, _>>()?;
-                Ok(Rule {
-                    matches,
-                    policy: RoutePolicy {
-                        meta: meta.clone(),
-                        authorizations: authorizations.clone(),
-                    },
-                })
-            })
-            .collect::<Result<_, InvalidRoute>>()?;
-        Ok(Self { hosts, rules })
-    }
+                let rules = route
+                    .rules
+                    .into_iter()
+                    .map(|r| {
+                        Ok(Rule {
+                            matches: r
+                                .matches
+                                .into_iter()
+                                .map($read_match)
+                                .collect::<Result<_, _>>()?,
+                            policy: RoutePolicy {
+                                meta: meta.clone(),
+                                authorizations: authorizations.clone(),
+                            },
+                        })
+                    })
+                    .collect::<Result<_, InvalidRoute>>()?;
+                Ok(Self { hosts, rules })
+            }
+        }
+    };
 }
+
+inbound_routes!(HttpMatch, inbound_api::HttpRoute, wire::http_match);
+inbound_routes!(GrpcMatch, inbound_api::GrpcRoute, wire::grpc_match);
 
 #[cfg(test)]
 mod tests {

@@ -925,90 +925,79 @@ fn grpc_retry(r: Option<out::grpc_route::Retry>) -> Result<Option<RetryPolicy>, 
     }))
 }
 
-fn http_routes(routes: Option<Vec<out::HttpRoute>>) -> Result<Routes<HttpMatch>, InvalidPolicy> {
-    let mut out = Routes::default();
-    for r in routes.unwrap_or_default() {
-        out.metas.push(meta_of(r.metadata, "http"));
-        out.slots.push(RouteSlot::default());
-        let hosts = r
-            .hosts
-            .into_iter()
-            .map(wire::host_match)
-            .collect::<Result<_, _>>()?;
-        let rules = r
-            .rules
-            .into_iter()
-            .map(|rule| {
-                Ok(Rule {
-                    matches: rule
-                        .matches
-                        .into_iter()
-                        .map(wire::http_match)
-                        .collect::<Result<_, _>>()?,
-                    policy: RulePolicy {
-                        filters: rule
-                            .filters
-                            .into_iter()
-                            .map(http_filter)
-                            .collect::<Result<Vec<_>, _>>()?
-                            .into_iter()
-                            .flatten()
-                            .collect(),
-                        backends: http_distribution(rule.backends)?,
-                        #[allow(deprecated)]
-                        timeouts: timeouts(rule.timeouts, rule.request_timeout)?,
-                        retry: http_retry(rule.retry)?,
-                        allow_l5d_request_headers: rule.allow_l5d_request_headers,
-                    },
-                })
-            })
-            .collect::<Result<_, InvalidPolicy>>()?;
-        out.routes.push(Route { hosts, rules });
-    }
-    Ok(out)
+/// HTTP and gRPC routes have one shape in different wire types: one body
+/// for both, each with its own match, filter, backend and retry readers.
+macro_rules! routes_from_wire {
+    ($name:ident, $wire:ty, $match:ty, $kind:literal,
+     $read_match:path, $read_filter:path, $read_backends:path, $read_retry:path) => {
+        fn $name(routes: Vec<$wire>) -> Result<Routes<$match>, InvalidPolicy> {
+            let mut out = Routes::default();
+            for r in routes {
+                out.metas.push(meta_of(r.metadata, $kind));
+                out.slots.push(RouteSlot::default());
+                let hosts = r
+                    .hosts
+                    .into_iter()
+                    .map(wire::host_match)
+                    .collect::<Result<_, _>>()?;
+                let rules = r
+                    .rules
+                    .into_iter()
+                    .map(|rule| {
+                        Ok(Rule {
+                            matches: rule
+                                .matches
+                                .into_iter()
+                                .map($read_match)
+                                .collect::<Result<_, _>>()?,
+                            policy: RulePolicy {
+                                filters: rule
+                                    .filters
+                                    .into_iter()
+                                    .map($read_filter)
+                                    .collect::<Result<Vec<_>, _>>()?
+                                    .into_iter()
+                                    .flatten()
+                                    .collect(),
+                                backends: $read_backends(rule.backends)?,
+                                #[allow(deprecated)]
+                                timeouts: timeouts(rule.timeouts, rule.request_timeout)?,
+                                retry: $read_retry(rule.retry)?,
+                                allow_l5d_request_headers: rule.allow_l5d_request_headers,
+                            },
+                        })
+                    })
+                    .collect::<Result<_, InvalidPolicy>>()?;
+                out.routes.push(Route { hosts, rules });
+            }
+            Ok(out)
+        }
+    };
 }
 
-fn grpc_routes(routes: Vec<out::GrpcRoute>) -> Result<Routes<GrpcMatch>, InvalidPolicy> {
-    let mut out = Routes::default();
-    for r in routes {
-        out.metas.push(meta_of(r.metadata, "grpc"));
-        out.slots.push(RouteSlot::default());
-        let hosts = r
-            .hosts
-            .into_iter()
-            .map(wire::host_match)
-            .collect::<Result<_, _>>()?;
-        let rules = r
-            .rules
-            .into_iter()
-            .map(|rule| {
-                Ok(Rule {
-                    matches: rule
-                        .matches
-                        .into_iter()
-                        .map(wire::grpc_match)
-                        .collect::<Result<_, _>>()?,
-                    policy: RulePolicy {
-                        filters: rule
-                            .filters
-                            .into_iter()
-                            .map(grpc_filter)
-                            .collect::<Result<Vec<_>, _>>()?
-                            .into_iter()
-                            .flatten()
-                            .collect(),
-                        backends: grpc_distribution(rule.backends)?,
-                        #[allow(deprecated)]
-                        timeouts: timeouts(rule.timeouts, rule.request_timeout)?,
-                        retry: grpc_retry(rule.retry)?,
-                        allow_l5d_request_headers: rule.allow_l5d_request_headers,
-                    },
-                })
-            })
-            .collect::<Result<_, InvalidPolicy>>()?;
-        out.routes.push(Route { hosts, rules });
-    }
-    Ok(out)
+routes_from_wire!(
+    http_route_list,
+    out::HttpRoute,
+    HttpMatch,
+    "http",
+    wire::http_match,
+    http_filter,
+    http_distribution,
+    http_retry
+);
+routes_from_wire!(
+    grpc_routes,
+    out::GrpcRoute,
+    GrpcMatch,
+    "grpc",
+    wire::grpc_match,
+    grpc_filter,
+    grpc_distribution,
+    grpc_retry
+);
+
+fn http_routes(routes: Option<Vec<out::HttpRoute>>) -> Result<Routes<HttpMatch>, InvalidPolicy> {
+    http_route_list(routes.unwrap_or_default())
 }
 
 #[cfg(test)]
