@@ -233,29 +233,14 @@ pub fn channel(
     connect_timeout: Duration,
 ) -> Result<tonic::transport::Channel, String> {
     let config = tls::client_config(roots, None, &[]).map_err(|e| e.to_string())?;
-    let target = addr.to_owned();
-    let connector = tower::service_fn(move |_: http::Uri| {
-        let (target, config, name) = (target.clone(), config.clone(), server_name.clone());
-        async move {
-            let connect = async {
-                let tcp = tokio::net::TcpStream::connect(target.as_str()).await?;
-                let _ = tcp.set_nodelay(true);
-                crate::io::connect(tcp, name.as_ref().map(|n| (&config, n))).await
-            };
-            match tokio::time::timeout(connect_timeout, connect).await {
-                Ok(r) => r.map(hyper_util::rt::TokioIo::new),
-                Err(_) => Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("connect to {target} timed out"),
-                )),
-            }
-        }
-    });
-    Ok(
-        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| format!("invalid address {addr:?}: {e}"))?
-            .connect_with_connector_lazy(connector),
-    )
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| format!("invalid address {addr:?}: {e}"))?;
+    Ok(crate::io::lazy_channel(
+        endpoint,
+        addr.to_owned(),
+        server_name.map(|name| (config, name)),
+        connect_timeout,
+    ))
 }
 
 /// The name to verify a control-plane service at `addr` as: `given` when

@@ -93,6 +93,36 @@ pub async fn connect(
     }
 }
 
+/// A gRPC channel over `endpoint` whose every connection dials `target`
+/// (`HOST:PORT`) within `connect_timeout`, in TLS verifying the name given
+/// with its client config, else in plaintext. Lazy: nothing is dialled
+/// before the first call, and a failed connect is tried again by the next.
+pub fn lazy_channel(
+    endpoint: tonic::transport::Endpoint,
+    target: String,
+    tls: Option<(std::sync::Arc<rustls::ClientConfig>, crate::IdentityName)>,
+    connect_timeout: std::time::Duration,
+) -> tonic::transport::Channel {
+    let connector = tower::service_fn(move |_: http::Uri| {
+        let (target, tls) = (target.clone(), tls.clone());
+        async move {
+            let dial = async {
+                let tcp = tokio::net::TcpStream::connect(target.as_str()).await?;
+                let _ = tcp.set_nodelay(true);
+                connect(tcp, tls.as_ref().map(|(c, n)| (c, n))).await
+            };
+            match tokio::time::timeout(connect_timeout, dial).await {
+                Ok(r) => r.map(hyper_util::rt::TokioIo::new),
+                Err(_) => Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("connecting to {target} timed out after {connect_timeout:?}"),
+                )),
+            }
+        }
+    });
+    endpoint.connect_with_connector_lazy(connector)
+}
+
 /// Whether a control-plane address (`HOST:PORT`) is on this host:
 /// `127.0.0.1:8080`, `[::1]:8080`, `localhost:8080`. Linkerd dials those in
 /// plaintext.

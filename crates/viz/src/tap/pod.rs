@@ -178,30 +178,14 @@ impl GrpcObserver {
             connect_timeout,
             tls,
         } = dial;
-        let connector = tower::service_fn(move |_: http::Uri| {
-            let tls = tls.clone();
-            async move {
-                let connect = async {
-                    let tcp = tokio::net::TcpStream::connect(addr).await?;
-                    let _ = tcp.set_nodelay(true);
-                    ballast_meshtls::io::connect(tcp, tls.as_ref().map(|(c, n)| (c, n))).await
-                };
-                match tokio::time::timeout(connect_timeout, connect).await {
-                    Ok(r) => r.map(hyper_util::rt::TokioIo::new),
-                    Err(_) => Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!("connecting to {addr} timed out after {connect_timeout:?}"),
-                    )),
-                }
-            }
-        });
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| format!("invalid address {addr}: {e}"))?
             // A proxy that vanished without closing its connection is
             // noticed (and retried) rather than waited on forever.
             .http2_keep_alive_interval(KEEPALIVE)
-            .keep_alive_timeout(KEEPALIVE)
-            .connect_with_connector_lazy(connector);
+            .keep_alive_timeout(KEEPALIVE);
+        let channel =
+            ballast_meshtls::io::lazy_channel(endpoint, addr.to_string(), tls, connect_timeout);
         Ok(Self {
             client: TapClient::new(channel).max_decoding_message_size(MAX_EVENT_BYTES),
         })
