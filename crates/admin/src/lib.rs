@@ -33,14 +33,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod accept;
-mod gauge;
 mod memory;
 mod process;
 mod readiness;
 mod server;
 
-pub use gauge::GaugeGuard;
 pub use memory::{
     register_memory_metrics, release_unused_memory, spawn_memory_sampler, MEMORY_SAMPLE_INTERVAL,
 };

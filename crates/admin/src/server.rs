@@ -20,8 +20,8 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, Semaphore};
 
-use crate::accept::{drive_http1, http1_server, serve_bounded, AcceptBounds, AtCapacity};
 use crate::Readiness;
+use ballast_serve::accept::{drive_http1, http1_server, serve_bounded, AcceptBounds, AtCapacity};
 
 /// `Content-Type` of `/metrics`: the OpenMetrics text format that
 /// [`prometheus_client::encoding::text::encode`] writes (Prometheus scrapes it).

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ballast_serve::accept::Acceptor;
 use http::header::{HeaderValue, ALLOW, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -44,9 +45,6 @@ const MAX_CONCURRENT_STREAMS: u32 = 256;
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest delay the control path accepts, so a typo cannot park requests for days.
 const MAX_DELAY_MS: u64 = 60_000;
-/// Pause after an accept error that is not about one connection (for example
-/// running out of file descriptors), so the loop does not spin.
-const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 /// Longest backend name: it is echoed in a header and in every body.
 const MAX_NAME_LEN: usize = 253;
 
@@ -320,30 +318,22 @@ async fn serve(listener: TcpListener, state: Arc<State>) {
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS);
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut connections = JoinSet::new();
+    let mut accepting = Acceptor::new("demo backend", listener);
     loop {
         tokio::select! {
             Some(_) = connections.join_next() => {}
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let Ok(permit) = permits.clone().try_acquire_owned() else {
-                        tracing::debug!(%peer, name = %state.name, "backend connection limit reached; closing the new connection");
-                        continue;
-                    };
-                    let http = http.clone();
-                    let state = state.clone();
-                    connections.spawn(async move {
-                        serve_connection(&http, stream, peer, state).await;
-                        drop(permit);
-                    });
-                }
-                Err(error) if is_connection_error(&error) => {
-                    tracing::debug!(%error, "backend connection failed before it was accepted");
-                }
-                Err(error) => {
-                    tracing::warn!(%error, name = %state.name, "backend cannot accept connections; retrying shortly");
-                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
-                }
-            },
+            (stream, peer) = accepting.accept() => {
+                let Ok(permit) = permits.clone().try_acquire_owned() else {
+                    tracing::debug!(%peer, name = %state.name, "backend connection limit reached; closing the new connection");
+                    continue;
+                };
+                let http = http.clone();
+                let state = state.clone();
+                connections.spawn(async move {
+                    serve_connection(&http, stream, peer, state).await;
+                    drop(permit);
+                });
+            }
         }
     }
 }
@@ -365,15 +355,6 @@ async fn serve_connection(
 }
 
 /// Errors of `accept` that concern only the connection being accepted.
-fn is_connection_error(error: &io::Error) -> bool {
-    matches!(
-        error.kind(),
-        io::ErrorKind::ConnectionRefused
-            | io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::ConnectionReset
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,8 +3,8 @@
 //! once in number (the rest wait, briefly, before any body is read).
 
 use crate::decide::{Answer, Decider};
-use ballast_admin::accept::{drive_http1, http1_server, serve_bounded, AcceptBounds, AtCapacity};
-use ballast_admin::GaugeGuard;
+use ballast_serve::accept::{drive_http1, http1_server, serve_bounded, AcceptBounds, AtCapacity};
+use ballast_serve::GaugeGuard;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};

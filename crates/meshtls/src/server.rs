@@ -5,6 +5,7 @@
 //! number.
 
 use crate::io::MaybeTls;
+use ballast_serve::{accept::Acceptor, GaugeGuard};
 use futures_util::Stream;
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -112,15 +113,6 @@ impl ServeStats {
     }
 }
 
-/// Counts a connection open for as long as it lives.
-struct OpenGuard(Gauge);
-
-impl Drop for OpenGuard {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
 type Io = MaybeTls<TcpStream, Box<tokio_rustls::server::TlsStream<TcpStream>>>;
 
 /// An accepted connection, TLS or not, holding its connection permit.
@@ -128,7 +120,7 @@ pub struct ServerIo {
     io: Io,
     info: TcpConnectInfo,
     _permit: OwnedSemaphorePermit,
-    _open: OpenGuard,
+    _open: GaugeGuard,
 }
 
 impl ServerIo {
@@ -192,6 +184,7 @@ pub fn incoming(
     let conns = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let handshakes = Arc::new(Semaphore::new(limits.max_handshakes.max(1)));
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let mut accepting = Acceptor::new("grpc", listener);
     tokio::spawn(async move {
         loop {
             // At the connection bound, stop accepting: the kernel's backlog
@@ -200,14 +193,7 @@ pub fn incoming(
                 return;
             };
             let (stream, remote) = tokio::select! {
-                r = listener.accept() => match r {
-                    Ok(x) => x,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
+                accepted = accepting.accept() => accepted,
                 _ = tx.closed() => return,
             };
             let _ = stream.set_nodelay(true);
@@ -244,8 +230,7 @@ pub fn incoming(
                 };
                 let tls = if io.is_tls() { "true" } else { "false" };
                 stats.accepted.get_or_create(&AcceptLabels { tls }).inc();
-                stats.open.inc();
-                let open = OpenGuard(stats.open.clone());
+                let open = GaugeGuard::new(&stats.open);
                 let _ = tx
                     .send(Ok(ServerIo {
                         io,

@@ -1,11 +1,13 @@
 //! Accept loops: a bounded number of connections per listener, each served
 //! on its own task; accept errors (EMFILE) pause accepting instead of
-//! spinning or failing.
+//! spinning or failing (`ballast_serve::accept::Acceptor`, the step every
+//! server accepts with).
 
 use crate::{
     memory::MemoryLimit,
     metrics::{ListenerLabels, Metrics, RefusedLabels},
 };
+use ballast_serve::accept::Acceptor;
 use futures_util::FutureExt;
 use std::{
     future::Future,
@@ -17,11 +19,8 @@ use tokio::{
     sync::{watch, Semaphore},
 };
 
-/// Pause after an accept error, so that a process out of file descriptors
-/// does not spin.
-const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
-/// Refusals and accept errors are logged at most this often per listener
-/// (they are counted always): a flood must not become a flood of log lines.
+/// Refusals are logged at most this often per listener (they are counted
+/// always): a flood must not become a flood of log lines.
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Open connections of one listener; drained at shutdown.
@@ -72,6 +71,8 @@ pub async fn accept_loop<F, Fut>(
     let accept_errors = metrics
         .listener_accept_errors_total
         .get_or_create_owned(&labels);
+    let connections = l.connections;
+    let mut accepting = Acceptor::new(name, l.listener).counting_errors(accept_errors);
     let refused = |reason| {
         metrics
             .listener_refused_total
@@ -83,37 +84,16 @@ pub async fn accept_loop<F, Fut>(
     let (over_max, over_memory) = (refused("max_connections"), refused("memory_limit"));
     let mut last_refusal_log: Option<Instant> = None;
     let mut unlogged = 0u64;
-    let mut last_error_log: Option<Instant> = None;
-    let mut errors_unlogged = 0u64;
     loop {
-        let accepted = tokio::select! {
+        let (stream, _) = tokio::select! {
             _ = shutdown.wait_for(|stop| *stop) => return,
-            a = l.listener.accept() => a,
-        };
-        let stream = match accepted {
-            Ok((s, _)) => s,
-            Err(e) => {
-                accept_errors.inc();
-                errors_unlogged += 1;
-                if last_error_log.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_INTERVAL) {
-                    tracing::warn!(
-                        listener = name,
-                        error = %e,
-                        errors = errors_unlogged,
-                        "accept failed (out of file descriptors?); pausing accepts"
-                    );
-                    last_error_log = Some(Instant::now());
-                    errors_unlogged = 0;
-                }
-                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
-                continue;
-            }
+            accepted = accepting.accept() => accepted,
         };
         let reason = if memory.shed("connection") {
             over_memory.inc();
             Some("memory is at --memory-limit")
         } else {
-            match l.connections.permits.clone().try_acquire_owned() {
+            match connections.permits.clone().try_acquire_owned() {
                 Ok(permit) => {
                     let _ = stream.set_nodelay(true);
                     open.inc();
@@ -140,7 +120,7 @@ pub async fn accept_loop<F, Fut>(
                 tracing::warn!(
                     listener = name,
                     refused = unlogged,
-                    max_connections = l.connections.max,
+                    max_connections = connections.max,
                     "refusing connections: {reason}"
                 );
                 last_refusal_log = Some(Instant::now());

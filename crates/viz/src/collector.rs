@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ballast_admin::GaugeGuard;
+use ballast_serve::GaugeGuard;
 use ballast_vizcore::api::ResourceRef;
 use ballast_vizcore::expo::{self, Limits, Page};
 use ballast_vizcore::mesh::Mesh;

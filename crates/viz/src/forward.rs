@@ -14,7 +14,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ballast_admin::accept::{drive_http1, http1_server, serve_bounded, AcceptBounds, AtCapacity};
+use ballast_serve::accept::{drive_http1, http1_server, serve_bounded, AcceptBounds, AtCapacity};
 use bytes::Bytes;
 use http::header::{HeaderValue, ALLOW, CONTENT_TYPE};
 use http::{Method, Request, Response, StatusCode};

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use ballast_admin::GaugeGuard;
+use ballast_serve::GaugeGuard;
 use ballast_vizcore::api::ResourceRef;
 use ballast_vizcore::expo::{self, Limits, Page};
 use ballast_vizcore::targets::PodTarget;

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use ballast_admin::accept::{drive_http1, http1_server, serve_bounded, AcceptBounds, AtCapacity};
+use ballast_serve::accept::{drive_http1, http1_server, serve_bounded, AcceptBounds, AtCapacity};
 use ballast_vizcore::api::ResourceRef;
 use ballast_vizcore::mesh::{canonical_kind, Mesh, QueryError, StatQuery};
 use bytes::Bytes;

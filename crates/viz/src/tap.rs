@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use ballast_admin::GaugeGuard;
 use ballast_meshtls::IdentityName;
+use ballast_serve::GaugeGuard;
 use ballast_vizcore::api::{ResourceRef, TapEvent, TapNotice};
 use ballast_vizcore::targets::PodTarget;
 use bytes::Bytes;

@@ -1,8 +1,9 @@
-//! One bounded accept loop for Ballast's small HTTP/1 servers (the admin
-//! server, viz's dashboard and the injector's webhook): at most
-//! `max_connections` served at once, accept errors that never end the
-//! server, and a shutdown that stops accepting and gives open connections
-//! a grace period before closing them.
+//! The one accept step every server uses ([`Acceptor`]), and the bounded
+//! accept loop of Ballast's small HTTP/1 servers (the admin server, viz's
+//! dashboard and the injector's webhook): at most `max_connections` served
+//! at once, accept errors that never end the server, and a shutdown that
+//! stops accepting and gives open connections a grace period before
+//! closing them.
 
 use std::future::Future;
 use std::io;
@@ -27,9 +28,61 @@ use crate::GaugeGuard;
 
 /// Pause after an accept error that is not about one connection (running
 /// out of file descriptors, say), so the loop does not spin.
-const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+pub const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 /// Such errors are logged at most this often (with how many came between).
-const ACCEPT_ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
+pub const ACCEPT_ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// A listener's accept step. Errors that concern only the connection being
+/// accepted (reset or aborted before it was taken) are skipped; any other
+/// (out of file descriptors, say) is counted, logged at most every
+/// [`ACCEPT_ERROR_LOG_EVERY`] with how many came between, and pauses
+/// accepting for [`ACCEPT_ERROR_PAUSE`]: the loop never spins and never
+/// ends on an error.
+pub struct Acceptor {
+    listener: TcpListener,
+    server: &'static str,
+    errors: AcceptErrors,
+    counted: Option<Counter>,
+}
+
+impl Acceptor {
+    /// Accepts from `listener`; `server` names it in logs.
+    pub fn new(server: &'static str, listener: TcpListener) -> Self {
+        Self {
+            listener,
+            server,
+            errors: AcceptErrors::default(),
+            counted: None,
+        }
+    }
+
+    /// Also counts every accept error in `errors`.
+    pub fn counting_errors(mut self, errors: Counter) -> Self {
+        self.counted = Some(errors);
+        self
+    }
+
+    /// The next connection. Cancel-safe: dropped while waiting, no
+    /// connection is lost.
+    pub async fn accept(&mut self) -> (TcpStream, SocketAddr) {
+        loop {
+            match self.listener.accept().await {
+                Ok(accepted) => return accepted,
+                Err(error) => {
+                    if let Some(counted) = &self.counted {
+                        counted.inc();
+                    }
+                    if is_connection_error(&error) {
+                        tracing::debug!(server = self.server, %error, "a connection failed before it was accepted");
+                        continue;
+                    }
+                    self.errors.log(self.server, &error);
+                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                }
+            }
+        }
+    }
+}
 
 /// What happens to a connection arriving while `max_connections` are open.
 #[derive(Clone, Debug)]
@@ -89,7 +142,7 @@ pub async fn serve_bounded<F, Fut>(
     let (stop, stopping) = watch::channel(false);
     let mut connections = JoinSet::new();
     let mut shutdown = pin!(shutdown);
-    let mut errors = AcceptErrors::default();
+    let mut acceptor = Acceptor::new(server, listener);
     loop {
         let waited = match bounds.at_capacity {
             AtCapacity::Wait => tokio::select! {
@@ -113,20 +166,9 @@ pub async fn serve_bounded<F, Fut>(
                 log_task_end(server, ended);
                 continue;
             }
-            accepted = listener.accept() => accepted,
+            accepted = acceptor.accept() => accepted,
         };
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
-            Err(error) if is_connection_error(&error) => {
-                tracing::debug!(server, %error, "a connection failed before it was accepted");
-                continue;
-            }
-            Err(error) => {
-                errors.log(server, &error);
-                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
-                continue;
-            }
-        };
+        let (stream, peer) = accepted;
         // A waiting loop holds its permit already; a closing one takes it now.
         let Some(permit) = waited.or_else(|| permits.clone().try_acquire_owned().ok()) else {
             if let AtCapacity::Close(rejected) = &bounds.at_capacity {
@@ -142,7 +184,7 @@ pub async fn serve_bounded<F, Fut>(
             served.await;
         });
     }
-    drop(listener);
+    drop(acceptor);
     stop.send_replace(true);
     tracing::debug!(server, in_flight = connections.len(), "shutting down");
     let drain = async {
@@ -265,7 +307,7 @@ impl AcceptErrors {
             server,
             %error,
             errors = self.since,
-            "cannot accept connections; retrying shortly"
+            "cannot accept connections (out of file descriptors?); pausing accepts, retrying shortly"
         );
         self.last = Some(now);
         self.since = 0;
