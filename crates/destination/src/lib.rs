@@ -13,6 +13,7 @@ pub mod feed;
 pub mod metrics;
 pub mod policy;
 pub mod server;
+pub mod shared;
 pub mod source;
 pub mod store;
 

@@ -16,6 +16,7 @@ use crate::{
     index::{Changes, EndpointSet, Index, ProfileView, Target},
     metrics::Metrics,
     resource::{Kind, ObjectKey, Resource},
+    shared::Shared,
 };
 use std::{
     collections::{HashMap, HashSet},
@@ -60,7 +61,7 @@ struct Inner {
 
 /// The subscriptions of one method, and which of them a change may reach.
 struct Subs<V> {
-    entries: HashMap<Target, Entry<V>>,
+    entries: Shared<Target, Entry<V>>,
     /// Service targets, by service.
     by_service: HashMap<ObjectKey, HashSet<Target>>,
     /// Address targets, by IP.
@@ -71,7 +72,6 @@ struct Entry<V> {
     feed: Arc<Feed<V>>,
     /// Shared by the entry's watchers (a stream holds no copy of its own).
     target: Arc<Target>,
-    watchers: usize,
 }
 
 /// A watcher's handle on a shared subscription.
@@ -354,7 +354,7 @@ impl Store {
 impl<V> Default for Subs<V> {
     fn default() -> Self {
         Self {
-            entries: HashMap::new(),
+            entries: Shared::default(),
             by_service: HashMap::new(),
             by_ip: HashMap::new(),
         }
@@ -367,7 +367,12 @@ impl<V> Subs<V> {
         target: &Target,
         create: impl FnOnce() -> Feed<V>,
     ) -> (Arc<Feed<V>>, Arc<Target>) {
-        if !self.entries.contains_key(target) {
+        let (entry, created) = self.entries.join(target, || Entry {
+            feed: Arc::new(create()),
+            target: Arc::new(target.clone()),
+        });
+        let joined = (entry.feed.clone(), entry.target.clone());
+        if created {
             match target {
                 Target::Service { service, .. } => self
                     .by_service
@@ -381,25 +386,14 @@ impl<V> Subs<V> {
                     .insert(target.clone()),
             };
         }
-        let entry = self.entries.entry(target.clone()).or_insert_with(|| Entry {
-            feed: Arc::new(create()),
-            target: Arc::new(target.clone()),
-            watchers: 0,
-        });
-        entry.watchers += 1;
-        (entry.feed.clone(), entry.target.clone())
+        joined
     }
 
     /// `n` watchers of `target` are gone.
     fn release(&mut self, target: &Target, n: usize) {
-        let Some(entry) = self.entries.get_mut(target) else {
-            return;
-        };
-        entry.watchers = entry.watchers.saturating_sub(n);
-        if entry.watchers > 0 {
+        if self.entries.release(target, n).is_none() {
             return;
         }
-        self.entries.remove(target);
         fn unindex<K: Eq + std::hash::Hash>(
             map: &mut HashMap<K, HashSet<Target>>,
             key: &K,

@@ -23,6 +23,7 @@ use crate::{
         Changes, Index, Target,
     },
     resource::ObjectKey,
+    shared::Shared,
     store::{Observer, Store},
 };
 use linkerd2_proxy_api::{inbound, outbound};
@@ -117,15 +118,14 @@ pub struct PolicyStore {
 
 #[derive(Default)]
 struct Subs {
-    outbound: HashMap<Target, Entry<OutboundView, outbound::OutboundPolicy>>,
-    inbound: HashMap<(ObjectKey, u16), Entry<Option<InboundView>, inbound::Server>>,
+    outbound: Shared<Target, Entry<OutboundView, outbound::OutboundPolicy>>,
+    inbound: Shared<(ObjectKey, u16), Entry<Option<InboundView>, inbound::Server>>,
 }
 
 struct Entry<V, M> {
     view: V,
     /// `None`: the target is not known (the stream ends with NOT_FOUND).
     tx: watch::Sender<Option<Arc<M>>>,
-    watchers: usize,
 }
 
 /// A watcher's handle on one shared answer; leaving drops the
@@ -176,30 +176,13 @@ impl PolicyStore {
         self: &Arc<Self>,
         target: Target,
     ) -> PolicyWatch<outbound::OutboundPolicy> {
-        // Lock order: the store's, then ours (as in `Observer::changed`).
-        let rx = self.store.with_index(|index| {
-            let mut subs = self.lock();
-            let entry = subs.outbound.entry(target.clone()).or_insert_with(|| {
-                let view = index.outbound_policy(&target);
-                let msg = self.encode_outbound(&view);
-                Entry {
-                    view,
-                    tx: watch::Sender::new(msg),
-                    watchers: 0,
-                }
-            });
-            entry.watchers += 1;
-            let rx = entry.tx.subscribe();
-            self.count(&subs);
-            rx
-        });
-        PolicyWatch {
-            rx,
-            _guard: Guard {
-                policy: self.clone(),
-                key: Key::Outbound(target),
-            },
-        }
+        let rx = self.join(
+            |subs| &mut subs.outbound,
+            &target,
+            |index| index.outbound_policy(&target),
+            |view| self.encode_outbound(view),
+        );
+        self.watch(rx, Key::Outbound(target))
     }
 
     pub fn watch_inbound(
@@ -207,27 +190,48 @@ impl PolicyStore {
         pod: ObjectKey,
         port: u16,
     ) -> PolicyWatch<inbound::Server> {
-        let rx = self.store.with_index(|index| {
+        let key = (pod, port);
+        let rx = self.join(
+            |subs| &mut subs.inbound,
+            &key,
+            |index| index.inbound_policy(&key.0, key.1),
+            |view| self.encode_inbound(view),
+        );
+        self.watch(rx, Key::Inbound(key.0, key.1))
+    }
+
+    /// Joins the shared answer of `key` in the registry `pick` chooses,
+    /// computing and encoding it if this is its first watcher.
+    fn join<K: Eq + Hash + Clone, V, M>(
+        &self,
+        pick: impl FnOnce(&mut Subs) -> &mut Shared<K, Entry<V, M>>,
+        key: &K,
+        view_of: impl FnOnce(&Index) -> V,
+        encode: impl FnOnce(&V) -> Option<Arc<M>>,
+    ) -> watch::Receiver<Option<Arc<M>>> {
+        // Lock order: the store's, then ours (as in `Observer::changed`).
+        self.store.with_index(|index| {
             let mut subs = self.lock();
-            let entry = subs.inbound.entry((pod.clone(), port)).or_insert_with(|| {
-                let view = index.inbound_policy(&pod, port);
-                let msg = self.encode_inbound(&view);
+            let (entry, _) = pick(&mut subs).join(key, || {
+                let view = view_of(index);
+                let msg = encode(&view);
                 Entry {
                     view,
                     tx: watch::Sender::new(msg),
-                    watchers: 0,
                 }
             });
-            entry.watchers += 1;
             let rx = entry.tx.subscribe();
             self.count(&subs);
             rx
-        });
+        })
+    }
+
+    fn watch<M>(self: &Arc<Self>, rx: watch::Receiver<Option<Arc<M>>>, key: Key) -> PolicyWatch<M> {
         PolicyWatch {
             rx,
             _guard: Guard {
                 policy: self.clone(),
-                key: Key::Inbound(pod, port),
+                key,
             },
         }
     }
@@ -318,21 +322,12 @@ impl Observer for PolicyStore {
     }
 }
 
-fn leave<K: Eq + Hash, V, M>(map: &mut HashMap<K, Entry<V, M>>, key: &K) {
-    if let Some(entry) = map.get_mut(key) {
-        entry.watchers -= 1;
-        if entry.watchers == 0 {
-            map.remove(key);
-        }
-    }
-}
-
 impl Drop for Guard {
     fn drop(&mut self) {
         let mut subs = self.policy.lock();
         match &self.key {
-            Key::Outbound(t) => leave(&mut subs.outbound, t),
-            Key::Inbound(pod, port) => leave(&mut subs.inbound, &(pod.clone(), *port)),
+            Key::Outbound(t) => drop(subs.outbound.release(t, 1)),
+            Key::Inbound(pod, port) => drop(subs.inbound.release(&(pod.clone(), *port), 1)),
         }
         self.policy.count(&subs);
     }

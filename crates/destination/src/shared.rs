@@ -1,0 +1,104 @@
+//! Shared subscriptions by key, the one registry behind both APIs: the
+//! Destination API's `Get` and `GetProfile` (`store`) and the policy APIs'
+//! `OutboundPolicies.Watch` and `InboundServerPolicies.WatchPort`
+//! (`policy`). One entry per key, created by its first watcher and dropped
+//! with its last, so that a key's answer and its changes are computed once
+//! for all its watchers.
+
+use std::{collections::HashMap, hash::Hash};
+
+/// The entries of one API method, each with how many watchers hold it.
+pub struct Shared<K, E> {
+    entries: HashMap<K, Held<E>>,
+}
+
+struct Held<E> {
+    entry: E,
+    watchers: usize,
+}
+
+impl<K, E> Default for Shared<K, E> {
+    fn default() -> Self {
+        Self {
+            entries: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Eq + Hash + Clone, E> Shared<K, E> {
+    /// One more watcher of `key`; `create` makes its entry if it is the
+    /// first. Returns the entry and whether it was created now.
+    pub fn join(&mut self, key: &K, create: impl FnOnce() -> E) -> (&mut E, bool) {
+        let created = !self.entries.contains_key(key);
+        let held = self.entries.entry(key.clone()).or_insert_with(|| Held {
+            entry: create(),
+            watchers: 0,
+        });
+        held.watchers += 1;
+        (&mut held.entry, created)
+    }
+
+    /// `n` watchers of `key` are gone; returns the entry when it went with
+    /// its last watcher.
+    pub fn release(&mut self, key: &K, n: usize) -> Option<E> {
+        let held = self.entries.get_mut(key)?;
+        held.watchers = held.watchers.saturating_sub(n);
+        if held.watchers > 0 {
+            return None;
+        }
+        self.entries.remove(key).map(|held| held.entry)
+    }
+
+    /// How many keys have watchers.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn get_key_value(&self, key: &K) -> Option<(&K, &E)> {
+        self.entries.get_key_value(key).map(|(k, h)| (k, &h.entry))
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &K> {
+        self.entries.keys()
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &E> {
+        self.entries.values().map(|h| &h.entry)
+    }
+
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&K, &mut E)> {
+        self.entries.iter_mut().map(|(k, h)| (k, &mut h.entry))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_is_made_by_its_first_watcher_and_goes_with_its_last() {
+        let mut shared: Shared<&str, u32> = Shared::default();
+        let mut made = 0;
+        let (_, created) = shared.join(&"a", || {
+            made += 1;
+            7
+        });
+        assert!(created);
+        let (entry, created) = shared.join(&"a", || unreachable!("made once"));
+        assert!(!created);
+        assert_eq!(*entry, 7);
+        shared.join(&"b", || 8);
+        assert_eq!(shared.len(), 2);
+        assert_eq!(shared.release(&"a", 1), None, "a watcher of a is left");
+        assert_eq!(shared.release(&"a", 1), Some(7));
+        assert_eq!(shared.release(&"a", 1), None, "already gone");
+        // Several at once (a change that cut them), never below zero.
+        assert_eq!(shared.release(&"b", 5), Some(8));
+        assert!(shared.is_empty());
+        assert_eq!(made, 1);
+    }
+}
