@@ -422,23 +422,22 @@ fn expand(input: &Path) -> anyhow::Result<Vec<Source>> {
     if !metadata.is_dir() {
         return Ok(vec![Source::File(input.to_path_buf())]);
     }
-    let entries =
-        std::fs::read_dir(input).map_err(|e| anyhow::anyhow!("{}: {e}", input.display()))?;
-    let mut files = Vec::new();
-    for entry in entries {
-        let path = entry
-            .map_err(|e| anyhow::anyhow!("{}: {e}", input.display()))?
-            .path();
-        let manifest = path
-            .extension()
-            .and_then(|e| e.to_str())
-            .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"));
-        if manifest && !path.is_dir() {
-            files.push(path);
-        }
+    // The rule every reader of a manifests directory shares (subdirectories
+    // included, as `linkerd inject` walks them).
+    let listing = ballast_manifests::walk(input, &ballast_manifests::Limits::default())
+        .map_err(|e| anyhow::anyhow!("{}: {e}", input.display()))?;
+    if let Some((dir, e)) = listing.unreadable.first() {
+        anyhow::bail!("{}: {e}", dir.display());
     }
-    files.sort();
-    Ok(files.into_iter().map(Source::File).collect())
+    if listing.too_many {
+        anyhow::bail!(
+            "{}: more than {} manifest files; inject a smaller directory",
+            input.display(),
+            ballast_manifests::DEFAULT_MAX_FILES
+        );
+    }
+    let files = listing.files.into_keys().map(|p| p.to_path_buf());
+    Ok(files.map(Source::File).collect())
 }
 
 fn read(source: &Source) -> anyhow::Result<String> {

@@ -159,10 +159,15 @@ fn manifests_dir() -> tempfile::TempDir {
         ("00-namespace.yaml", NAMESPACE),
         ("10-web.yaml", WEB),
         ("20-db.json", DB),
-        ("30-nightly.yml", NIGHTLY),
+        // Subdirectories are read too, as `linkerd inject` reads them.
+        ("jobs/30-nightly.yml", NIGHTLY),
         ("README.md", "# not a manifest: ignored\n"),
+        // An editor's leftover: skipped, as every reader of manifests skips it.
+        (".10-web.yaml.swp", "kind: [not yaml\n"),
     ] {
-        std::fs::write(dir.path().join(name), text).expect("manifest written");
+        let path = dir.path().join(name);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("directory made");
+        std::fs::write(path, text).expect("manifest written");
     }
     dir
 }

@@ -1,7 +1,8 @@
-//! The snapshot from a manifests directory: every `.yaml`, `.yml` and
-//! `.json` file under it (hidden files and directories skipped), each a
-//! stream of YAML documents or JSON; `List`s (and typed lists such as
-//! `PodList`) are expanded.
+//! The snapshot from a manifests directory: every manifest file under it
+//! (by `ballast_manifests`' rule, the one the controller reads by: `.yaml`,
+//! `.yml` and `.json` in any case, hidden and editor files skipped, links
+//! followed), each a stream of YAML documents or JSON; `List`s (and typed
+//! lists such as `PodList`) are expanded.
 //!
 //! Bounds: at most [`ManifestOptions::max_files`] files of at most
 //! [`ManifestOptions::max_file_bytes`] each, [`MAX_DEPTH`] directories deep,
@@ -11,15 +12,15 @@
 use crate::report::Source;
 use crate::snapshot::Snapshot;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Default cap on the files read.
-pub const DEFAULT_MAX_FILES: usize = 10_000;
+pub const DEFAULT_MAX_FILES: usize = ballast_manifests::DEFAULT_MAX_FILES;
 /// Default cap on one file's size (the destination's manifests source reads
 /// files of up to 16 MiB too).
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 16 << 20;
 /// Subdirectories deeper than this are not read.
-pub const MAX_DEPTH: usize = 16;
+pub const MAX_DEPTH: usize = ballast_manifests::DEFAULT_MAX_DEPTH;
 
 #[derive(Clone, Debug)]
 pub struct ManifestOptions {
@@ -60,64 +61,29 @@ pub enum ManifestsError {
     TooManyObjects { max: usize, path: String },
 }
 
-fn is_manifest(path: &Path) -> bool {
-    matches!(
-        path.extension().and_then(|e| e.to_str()),
-        Some("yaml" | "yml" | "json")
-    )
-}
-
-fn hidden(path: &Path) -> bool {
-    path.file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| n.starts_with('.'))
-}
-
 /// The manifest files under `dir`, sorted.
 fn files(opts: &ManifestOptions) -> Result<Vec<PathBuf>, ManifestsError> {
-    let mut found = Vec::new();
-    let mut pending = vec![(opts.dir.clone(), 0usize)];
-    while let Some((dir, depth)) = pending.pop() {
-        let entries = std::fs::read_dir(&dir).map_err(|e| {
-            let path = dir.display().to_string();
-            if dir == opts.dir {
-                ManifestsError::Dir {
-                    path,
-                    reason: e.to_string(),
-                }
-            } else {
-                ManifestsError::File {
-                    path,
-                    reason: e.to_string(),
-                }
-            }
-        })?;
-        for entry in entries {
-            let entry = entry.map_err(|e| ManifestsError::File {
-                path: dir.display().to_string(),
-                reason: e.to_string(),
-            })?;
-            let path = entry.path();
-            if hidden(&path) {
-                continue;
-            }
-            // Follows symlinks, as kubectl apply -f does.
-            if path.is_dir() {
-                if depth < MAX_DEPTH {
-                    pending.push((path, depth + 1));
-                }
-            } else if is_manifest(&path) {
-                found.push(path);
-                if found.len() > opts.max_files {
-                    return Err(ManifestsError::TooManyFiles {
-                        max: opts.max_files,
-                    });
-                }
-            }
-        }
+    let limits = ballast_manifests::Limits {
+        max_files: opts.max_files,
+        max_depth: MAX_DEPTH,
+        max_dir_entries: opts.max_files.saturating_mul(4),
+    };
+    let listing = ballast_manifests::walk(&opts.dir, &limits).map_err(|e| ManifestsError::Dir {
+        path: opts.dir.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    if let Some((dir, e)) = listing.unreadable.first() {
+        return Err(ManifestsError::File {
+            path: dir.display().to_string(),
+            reason: e.to_string(),
+        });
     }
-    found.sort();
-    Ok(found)
+    if listing.too_many {
+        return Err(ManifestsError::TooManyFiles {
+            max: opts.max_files,
+        });
+    }
+    Ok(listing.files.into_keys().map(|p| p.to_path_buf()).collect())
 }
 
 /// A document: one object, or the items of a list.

@@ -134,9 +134,8 @@ async fn token_review(client: &kube::Client, token: &[u8]) -> Result<ServiceAcco
     parse_username(&username)
 }
 
-/// Bounds of the manifests token scan.
-const MAX_FILES: usize = 10_000;
-const MAX_DEPTH: usize = 8;
+/// Bounds of the manifests token scan (the files are those the destination
+/// controller reads, by `ballast_manifests`' rule and default bounds).
 const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
 const MAX_TOKENS: usize = 100_000;
 /// A token not found triggers a rescan at most this often.
@@ -220,8 +219,9 @@ impl ManifestTokens {
 /// files are skipped (the destination controller reports them). Returns
 /// every file's tokens and all of them by digest.
 fn scan(dir: &Path, mut previous: Files) -> (Files, HashMap<[u8; 32], ServiceAccount>) {
-    let mut paths = Vec::new();
-    walk(dir, 0, &mut paths);
+    let paths: Vec<PathBuf> = ballast_manifests::walk(dir, &ballast_manifests::Limits::default())
+        .map(|listing| listing.files.into_keys().map(|p| p.to_path_buf()).collect())
+        .unwrap_or_default();
     let mut files = Files::with_capacity(paths.len());
     let mut tokens = HashMap::new();
     for path in paths {
@@ -258,39 +258,6 @@ fn scan(dir: &Path, mut previous: Files) -> (Files, HashMap<[u8; 32], ServiceAcc
         files.insert(path, read);
     }
     (files, tokens)
-}
-
-fn walk(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    let mut paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
-    paths.sort();
-    for path in paths {
-        if out.len() >= MAX_FILES {
-            return;
-        }
-        let hidden = path
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with('.'));
-        if hidden {
-            continue;
-        }
-        let Ok(meta) = std::fs::metadata(&path) else {
-            continue;
-        };
-        if meta.is_dir() {
-            if depth < MAX_DEPTH {
-                walk(&path, depth + 1, out);
-            }
-        } else if path
-            .extension()
-            .and_then(|e| e.to_str())
-            .is_some_and(|e| matches!(e.to_ascii_lowercase().as_str(), "yaml" | "yml" | "json"))
-        {
-            out.push(path);
-        }
-    }
 }
 
 /// The service-account token Secrets of one manifest file's text.

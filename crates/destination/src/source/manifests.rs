@@ -37,12 +37,13 @@ use crate::{
     resource::{truncate, Kind, ObjectKey, Resource},
     store::{Op, Store},
 };
+use ballast_manifests::{is_ignored, is_manifest, Listing};
 use notify::{
     event::{AccessKind, AccessMode, ModifyKind, RenameMode},
     EventKind, RecommendedWatcher, RecursiveMode, Watcher,
 };
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     fs,
     future::Future,
     hash::Hasher,
@@ -64,9 +65,9 @@ pub const DEFAULT_MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
 pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(10);
 /// Most manifest files read from one directory tree; the rest (in path
 /// order) are ignored, with a warning.
-pub const MAX_FILES: usize = 10_000;
+pub const MAX_FILES: usize = ballast_manifests::DEFAULT_MAX_FILES;
 /// Deepest directory level read below the manifests directory.
-pub const MAX_DEPTH: usize = 16;
+pub const MAX_DEPTH: usize = ballast_manifests::DEFAULT_MAX_DEPTH;
 
 /// Longest wait for quiet after a change, however busy the directory.
 const DEBOUNCE_CAP: Duration = Duration::from_millis(100);
@@ -85,6 +86,12 @@ const POLL_INTERVAL: Duration = Duration::from_millis(500);
 const RACY_WINDOW: Duration = Duration::from_secs(2);
 /// Entries read from one directory before it is cut short.
 const MAX_DIR_ENTRIES: usize = 4 * MAX_FILES;
+/// The walk's bounds (`ballast_manifests`, the rule every reader shares).
+const WALK_LIMITS: ballast_manifests::Limits = ballast_manifests::Limits {
+    max_files: MAX_FILES,
+    max_depth: MAX_DEPTH,
+    max_dir_entries: MAX_DIR_ENTRIES,
+};
 /// Longest problem line logged.
 const MESSAGE_MAX: usize = 300;
 /// Problem lines logged per file read; the rest are counted.
@@ -611,7 +618,7 @@ impl Manifests {
     /// left to settle.
     fn rescan(&mut self, metrics: &Metrics, settled: bool) -> Scan {
         let mut scan = Scan::default();
-        let listing = match walk(&self.config.dir) {
+        let listing = match ballast_manifests::walk(&self.config.dir, &WALK_LIMITS) {
             Ok(listing) => listing,
             Err(e) => {
                 if !self.root_unreadable {
@@ -638,12 +645,13 @@ impl Manifests {
         let now = SystemTime::now();
         let mut changes: Vec<(Arc<Path>, Change)> = Vec::new();
         for path in self.files.keys() {
-            let under_unreadable = listing.unreadable.iter().any(|d| path.starts_with(d));
+            let under_unreadable = listing.unreadable.iter().any(|(d, _)| path.starts_with(d));
             if !listing.files.contains_key(path) && !under_unreadable {
                 changes.push((path.clone(), Change::Removed));
             }
         }
-        for (path, &stat) in &listing.files {
+        for (path, meta) in &listing.files {
+            let stat = Stat::of(meta);
             self.check_file(path, stat, now, settled, metrics, &mut scan, &mut changes);
         }
         self.apply(changes, &mut scan);
@@ -994,7 +1002,7 @@ impl Manifests {
     }
 
     fn warn_limits(&mut self, listing: &Listing) {
-        if listing.truncated && !self.truncated {
+        if listing.truncated() && !self.truncated {
             tracing::warn!(
                 dir = %shown(&self.config.dir),
                 "The manifests directory holds more than {MAX_FILES} manifest files, directories more than \
@@ -1002,8 +1010,8 @@ impl Manifests {
                  is ignored. Point the controller at a smaller directory"
             );
         }
-        self.truncated = listing.truncated;
-        let now: BTreeSet<PathBuf> = listing.unreadable.iter().cloned().collect();
+        self.truncated = listing.truncated();
+        let now: BTreeSet<PathBuf> = listing.unreadable.iter().map(|(d, _)| d.clone()).collect();
         for dir in now.difference(&self.unreadable_dirs) {
             tracing::warn!(
                 dir = %shown(dir),
@@ -1336,98 +1344,6 @@ impl Stat {
             }
         }
     }
-}
-
-#[derive(Default)]
-struct Listing {
-    /// Manifest files, in path order.
-    files: BTreeMap<Arc<Path>, Stat>,
-    /// Directories that could not be read (their files keep their state).
-    unreadable: Vec<PathBuf>,
-    /// A limit was reached; some files were not listed.
-    truncated: bool,
-    /// Directories entered, to stop at symbolic link loops.
-    visited: HashSet<(u64, u64)>,
-    /// Device and inode of the directory itself (unix).
-    root_id: Option<(u64, u64)>,
-}
-
-/// Lists the manifest files under `root`. Fails only if `root` itself cannot
-/// be read.
-fn walk(root: &Path) -> io::Result<Listing> {
-    let mut listing = Listing::default();
-    if let Ok(meta) = fs::metadata(root) {
-        let id = Stat::of(&meta).id;
-        listing.visited.insert(id);
-        listing.root_id = Some(id);
-    }
-    walk_dir(root, 0, &mut listing)?;
-    Ok(listing)
-}
-
-fn walk_dir(dir: &Path, depth: usize, listing: &mut Listing) -> io::Result<()> {
-    let mut entries = Vec::new();
-    for entry in fs::read_dir(dir)? {
-        // An entry that vanished while listing is simply not there.
-        let Ok(entry) = entry else { continue };
-        if entries.len() >= MAX_DIR_ENTRIES {
-            listing.truncated = true;
-            break;
-        }
-        entries.push(entry.path());
-    }
-    entries.sort();
-    for path in entries {
-        let Some(name) = path.file_name() else {
-            continue;
-        };
-        if is_ignored(&name.to_string_lossy()) {
-            continue;
-        }
-        // Follows symbolic links (a ConfigMap volume is made of them); a
-        // dangling one, or one removed meanwhile, is skipped.
-        let Ok(meta) = fs::metadata(&path) else {
-            continue;
-        };
-        if meta.is_dir() {
-            if depth + 1 > MAX_DEPTH {
-                listing.truncated = true;
-                continue;
-            }
-            #[cfg(unix)]
-            if !listing.visited.insert(Stat::of(&meta).id) {
-                continue;
-            }
-            if walk_dir(&path, depth + 1, listing).is_err() {
-                listing.unreadable.push(path);
-            }
-        } else if meta.is_file() && is_manifest(&path) {
-            if listing.files.len() >= MAX_FILES {
-                listing.truncated = true;
-                return Ok(());
-            }
-            listing.files.insert(Arc::from(path), Stat::of(&meta));
-        }
-    }
-    Ok(())
-}
-
-/// Hidden entries (`.git`, `..data`, `.web.yaml.swp`) and editor leftovers.
-fn is_ignored(name: &str) -> bool {
-    name.starts_with('.')
-        || name.starts_with('#')
-        || name.ends_with('~')
-        || name.ends_with(".swp")
-        || name.ends_with(".swx")
-        || name.ends_with(".tmp")
-}
-
-fn is_manifest(path: &Path) -> bool {
-    path.extension().and_then(|e| e.to_str()).is_some_and(|e| {
-        e.eq_ignore_ascii_case("yaml")
-            || e.eq_ignore_ascii_case("yml")
-            || e.eq_ignore_ascii_case("json")
-    })
 }
 
 enum ReadError {
