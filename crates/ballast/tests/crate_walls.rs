@@ -1,5 +1,5 @@
 //! The walls of the pure crates: their manifests may name only decoding
-//! crates (the index) or nothing at all (the authority grammar), never a
+//! crates (the index) or nothing at all (the authority grammar, the manifests walk), never a
 //! client, a runtime or a transport. A dependency added there by mistake
 //! fails this test before it can leak IO into the model.
 
@@ -53,10 +53,14 @@ fn index_depends_on_no_io_crate() {
 }
 
 #[test]
-fn the_authority_grammar_depends_on_nothing() {
-    assert_eq!(
-        dependencies("authority"),
-        Vec::<String>::new(),
-        "ballast-authority is shared by the controller and the proxy: it must stay pure"
-    );
+fn the_shared_grammars_depend_on_nothing() {
+    // The authority grammar (controller and proxy) and the manifests walk
+    // (controller, check, inject, identity): std only.
+    for krate in ["authority", "manifests"] {
+        assert_eq!(
+            dependencies(krate),
+            Vec::<String>::new(),
+            "ballast-{krate} is shared by several crates: it must depend on std only"
+        );
+    }
 }
