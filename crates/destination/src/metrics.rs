@@ -152,7 +152,7 @@ impl Metrics {
         // Not `ip_conflicts` (the gauge's family): one name, one type.
         r.register(
             "ip_conflicts_seen",
-            "IP:port conflicts seen (each counted once, when it appears)",
+            "Address conflicts seen: pods claiming one IP or host port, Services claiming one clusterIP (each counted once, when it appears)",
             self.ip_conflicts_seen_total.clone(),
         );
         r.register(

@@ -178,6 +178,17 @@ impl Store {
                 "Several live pods claim one address; resolving to the chosen one"
             );
         }
+        for c in &changes.new_cluster_ip_conflicts {
+            self.metrics.ip_conflicts_seen_total.inc();
+            let claimants: Vec<String> = c.services.iter().map(|k| k.to_string()).collect();
+            tracing::warn!(
+                "Services {} both claim clusterIP {}; answering for that IP with {} (first by namespace, \
+                 then name). Kubernetes gives each clusterIP to one Service: change or remove the others",
+                claimants.join(" and "),
+                c.ip,
+                c.chosen
+            );
+        }
         self.record_sizes(&inner.index);
         if bulk && self.is_ready() {
             self.bulk_loads.send_modify(|n| *n += 1);

@@ -91,6 +91,10 @@ pub struct Changes {
     pub ips: HashSet<IpAddr>,
     /// Conflicts that appeared with this change (each reported once).
     pub new_conflicts: Vec<Conflict>,
+    /// Cluster IPs that more than one Service claims, as the claim appeared
+    /// (each reported once while it lasts; Kubernetes never does this, a
+    /// hand-written manifests directory may).
+    pub new_cluster_ip_conflicts: Vec<ClusterIpConflict>,
     /// Services whose routes (not endpoints) may have changed.
     pub outbound_services: HashSet<ObjectKey>,
     /// Namespaces whose inbound policy answers may have changed.
@@ -121,6 +125,8 @@ impl Changes {
         self.services.extend(other.services);
         self.ips.extend(other.ips);
         self.new_conflicts.extend(other.new_conflicts);
+        self.new_cluster_ip_conflicts
+            .extend(other.new_cluster_ip_conflicts);
         self.outbound_services.extend(other.outbound_services);
         self.policy_namespaces.extend(other.policy_namespaces);
         self.pods.extend(other.pods);
@@ -177,6 +183,16 @@ pub struct IndexSizes {
     pub conflicts: usize,
 }
 
+/// A cluster IP claimed by more than one Service: the index answers for it
+/// with `chosen`, the first by namespace, then name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterIpConflict {
+    pub ip: IpAddr,
+    /// The claimants, sorted, at most `MAX_REPORTED_CLAIMANTS` (8).
+    pub services: Vec<ObjectKey>,
+    pub chosen: ObjectKey,
+}
+
 #[derive(Default)]
 pub struct Index {
     config: IndexConfig,
@@ -185,6 +201,8 @@ pub struct Index {
     services: HashMap<ObjectKey, Arc<Service>>,
     services_by_namespace: HashMap<Arc<str>, BTreeSet<Arc<str>>>,
     services_by_ip: HashMap<IpAddr, BTreeSet<ObjectKey>>,
+    /// Cluster IPs claimed by more than one Service, reported once each.
+    cluster_ip_conflicts: HashSet<IpAddr>,
     slices: HashMap<ObjectKey, Arc<EndpointSlice>>,
     slices_by_service: HashMap<ObjectKey, BTreeSet<ObjectKey>>,
     /// Services whose slices name a pod, with how many endpoints do.
@@ -428,6 +446,7 @@ impl Index {
             let old = old.clone();
             self.unindex_service(&old);
             ch.ips.extend(old.cluster_ips.iter().copied());
+            self.recheck_cluster_ips(&old.cluster_ips, ch);
         }
         for ip in &svc.cluster_ips {
             self.services_by_ip
@@ -436,6 +455,7 @@ impl Index {
                 .insert(svc.key.clone());
             ch.ips.insert(*ip);
         }
+        self.recheck_cluster_ips(&svc.cluster_ips, ch);
         self.services_by_namespace
             .entry(svc.key.namespace.clone())
             .or_default()
@@ -451,6 +471,7 @@ impl Index {
         };
         self.unindex_service(&old);
         ch.ips.extend(old.cluster_ips.iter().copied());
+        self.recheck_cluster_ips(&old.cluster_ips, ch);
         ch.services.insert(key.clone());
         self.policy.service_changed(key, ch);
         if let Some(names) = self.services_by_namespace.get_mut(&key.namespace) {
@@ -467,6 +488,35 @@ impl Index {
                 keys.remove(&old.key);
                 if keys.is_empty() {
                     self.services_by_ip.remove(ip);
+                }
+            }
+        }
+    }
+
+    /// Records the cluster-IP conflicts among `ips` that appeared, and
+    /// forgets those that are gone.
+    fn recheck_cluster_ips(&mut self, ips: &[IpAddr], ch: &mut Changes) {
+        for ip in ips {
+            match self.services_by_ip.get(ip) {
+                Some(keys) if keys.len() > 1 => {
+                    if self.cluster_ip_conflicts.insert(*ip) {
+                        let services: Vec<ObjectKey> = keys
+                            .iter()
+                            .take(ip::MAX_REPORTED_CLAIMANTS)
+                            .cloned()
+                            .collect();
+                        let Some(chosen) = services.first().cloned() else {
+                            continue;
+                        };
+                        ch.new_cluster_ip_conflicts.push(ClusterIpConflict {
+                            ip: *ip,
+                            services,
+                            chosen,
+                        });
+                    }
+                }
+                _ => {
+                    self.cluster_ip_conflicts.remove(ip);
                 }
             }
         }

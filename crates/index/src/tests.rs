@@ -2187,6 +2187,55 @@ impl PodJson {
     }
 }
 
+#[test]
+fn a_cluster_ip_claimed_twice_is_reported_once_while_it_lasts() {
+    let key = |n: &str| ObjectKey::new(NS, n);
+    let ip: IpAddr = "10.96.0.10".parse().expect("ip");
+    let mut index = Index::default();
+    assert!(index
+        .apply(svc("b").ip("10.96.0.10").r())
+        .new_cluster_ip_conflicts
+        .is_empty());
+    let ch = index.apply(svc("a").ip("10.96.0.10").r());
+    assert_eq!(
+        ch.new_cluster_ip_conflicts,
+        vec![ClusterIpConflict {
+            ip,
+            services: vec![key("a"), key("b")],
+            chosen: key("a"),
+        }]
+    );
+    assert_eq!(
+        index.service_for_ip(ip),
+        Some(&key("a")),
+        "the first by name answers"
+    );
+    // A third claimant while the conflict lasts, or a change to a claimant:
+    // not reported again.
+    assert!(index
+        .apply(svc("c").ip("10.96.0.10").r())
+        .new_cluster_ip_conflicts
+        .is_empty());
+    assert!(index
+        .apply(svc("c").ip("10.96.0.10").annotate("x", "y").r())
+        .new_cluster_ip_conflicts
+        .is_empty());
+    // Down to one claimant, the conflict is over; a new claim reports anew.
+    for n in ["a", "c"] {
+        assert!(index
+            .delete(Kind::Service, &key(n))
+            .new_cluster_ip_conflicts
+            .is_empty());
+    }
+    assert_eq!(
+        index
+            .apply(svc("d").ip("10.96.0.10").r())
+            .new_cluster_ip_conflicts
+            .len(),
+        1
+    );
+}
+
 /// A Service in Kubernetes JSON: ClusterIP type, no selector, no ports.
 struct SvcJson(Value);
 

@@ -14,9 +14,10 @@
 //! most per read), naming the file, the document and the field, and then
 //! applies nothing: its last good objects stay served until it reads cleanly
 //! again. When two files define the same object, the first in path order is
-//! served and a warning names both. When two Services claim one clusterIP
-//! (which Kubernetes refuses, but files allow), a warning names both; the
-//! index answers for that IP with the first by namespace, then name.
+//! served and a warning names both. Two Services claiming one clusterIP
+//! (which Kubernetes refuses, but files allow) are the index's to report, as
+//! for any source (`Changes::new_cluster_ip_conflicts`); it answers for that
+//! IP with the first by namespace, then name.
 //!
 //! Logs, after the first load: one INFO line per file whose objects changed
 //! (added, changed, removed, or renamed: a rename is one line however many
@@ -34,7 +35,7 @@
 use super::documents::{self, label, ObjectId, Parsed};
 use crate::{
     metrics::Metrics,
-    resource::{truncate, Kind, ObjectKey, Resource},
+    resource::{truncate, Resource},
     store::{Op, Store},
 };
 use ballast_manifests::{is_ignored, is_manifest, Listing};
@@ -48,7 +49,6 @@ use std::{
     future::Future,
     hash::Hasher,
     io::{self, Read},
-    net::IpAddr,
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -534,10 +534,6 @@ struct Manifests {
     root_unreadable: bool,
     truncated: bool,
     unreadable_dirs: BTreeSet<PathBuf>,
-    /// The clusterIPs of the Services served, and the Services claiming
-    /// each: to warn when two claim one.
-    service_ips: HashMap<ObjectKey, Vec<IpAddr>>,
-    services_by_ip: HashMap<IpAddr, BTreeSet<ObjectKey>>,
 }
 
 struct FileState {
@@ -603,8 +599,6 @@ impl Manifests {
             root_unreadable: false,
             truncated: false,
             unreadable_dirs: BTreeSet::new(),
-            service_ips: HashMap::new(),
-            services_by_ip: HashMap::new(),
         }
     }
 
@@ -934,53 +928,6 @@ impl Manifests {
         // The first load is summed up in one line by the caller.
         if self.scanned {
             events.log();
-        }
-        self.track_cluster_ips(&scan.ops);
-    }
-
-    /// Follows the clusterIPs of the Services served and warns when a
-    /// Service claims one another Service already has. The index answers
-    /// for the IP with the first by namespace, then name.
-    fn track_cluster_ips(&mut self, ops: &[Op]) {
-        for op in ops {
-            let (key, ips) = match op {
-                Op::Apply(Resource::Service(svc)) => (&svc.key, svc.cluster_ips.clone()),
-                Op::Delete(Kind::Service, key) => (key, Vec::new()),
-                _ => continue,
-            };
-            if let Some(old) = self.service_ips.remove(key) {
-                for ip in old {
-                    if let Some(keys) = self.services_by_ip.get_mut(&ip) {
-                        keys.remove(key);
-                        if keys.is_empty() {
-                            self.services_by_ip.remove(&ip);
-                        }
-                    }
-                }
-            }
-            for &ip in &ips {
-                let keys = self.services_by_ip.entry(ip).or_default();
-                keys.insert(key.clone());
-                if keys.len() < 2 {
-                    continue;
-                }
-                let others: Vec<String> = keys
-                    .iter()
-                    .filter(|k| *k != key)
-                    .take(3)
-                    .map(|k| k.to_string())
-                    .collect();
-                let served = keys.first().map(|k| k.to_string()).unwrap_or_default();
-                tracing::warn!(
-                    "Services {} and {key} both claim clusterIP {ip}; answering for that IP with {served} \
-                     (first by namespace, then name). Kubernetes gives each clusterIP to one Service: \
-                     change or remove one of them",
-                    others.join(", ")
-                );
-            }
-            if !ips.is_empty() {
-                self.service_ips.insert(key.clone(), ips);
-            }
         }
     }
 
