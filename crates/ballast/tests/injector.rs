@@ -244,10 +244,11 @@ fn patched(response: &Value, pod: &Value) -> Option<Value> {
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(patch.as_str().expect("base64"))
         .expect("base64");
-    let ops = ballast_injector::patch::from_json(&serde_json::from_slice(&bytes).unwrap())
-        .expect("add, remove and replace operations");
+    // Applied as the API server applies it: by an RFC 6902 implementation
+    // of its own.
+    let patch: json_patch::Patch = serde_json::from_slice(&bytes).expect("an RFC 6902 JSON Patch");
     let mut pod = pod.clone();
-    ballast_injector::patch::apply(&mut pod, &ops).expect("the patch applies");
+    json_patch::patch(&mut pod, &patch).expect("the patch applies");
     Some(pod)
 }
 

@@ -117,123 +117,23 @@ fn diff_arrays(path: &mut String, a: &[Value], b: &[Value], ops: &mut Vec<Op>) {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("cannot apply {op} at {path:?}: {reason}")]
-pub struct ApplyError {
-    op: &'static str,
-    path: String,
-    reason: &'static str,
-}
-
-/// Applies `ops` (add, remove, replace) to `doc`, as RFC 6902 says.
-pub fn apply(doc: &mut Value, ops: &[Op]) -> Result<(), ApplyError> {
-    for op in ops {
-        let (name, path) = match op {
-            Op::Add { path, .. } => ("add", path),
-            Op::Remove { path } => ("remove", path),
-            Op::Replace { path, .. } => ("replace", path),
-        };
-        let err = |reason| ApplyError {
-            op: name,
-            path: path.clone(),
-            reason,
-        };
-        if path.is_empty() {
-            match op {
-                Op::Add { value, .. } | Op::Replace { value, .. } => *doc = value.clone(),
-                Op::Remove { .. } => return Err(err("cannot remove the whole document")),
-            }
-            continue;
-        }
-        let Some(rest) = path.strip_prefix('/') else {
-            return Err(err("a pointer starts with /"));
-        };
-        let tokens: Vec<String> = rest
-            .split('/')
-            .map(|t| t.replace("~1", "/").replace("~0", "~"))
-            .collect();
-        let (last, parents) = tokens.split_last().ok_or_else(|| err("empty pointer"))?;
-        let mut target = &mut *doc;
-        for t in parents {
-            target = match target {
-                Value::Object(m) => m.get_mut(t).ok_or_else(|| err("no such member"))?,
-                Value::Array(items) => {
-                    let i: usize = t.parse().map_err(|_| err("not an index"))?;
-                    items.get_mut(i).ok_or_else(|| err("index out of range"))?
-                }
-                _ => return Err(err("a scalar has no members")),
-            };
-        }
-        match (target, op) {
-            (Value::Object(m), Op::Add { value, .. }) => {
-                m.insert(last.clone(), value.clone());
-            }
-            (Value::Object(m), Op::Replace { value, .. }) => {
-                *m.get_mut(last).ok_or_else(|| err("no such member"))? = value.clone();
-            }
-            (Value::Object(m), Op::Remove { .. }) => {
-                m.remove(last).ok_or_else(|| err("no such member"))?;
-            }
-            (Value::Array(items), op) => {
-                let index = if last == "-" {
-                    items.len()
-                } else {
-                    last.parse::<usize>().map_err(|_| err("not an index"))?
-                };
-                match op {
-                    Op::Add { value, .. } if index <= items.len() => {
-                        items.insert(index, value.clone())
-                    }
-                    Op::Replace { value, .. } if index < items.len() => {
-                        items[index] = value.clone()
-                    }
-                    Op::Remove { .. } if index < items.len() => {
-                        items.remove(index);
-                    }
-                    _ => return Err(err("index out of range")),
-                }
-            }
-            _ => return Err(err("a scalar has no members")),
-        }
-    }
-    Ok(())
-}
-
-/// Operations from their JSON form (what [`to_json`] writes); `None` for
-/// anything else.
-pub fn from_json(v: &Value) -> Option<Vec<Op>> {
-    v.as_array()?
-        .iter()
-        .map(|op| {
-            let path = op.get("path")?.as_str()?.to_string();
-            let value = || op.get("value").cloned();
-            Some(match op.get("op")?.as_str()? {
-                "add" => Op::Add {
-                    path,
-                    value: value()?,
-                },
-                "replace" => Op::Replace {
-                    path,
-                    value: value()?,
-                },
-                "remove" => Op::Remove { path },
-                _ => return None,
-            })
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Applies operations by their JSON form with an independent RFC 6902
+    /// implementation (the `json-patch` crate), as the API server would.
+    pub(crate) fn apply(doc: &mut Value, ops: &[Op]) -> Result<(), String> {
+        let patch: json_patch::Patch =
+            serde_json::from_value(to_json(ops)).map_err(|e| e.to_string())?;
+        json_patch::patch(doc, &patch).map_err(|e| e.to_string())
+    }
 
     fn check(from: Value, to: Value) -> Vec<Op> {
         let ops = diff(&from, &to);
         let mut patched = from.clone();
         apply(&mut patched, &ops).unwrap_or_else(|e| panic!("{e}: {ops:?}"));
         assert_eq!(patched, to, "ops {ops:?}");
-        // Through its JSON form too.
-        assert_eq!(from_json(&to_json(&ops)).unwrap(), ops);
         ops
     }
 
@@ -334,35 +234,6 @@ mod tests {
             let a = gen(&mut next, 4);
             let b = gen(&mut next, 4);
             check(a, b);
-        }
-    }
-
-    #[test]
-    fn applying_to_a_wrong_document_is_an_error_not_a_panic() {
-        let mut doc = json!({"a": [1]});
-        for op in [
-            Op::Remove { path: "/b".into() },
-            Op::Replace {
-                path: "/a/5".into(),
-                value: json!(1),
-            },
-            Op::Add {
-                path: "/a/x".into(),
-                value: json!(1),
-            },
-            Op::Add {
-                path: "/a/0/c".into(),
-                value: json!(1),
-            },
-            Op::Add {
-                path: "a".into(),
-                value: json!(1),
-            },
-        ] {
-            assert!(
-                apply(&mut doc, std::slice::from_ref(&op)).is_err(),
-                "{op:?}"
-            );
         }
     }
 }
