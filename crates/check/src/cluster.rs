@@ -358,7 +358,7 @@ pub async fn gather(opts: &ClusterOptions) -> Result<Snapshot, ClusterError> {
         )
         .await?,
     );
-    let mut crds: Vec<String> = ballast_destination::source::kube::WATCHED_RESOURCES
+    let mut crds: Vec<String> = ballast_controlplane::WATCHED_RESOURCES
         .iter()
         .filter(|(g, _, _)| !g.is_empty() && *g != "discovery.k8s.io")
         .map(|(g, _, p)| format!("{p}.{g}"))

@@ -37,7 +37,7 @@ pub struct Permission {
 /// viz builds its own index from the same watches as the destination
 /// controller.
 pub fn needs() -> Vec<(&'static str, Vec<Permission>)> {
-    let destination: Vec<Permission> = ballast_destination::source::kube::WATCHED_RESOURCES
+    let destination: Vec<Permission> = ballast_controlplane::WATCHED_RESOURCES
         .iter()
         .flat_map(|(group, _, plural)| {
             ["get", "list", "watch"].map(|verb| Permission {
@@ -257,7 +257,7 @@ pub fn crds(snap: &Snapshot) -> CheckResult {
     let mut findings = Vec::new();
     // What is installed, next to what Ballast reads, for every kind.
     let mut detail = Vec::new();
-    for (group, version, plural) in ballast_destination::source::kube::WATCHED_RESOURCES {
+    for (group, version, plural) in ballast_controlplane::WATCHED_RESOURCES {
         if BUILT_IN_GROUPS.contains(group) {
             continue;
         }
@@ -351,7 +351,7 @@ pub(crate) mod tests {
     /// The destination's rules, built from what it watches.
     pub fn destination_rules() -> Value {
         let mut by_group: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        for (g, _, p) in ballast_destination::source::kube::WATCHED_RESOURCES {
+        for (g, _, p) in ballast_controlplane::WATCHED_RESOURCES {
             by_group.entry(g).or_default().push(p);
         }
         Value::Array(
@@ -364,7 +364,7 @@ pub(crate) mod tests {
 
     pub fn crd_objects() -> Vec<Value> {
         let mut out: BTreeMap<String, Value> = BTreeMap::new();
-        for (g, v, p) in ballast_destination::source::kube::WATCHED_RESOURCES {
+        for (g, v, p) in ballast_controlplane::WATCHED_RESOURCES {
             if g.is_empty() || *g == "discovery.k8s.io" {
                 continue;
             }

@@ -170,7 +170,7 @@ pub fn selectors(snap: &Snapshot) -> CheckResult {
 /// cannot be read turn its circuit breaking off (as in Linkerd), which the
 /// controller only logs: said here, naming the annotation.
 pub fn failure_accrual(snap: &Snapshot) -> CheckResult {
-    use ballast_destination::resource::Resource;
+    use ballast_index::resource::Resource;
     let mut findings = Vec::new();
     for svc in snap.of_kind("Service") {
         // A Service the index cannot read at all is the sources' to report.

@@ -14,6 +14,26 @@
 
 #![forbid(unsafe_code)]
 
+/// The resources the destination controller's Kubernetes source watches, as
+/// `(group, version, plural)`: what its RBAC role must allow `get`, `list`
+/// and `watch` on, and what `ballast check` verifies it may. Here, not in the
+/// controller, so that `check` and `install` need no controller code; the
+/// source's test keeps its watchers' types in step with this list.
+pub const WATCHED_RESOURCES: &[(&str, &str, &str)] = &[
+    ("", "v1", "namespaces"),
+    ("gateway.networking.k8s.io", "v1", "httproutes"),
+    ("gateway.networking.k8s.io", "v1", "grpcroutes"),
+    ("policy.linkerd.io", "v1beta3", "httproutes"),
+    ("policy.linkerd.io", "v1beta3", "servers"),
+    ("policy.linkerd.io", "v1alpha1", "authorizationpolicies"),
+    ("policy.linkerd.io", "v1alpha1", "meshtlsauthentications"),
+    ("policy.linkerd.io", "v1alpha1", "networkauthentications"),
+    ("linkerd.io", "v1alpha2", "serviceprofiles"),
+    ("", "v1", "pods"),
+    ("", "v1", "services"),
+    ("discovery.k8s.io", "v1", "endpointslices"),
+];
+
 /// The control plane's namespace when none is given.
 pub const DEFAULT_NAMESPACE: &str = "ballast";
 /// The cluster's DNS domain (`NAME.NS.svc.CLUSTER_DOMAIN`) when none is given.

@@ -143,7 +143,7 @@ fn binding(c: &InstallConfig, part: Part, app: &str, service_account: &str) -> D
 }
 
 /// get, list and watch on the kinds the destination source watches
-/// (`ballast_destination::source::kube::WATCHED_RESOURCES`; tests/deploy.rs
+/// (`ballast_controlplane::WATCHED_RESOURCES`; tests/deploy.rs
 /// checks the two agree). `ballast destination` and `ballast viz` both build
 /// their index from that source, so both get exactly these rules.
 fn watched_rules() -> Value {

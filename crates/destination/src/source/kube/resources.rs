@@ -116,29 +116,9 @@ api_kind!(
 );
 
 /// The resources the source watches, as `(group, version, plural)`: what its
-/// RBAC role must allow `get`, `list` and `watch` on.
-pub const WATCHED_RESOURCES: &[(&str, &str, &str)] = &[
-    ("", "v1", "namespaces"),
-    ("gateway.networking.k8s.io", "v1", "httproutes"),
-    ("gateway.networking.k8s.io", "v1", "grpcroutes"),
-    ("policy.linkerd.io", "v1beta3", "httproutes"),
-    ("policy.linkerd.io", "v1beta3", "servers"),
-    ("policy.linkerd.io", "v1alpha1", "authorizationpolicies"),
-    ("policy.linkerd.io", "v1alpha1", "meshtlsauthentications"),
-    ("policy.linkerd.io", "v1alpha1", "networkauthentications"),
-    ("linkerd.io", "v1alpha2", "serviceprofiles"),
-    (PodWire::GROUP, PodWire::VERSION, PodWire::PLURAL),
-    (
-        ServiceWire::GROUP,
-        ServiceWire::VERSION,
-        ServiceWire::PLURAL,
-    ),
-    (
-        EndpointSliceWire::GROUP,
-        EndpointSliceWire::VERSION,
-        EndpointSliceWire::PLURAL,
-    ),
-];
+/// RBAC role must allow `get`, `list` and `watch` on (the list lives with the
+/// installed names, so that `check` and `install` need no controller code).
+pub use ballast_controlplane::WATCHED_RESOURCES;
 
 /// One object as a watcher decodes it: see the module documentation.
 #[derive(Clone, Debug)]
@@ -378,6 +358,33 @@ impl Translator {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn api<W: ApiKind>() -> (&'static str, &'static str, &'static str) {
+        (W::GROUP, W::VERSION, W::PLURAL)
+    }
+
+    #[test]
+    fn the_watched_list_is_exactly_what_the_watchers_read() {
+        let watched: HashSet<_> = WATCHED_RESOURCES.iter().copied().collect();
+        let read: HashSet<_> = [
+            api::<PodWire>(),
+            api::<ServiceWire>(),
+            api::<EndpointSliceWire>(),
+            api::<NamespaceWire>(),
+            api::<HttpRouteWire>(),
+            api::<GrpcRouteWire>(),
+            api::<LinkerdHttpRouteWire>(),
+            api::<ServerWire>(),
+            api::<AuthorizationPolicyWire>(),
+            api::<MeshTlsAuthenticationWire>(),
+            api::<NetworkAuthenticationWire>(),
+            api::<ServiceProfileWire>(),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(watched, read);
+        assert_eq!(watched.len(), WATCHED_RESOURCES.len(), "no entry twice");
+    }
 
     fn pod_json(name: &str, ip: &str, rv: &str) -> serde_json::Value {
         json!({
