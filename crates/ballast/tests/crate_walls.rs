@@ -1,5 +1,8 @@
-//! The walls of the pure crates: their manifests may name only decoding
-//! crates (the index) or nothing at all (the authority grammar, the manifests walk), never a
+//! The crate graph and its walls: ARCHITECTURE.md's crate graph is cargo's;
+//! the sidecar reaches no Kubernetes client, YAML or controller code; check
+//! does not reach the controller; the pure crates' manifests may name only
+//! decoding crates (the index) or nothing at all (the authority grammar, the
+//! manifests walk), never a
 //! client, a runtime or a transport. A dependency added there by mistake
 //! fails this test before it can leak IO into the model.
 
@@ -52,15 +55,127 @@ fn index_depends_on_no_io_crate() {
     );
 }
 
+/// Runs cargo in the workspace (offline: the lock file names everything,
+/// and what the host builds is already fetched).
+fn cargo(args: &[&str]) -> Vec<u8> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(args)
+        .arg("--offline")
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "cargo {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// Every package `root` reaches through normal dependencies on this host,
+/// by name (`cargo tree`).
+fn reached(root: &str) -> std::collections::BTreeSet<String> {
+    let out = cargo(&["tree", "-p", root, "-e", "normal", "--prefix", "none"]);
+    String::from_utf8_lossy(&out)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
 #[test]
-fn the_shared_grammars_depend_on_nothing() {
-    // The authority grammar (controller and proxy) and the manifests walk
-    // (controller, check, inject, identity): std only.
-    for krate in ["authority", "manifests"] {
+fn the_crate_graph_in_architecture_md_is_cargo_s() {
+    let meta: serde_json::Value =
+        serde_json::from_slice(&cargo(&["metadata", "--format-version", "1", "--no-deps"]))
+            .expect("cargo metadata prints JSON");
+    let packages = meta["packages"].as_array().expect("packages");
+    let ours: std::collections::BTreeSet<&str> = packages
+        .iter()
+        .map(|p| p["name"].as_str().expect("name"))
+        .collect();
+    let actual: std::collections::BTreeMap<String, Vec<String>> = packages
+        .iter()
+        .map(|p| {
+            let mut deps: Vec<String> = p["dependencies"]
+                .as_array()
+                .expect("dependencies")
+                .iter()
+                .filter(|d| d["kind"].is_null())
+                .map(|d| d["name"].as_str().expect("name").to_string())
+                .filter(|n| ours.contains(n.as_str()))
+                .collect();
+            deps.sort();
+            deps.dedup();
+            (p["name"].as_str().expect("name").to_string(), deps)
+        })
+        .collect();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../ARCHITECTURE.md"
+    ))
+    .expect("read ARCHITECTURE.md");
+    let section = text
+        .split("## Crate graph")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("ARCHITECTURE.md has a \"## Crate graph\" section");
+    let written: std::collections::BTreeMap<String, Vec<String>> = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("- `"))
+        .filter_map(|l| l.split_once("`: "))
+        .map(|(name, deps)| {
+            let deps = match deps.trim() {
+                "(none)" => Vec::new(),
+                d => d.split(", ").map(str::to_string).collect(),
+            };
+            (name.to_string(), deps)
+        })
+        .collect();
+    assert_eq!(
+        written, actual,
+        "ARCHITECTURE.md's crate graph differs from cargo metadata"
+    );
+}
+
+#[test]
+fn the_walls_hold_in_the_resolved_graph() {
+    let sidecar = reached("ballast-sidecar");
+    assert!(
+        sidecar.contains("ballast-proxy"),
+        "cargo tree was read: {sidecar:?}"
+    );
+    for foreign in [
+        "kube",
+        "kube-client",
+        "kube-runtime",
+        "k8s-openapi",
+        "serde-saphyr",
+        "ballast-destination",
+        "ballast-index",
+        "ballast-identity",
+        "ballast-viz",
+        "ballast-check",
+    ] {
+        assert!(
+            !sidecar.contains(foreign),
+            "the sidecar must not reach {foreign} (Kubernetes client, YAML or controller code)"
+        );
+    }
+    let check = reached("ballast-check");
+    assert!(
+        check.contains("ballast-index"),
+        "cargo tree was read: {check:?}"
+    );
+    assert!(
+        !check.contains("ballast-destination"),
+        "check must not depend on the controller"
+    );
+    for pure in ["ballast-authority", "ballast-manifests"] {
         assert_eq!(
-            dependencies(krate),
-            Vec::<String>::new(),
-            "ballast-{krate} is shared by several crates: it must depend on std only"
+            reached(pure),
+            [pure.to_string()].into(),
+            "{pure} depends on std only"
         );
     }
 }
