@@ -313,12 +313,7 @@ impl Outbound {
         if let Some((watch, p)) = Box::pin(self.policy_of(PolicyKey::Addr(dst))).await {
             return Routed::Policy(watch, p);
         }
-        let (target, opaque, watch) = self.route_for(dst).await;
-        Routed::Legacy {
-            target,
-            opaque,
-            profile: watch,
-        }
+        self.profile_route(dst).await
     }
 
     /// Where a policy's connections go when they are not HTTP and it names
@@ -330,18 +325,26 @@ impl Outbound {
         }
     }
 
-    /// What the controller says `dst` is. The returned watch keeps the
-    /// profile in use while the caller holds it.
-    async fn route_for(&self, dst: SocketAddr) -> (Target, bool, Option<Arc<ProfileWatch>>) {
-        let bare = Target::Endpoint(Endpoint::bare(dst));
+    /// What the controller's `GetProfile` says `dst` is. The route's
+    /// profile watch keeps the profile in use while the connection holds it.
+    async fn profile_route(&self, dst: SocketAddr) -> Routed {
+        let bare = || Target::Endpoint(Endpoint::bare(dst));
         let Ok(watch) = self
             .profiles
             .get_or_insert_with(&dst, || self.discovery.profile(dst))
         else {
-            return (bare, false, None);
+            return Routed::Legacy {
+                target: bare(),
+                opaque: false,
+                profile: None,
+            };
         };
         let Some(profile) = watch.get(self.discovery.profile_timeout()).await else {
-            return (bare, false, Some(watch));
+            return Routed::Legacy {
+                target: bare(),
+                opaque: false,
+                profile: Some(watch),
+            };
         };
         let target = if let Some(service) = &profile.service {
             Target::Logical(Arc::from(format!("{service}:{}", dst.port())))
@@ -351,9 +354,13 @@ impl Outbound {
                 ..endpoint.clone()
             })
         } else {
-            bare
+            bare()
         };
-        (target, profile.opaque, Some(watch))
+        Routed::Legacy {
+            target,
+            opaque: profile.opaque,
+            profile: Some(watch),
+        }
     }
 
     /// The route of a connection accepted on a `--outbound-tcp` listener.
