@@ -24,7 +24,7 @@ use crate::{
     config::TrafficConfig,
     discovery::{EndpointSet, Resolution, SetState},
     metrics::{BalancerGauges, BalancerProtocol, Direction, Metrics},
-    own::OwnListeners,
+    own_listeners::OwnListeners,
 };
 use arc_swap::{ArcSwap, ArcSwapOption};
 use ballast_backoff::BackoffConfig;

@@ -39,7 +39,7 @@ use crate::{
         empty_label, BalancerProtocol, Direction, DstWorkload, Metrics, TlsLabels, WorkloadLabels,
     },
     orig_dst::original_dst,
-    own::OwnListeners,
+    own_listeners::OwnListeners,
     pipeline::{Accepted, ClientTls, Side},
     tcp::{self, TcpBalancer},
 };

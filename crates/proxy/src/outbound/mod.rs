@@ -40,7 +40,7 @@ use crate::{
     },
     metrics::{BalancerProtocol, Direction, DstLabels, Metrics},
     orig_dst::original_dst,
-    own::OwnListeners,
+    own_listeners::OwnListeners,
     pipeline::{Accepted, Side},
     tcp::{self, TcpBalancer},
 };
