@@ -5,7 +5,7 @@ use crate::{controller, inject::ProxyConfigFlags};
 use anyhow::Context;
 use ballast_admin::{AdminServer, AdminState, Readiness};
 use ballast_flags::{bytes, count, GRACE, KIB, MANY, MIB, TIMEOUT};
-use ballast_injector::{
+use ballast_webhook::{
     decide::{Decider, FailurePolicy, ReviewMetrics},
     namespaces::{self, CacheMetrics, KubeLookup, NamespaceCache},
     server::{self, Limits, ServerMetrics},
