@@ -5,16 +5,18 @@
 //! Input: any bytes, as a page.
 //! Properties: never a panic; a page read keeps at most its bound of
 //! samples; a garbage line appended to a page with samples changes
-//! nothing it kept; the mesh fed the page (twice, and once as a federated answer)
-//! answers every query with sane figures (successes ≤ requests, a success
-//! rate in [0, 1], a finite non-negative rate).
+//! nothing it kept; every sample line read as written (the tests' reader)
+//! stays within the bound, and a page so read is one the viz reads too;
+//! the mesh fed the page (twice, and once as a federated answer) answers
+//! every query with sane figures (successes ≤ requests, a success rate in
+//! [0, 1], a finite non-negative rate).
 #![no_main]
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
 
 use ballast_vizcore::api::{Golden, ResourceRef};
-use ballast_vizcore::expo::{parse, parse_federated, Limits};
+use ballast_vizcore::expo::{parse, parse_federated, samples, Limits};
 use ballast_vizcore::mesh::{Mesh, MeshConfig, StatQuery};
 use ballast_vizcore::targets::{PodTarget, Snapshot};
 use libfuzzer_sys::fuzz_target;
@@ -36,6 +38,12 @@ fuzz_target!(|data: &[u8]| {
         more.extend_from_slice(b"\nresponse_total{direction=\"inbound\" \xff\"garbage\n");
         let again = parse(&more, &LIMITS, Some(4191)).expect("a garbage line more is still a page");
         assert_eq!(again.len(), p.len());
+    }
+    // Every family read (the tests' reader), by the same grammar: bounded,
+    // and a page it reads is one `parse` reads.
+    if let Ok(all) = samples(data, &LIMITS) {
+        assert!(all.len() <= LIMITS.max_series);
+        assert!(page.is_ok(), "samples read a page parse did not: {page:?}");
     }
     let federated = parse_federated(data, &LIMITS, &|_, _| Some(4191));
     if let Ok(pods) = &federated {

@@ -19,6 +19,10 @@
 //! [`Limits::max_series`] samples kept is an error (a page cut at an
 //! arbitrary series would make the next page's deltas lie). Never a panic;
 //! bytes that are not UTF-8 in a label value are replaced (U+FFFD).
+//!
+//! [`samples`] reads every sample line of any family by the same grammar,
+//! unreduced: for the tests (and tools) that read one value by name and
+//! labels.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -251,7 +255,7 @@ pub fn parse(text: &[u8], limits: &Limits, admin_port: Option<u16>) -> Result<Pa
         admin_port,
         ..Builder::default()
     };
-    let stats = scan(text, limits, |parsed| {
+    let stats = scan(text, limits, Family::of, |parsed| {
         page.add(&mut strings, parsed);
         over_limit(page.kept, limits)
     })?;
@@ -271,7 +275,7 @@ pub fn parse_federated(
     let mut strings = Strings::default();
     let mut pods: HashMap<(Arc<str>, Arc<str>), Builder> = HashMap::new();
     let mut kept = 0usize;
-    let stats = scan(text, limits, |parsed| {
+    let stats = scan(text, limits, Family::of, |parsed| {
         let (Some(ns), Some(pod)) = (parsed.get(b"namespace"), parsed.get(b"pod")) else {
             return Ok(());
         };
@@ -310,6 +314,59 @@ pub fn parse_federated(
         first.skipped_lines = stats.skipped;
         first.first_skip = stats.first_skip;
     }
+    Ok(out)
+}
+
+/// One sample line of any family, as written: for readers of a value by
+/// name and labels (tests, tools), not for the mesh view.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TextSample {
+    /// The sample's name (`response_total`, `x_bucket`...).
+    pub name: String,
+    /// Its labels in the order written, values unescaped (bytes that are
+    /// not UTF-8 replaced).
+    pub labels: Vec<(String, String)>,
+    /// As written: zero, negative, NaN and infinities included.
+    pub value: f64,
+}
+
+impl TextSample {
+    /// The value of label `name`, when the sample has it.
+    pub fn label(&self, name: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Every sample line of a page, by the grammar [`parse`] reads: the same
+/// lines skipped (and counted nowhere), the same errors; more than
+/// [`Limits::max_series`] samples is an error.
+pub fn samples(text: &[u8], limits: &Limits) -> Result<Vec<TextSample>, ParseError> {
+    let mut out = Vec::new();
+    scan(
+        text,
+        limits,
+        |_| Some(()),
+        |parsed| {
+            out.push(TextSample {
+                name: String::from_utf8_lossy(parsed.name).into_owned(),
+                labels: parsed
+                    .labels
+                    .iter()
+                    .map(|(name, value)| {
+                        (
+                            String::from_utf8_lossy(name).into_owned(),
+                            String::from_utf8_lossy(&value.bytes()).into_owned(),
+                        )
+                    })
+                    .collect(),
+                value: parsed.value,
+            });
+            over_limit(out.len(), limits)
+        },
+    )?;
     Ok(out)
 }
 
@@ -361,8 +418,8 @@ impl Family {
 }
 
 /// One sample line of a kept family, labels still raw.
-struct Parsed<'a> {
-    family: Family,
+struct Parsed<'a, K = Family> {
+    family: K,
     name: &'a [u8],
     labels: &'a [(&'a [u8], RawValue<'a>)],
     value: f64,
@@ -397,7 +454,7 @@ impl<'a> RawValue<'a> {
     }
 }
 
-impl<'a> Parsed<'a> {
+impl<'a, K> Parsed<'a, K> {
     fn raw(&self, name: &[u8]) -> Option<RawValue<'a>> {
         self.labels
             .iter()
@@ -441,10 +498,17 @@ struct ScanStats {
     first_skip: Option<String>,
 }
 
-/// Walks the lines, hands each sample line of a kept family to `each`.
-fn scan<F>(text: &[u8], limits: &Limits, mut each: F) -> Result<ScanStats, ParseError>
+/// Walks the lines, hands each sample line of a family `kept` names to
+/// `each`.
+fn scan<K, C, F>(
+    text: &[u8],
+    limits: &Limits,
+    kept: C,
+    mut each: F,
+) -> Result<ScanStats, ParseError>
 where
-    F: FnMut(&Parsed<'_>) -> Result<(), ParseError>,
+    C: Fn(&[u8]) -> Option<K>,
+    F: FnMut(&Parsed<'_, K>) -> Result<(), ParseError>,
 {
     let mut stats = ScanStats::default();
     let mut samples_seen = 0usize;
@@ -466,7 +530,7 @@ where
                 continue;
             }
             labels.clear();
-            match parse_line(line, &mut labels) {
+            match parse_line(line, &mut labels, &kept) {
                 Ok(None) => {
                     samples_seen += 1;
                     None
@@ -515,10 +579,11 @@ fn trim(mut s: &[u8]) -> &[u8] {
 
 /// One sample line: `Ok(None)` for a well-formed name of a family not kept
 /// (the rest of the line is not read), `Ok(Some)` for a kept one.
-fn parse_line<'t: 'v, 'v>(
+fn parse_line<'t: 'v, 'v, K>(
     line: &'t [u8],
     labels: &'v mut Vec<(&'t [u8], RawValue<'t>)>,
-) -> Result<Option<Parsed<'v>>, &'static str> {
+    kept: &impl Fn(&[u8]) -> Option<K>,
+) -> Result<Option<Parsed<'v, K>>, &'static str> {
     let name_end = line
         .iter()
         .position(|b| !(b.is_ascii_alphanumeric() || *b == b'_' || *b == b':'))
@@ -532,7 +597,7 @@ fn parse_line<'t: 'v, 'v>(
         Some(b'{') | Some(b' ') | Some(b'\t') => {}
         _ => return Err("no value after the name"),
     }
-    let Some(family) = Family::of(name) else {
+    let Some(family) = kept(name) else {
         return Ok(None);
     };
     let mut i = 0;
@@ -1391,5 +1456,59 @@ mod tests {
         // A proxy's own page has no `up`, and one there is no traffic.
         let page = parse(b"up 1\n", &Limits::default(), None).expect("parses");
         assert_eq!((page.prometheus_up(), page.len()), (None, 0));
+    }
+
+    #[test]
+    fn samples_reads_every_family_as_written() {
+        let text = "# HELP process_cpu_seconds_total CPU\n\
+            # TYPE process_cpu_seconds_total counter\n\
+            process_cpu_seconds_total 1.5\n\
+            request_total{direction=\"outbound\",authority=\"a\\\"b\\n\"} 3 1700000000000\n\
+            tcp_open_connections{ peer = \"dst\" ,} -2\n\
+            this is not a metric\n\
+            up NaN\n\
+            # EOF\n\
+            after_eof 1\n";
+        let all = samples(text.as_bytes(), &Limits::default()).expect("a page");
+        type Read<'a> = (&'a str, Vec<(&'a str, &'a str)>, f64);
+        let got: Vec<Read> = all
+            .iter()
+            .filter(|s| !s.value.is_nan())
+            .map(|s| {
+                let labels = s
+                    .labels
+                    .iter()
+                    .map(|(n, v)| (n.as_str(), v.as_str()))
+                    .collect();
+                (s.name.as_str(), labels, s.value)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("process_cpu_seconds_total", vec![], 1.5),
+                (
+                    "request_total",
+                    vec![("direction", "outbound"), ("authority", "a\"b\n")],
+                    3.0
+                ),
+                ("tcp_open_connections", vec![("peer", "dst")], -2.0),
+            ]
+        );
+        assert_eq!(all.len(), 4, "NaN is a value too");
+        assert_eq!(all[1].label("direction"), Some("outbound"));
+        assert_eq!(all[1].label("tls"), None);
+        assert!(matches!(
+            samples(b"<html>502</html>\n", &Limits::default()),
+            Err(ParseError::NotExposition { line: 1, .. })
+        ));
+        let small = Limits {
+            max_series: 1,
+            ..Limits::default()
+        };
+        assert!(matches!(
+            samples(b"a 1\nb 2\n", &small),
+            Err(ParseError::TooManySeries { limit: 1 })
+        ));
     }
 }
