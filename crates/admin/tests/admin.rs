@@ -1,6 +1,5 @@
 //! The admin server, spoken to over real TCP on 127.0.0.1 with raw HTTP/1.1.
 
-use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ballast_admin::{AdminServer, AdminState, Readiness, METRICS_CONTENT_TYPE};
+use ballast_testkit::eventually;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -153,22 +153,6 @@ async fn wait_closed(stream: &mut TcpStream) {
     timeout(DEADLINE, closed)
         .await
         .expect("server closes the connection within the deadline");
-}
-
-/// Retries `probe` until it returns `Some`, failing after the deadline.
-async fn eventually<T, F: Future<Output = Option<T>>>(
-    what: &str,
-    mut probe: impl FnMut() -> F,
-) -> T {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Some(found) = probe().await {
-            return found;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::task::yield_now().await;
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 #[tokio::test]
@@ -425,7 +409,7 @@ async fn connections_beyond_the_limit_are_closed_and_counted() {
 
     // Once the holder leaves, its slot frees up and the rejection shows.
     drop(holder);
-    let rejected = eventually("a free admin connection slot", || async {
+    let rejected = eventually("a free admin connection slot", DEADLINE, || async {
         let mut stream = TcpStream::connect(server.addr).await.ok()?;
         stream
             .write_all(b"GET /metrics HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n")
@@ -507,7 +491,7 @@ async fn shutdown_lets_a_request_in_flight_finish() {
 
     let stopping = tokio::spawn(server.stop());
     // Shutdown has begun once the listener is closed.
-    eventually("the listener to close", || async {
+    eventually("the listener to close", DEADLINE, || async {
         TcpStream::connect(addr).await.is_err().then_some(())
     })
     .await;

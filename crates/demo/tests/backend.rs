@@ -12,7 +12,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 
 mod support;
-use support::{any_port, eventually};
+use ballast_testkit::eventually;
+use support::{any_port, DEADLINE};
 
 struct Answer {
     status: StatusCode,
@@ -307,15 +308,15 @@ async fn dropping_the_backend_stops_it_and_closes_connections() {
     let empty = h2(addr).await;
     drop(backend);
 
-    eventually("the listener to close", || async {
+    eventually("the listener to close", DEADLINE, || async {
         TcpStream::connect(addr).await.is_err()
     })
     .await;
-    eventually("the HTTP/1.1 connection to close", || async {
+    eventually("the HTTP/1.1 connection to close", DEADLINE, || async {
         sender.is_closed()
     })
     .await;
-    eventually("the HTTP/2 connection to close", || async {
+    eventually("the HTTP/2 connection to close", DEADLINE, || async {
         empty.is_closed()
     })
     .await;

@@ -14,7 +14,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 mod support;
-use support::{any_port, eventually};
+use ballast_testkit::eventually;
+use support::{any_port, DEADLINE};
 
 #[tokio::test]
 async fn steady_rate_attributed_to_the_backend() {
@@ -23,7 +24,7 @@ async fn steady_rate_attributed_to_the_backend() {
     config.rps = 200;
     config.connections = 4;
     let load = LoadClient::start(config).expect("load");
-    eventually("300 answers", || async {
+    eventually("300 answers", DEADLINE, || async {
         load.snapshot().requests("web-a") >= 300
     })
     .await;
@@ -56,7 +57,7 @@ async fn backend_failures_are_counted_as_failures() {
     let mut config = LoadConfig::new(backend.addr(), "flaky.test");
     config.rps = 400;
     let load = LoadClient::start(config).expect("load");
-    eventually("100 answers", || async {
+    eventually("100 answers", DEADLINE, || async {
         load.snapshot().requests("flaky") >= 100
     })
     .await;
@@ -99,7 +100,7 @@ async fn failing_proxy() -> SocketAddr {
 async fn proxy_errors_and_refused_connections_are_failures() {
     let proxy = failing_proxy().await;
     let load = LoadClient::start(LoadConfig::new(proxy, "web.demo")).expect("load");
-    eventually("proxy errors", || async {
+    eventually("proxy errors", DEADLINE, || async {
         load.snapshot().total().failures.proxy_error >= 10
     })
     .await;
@@ -112,12 +113,12 @@ async fn proxy_errors_and_refused_connections_are_failures() {
     let gone = Backend::start("gone", any_port()).await.expect("backend");
     let addr = gone.addr();
     drop(gone);
-    eventually("the port to close", || async {
+    eventually("the port to close", DEADLINE, || async {
         tokio::net::TcpStream::connect(addr).await.is_err()
     })
     .await;
     let load = LoadClient::start(LoadConfig::new(addr, "web.demo")).expect("load");
-    eventually("transport errors", || async {
+    eventually("transport errors", DEADLINE, || async {
         load.snapshot().total().failures.transport >= 10
     })
     .await;
@@ -133,7 +134,7 @@ async fn slow_answers_time_out() {
     config.timeout = Duration::from_millis(100);
     config.rps = 20;
     let load = LoadClient::start(config).expect("load");
-    eventually("timeouts", || async {
+    eventually("timeouts", DEADLINE, || async {
         load.snapshot().total().failures.timeout >= 3
     })
     .await;

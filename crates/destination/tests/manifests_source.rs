@@ -8,12 +8,8 @@ use ballast_destination::{
     source::manifests::{self, ManifestsConfig, ManifestsError},
     store::Store,
 };
-use std::{
-    fs,
-    path::Path,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use ballast_testkit::eventually_sync;
+use std::{fs, path::Path, sync::Arc, time::Duration};
 use tokio::{sync::oneshot, task::JoinHandle};
 
 /// Changes must show within this long.
@@ -56,18 +52,6 @@ fn write_atomic(path: &Path, text: &str) {
     fs::rename(&tmp, path).unwrap();
 }
 
-/// Waits for `cond` to hold, failing the test after `deadline`.
-async fn eventually(what: &str, deadline: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < deadline,
-            "timed out after {deadline:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 struct Source {
     store: Arc<Store>,
     stop: Option<oneshot::Sender<()>>,
@@ -86,7 +70,7 @@ impl Source {
             let _ = stopped.await;
         }));
         let ready = store.clone();
-        eventually("the first load", Duration::from_secs(5), || {
+        eventually_sync("the first load", Duration::from_secs(5), || {
             assert!(
                 !task.is_finished(),
                 "the source stopped during its first load"
@@ -229,7 +213,7 @@ async fn an_edit_in_place_changes_a_pod_ip() {
     // Same length, written in place: only the content tells it changed.
     fs::write(&file, pod("shop", "web-1", "10.0.0.2")).unwrap();
     let store = source.store.clone();
-    eventually("the new pod IP", CHANGE_DEADLINE, || {
+    eventually_sync("the new pod IP", CHANGE_DEADLINE, || {
         pod_ip(&store, "shop", "web-1").as_deref() == Some("10.0.0.2")
     })
     .await;
@@ -247,7 +231,7 @@ async fn new_files_and_new_directories_are_picked_up() {
     let store = source.store.clone();
 
     fs::write(dir.path().join("a.yaml"), pod("ns", "a", "10.0.1.1")).unwrap();
-    eventually("a new file", CHANGE_DEADLINE, || {
+    eventually_sync("a new file", CHANGE_DEADLINE, || {
         pod_ip(&store, "ns", "a").is_some()
     })
     .await;
@@ -258,7 +242,7 @@ async fn new_files_and_new_directories_are_picked_up() {
         pod("ns", "b", "10.0.1.2"),
     )
     .unwrap();
-    eventually("a file in a new directory", CHANGE_DEADLINE, || {
+    eventually_sync("a file in a new directory", CHANGE_DEADLINE, || {
         pod_ip(&store, "ns", "b").is_some()
     })
     .await;
@@ -272,7 +256,7 @@ async fn new_files_and_new_directories_are_picked_up() {
     )
     .unwrap();
     fs::rename(outside.path().join("moved"), dir.path().join("moved")).unwrap();
-    eventually("a directory moved in", CHANGE_DEADLINE, || {
+    eventually_sync("a directory moved in", CHANGE_DEADLINE, || {
         pod_ip(&store, "ns", "c").is_some()
     })
     .await;
@@ -309,7 +293,7 @@ async fn deleting_a_file_removes_its_objects() {
 
     fs::remove_file(dir.path().join("web.yaml")).unwrap();
     let store = source.store.clone();
-    eventually("web.yaml's pod and service gone", CHANGE_DEADLINE, || {
+    eventually_sync("web.yaml's pod and service gone", CHANGE_DEADLINE, || {
         counts(&store) == (1, 0, 0)
     })
     .await;
@@ -318,12 +302,12 @@ async fn deleting_a_file_removes_its_objects() {
     // A whole directory removed.
     fs::create_dir(dir.path().join("sub")).unwrap();
     fs::write(dir.path().join("sub/x.yaml"), pod("shop", "x", "10.0.0.3")).unwrap();
-    eventually("sub/x.yaml loaded", CHANGE_DEADLINE, || {
+    eventually_sync("sub/x.yaml loaded", CHANGE_DEADLINE, || {
         pod_ip(&store, "shop", "x").is_some()
     })
     .await;
     fs::remove_dir_all(dir.path().join("sub")).unwrap();
-    eventually("sub/x.yaml's pod gone", CHANGE_DEADLINE, || {
+    eventually_sync("sub/x.yaml's pod gone", CHANGE_DEADLINE, || {
         pod_ip(&store, "shop", "x").is_none()
     })
     .await;
@@ -353,7 +337,7 @@ async fn an_invalid_file_keeps_its_last_good_objects_until_fixed() {
         format!("{}---\nkind: [unclosed\n", pod("shop", "web-1", "10.0.0.9")),
     )
     .unwrap();
-    eventually("the error counted", CHANGE_DEADLINE, || {
+    eventually_sync("the error counted", CHANGE_DEADLINE, || {
         store.metrics().reload_errors_total.get() == 1
             && store.metrics().manifest_files_invalid.get() == 1
     })
@@ -371,7 +355,7 @@ async fn an_invalid_file_keeps_its_last_good_objects_until_fixed() {
         ),
     )
     .unwrap();
-    eventually("the second error counted", CHANGE_DEADLINE, || {
+    eventually_sync("the second error counted", CHANGE_DEADLINE, || {
         store.metrics().reload_errors_total.get() == 2
     })
     .await;
@@ -398,7 +382,7 @@ async fn an_invalid_file_keeps_its_last_good_objects_until_fixed() {
         ),
     )
     .unwrap();
-    eventually("the fixed content applied", CHANGE_DEADLINE, || {
+    eventually_sync("the fixed content applied", CHANGE_DEADLINE, || {
         pod_ip(&store, "shop", "web-1").as_deref() == Some("10.0.0.2")
             && store.metrics().manifest_files_invalid.get() == 0
     })
@@ -486,14 +470,14 @@ async fn duplicate_definitions_first_file_wins_and_ownership_is_kept() {
 
     // Removing the winner serves the other definition; it is not deleted.
     fs::remove_file(&a).unwrap();
-    eventually("b.yaml's definition served", CHANGE_DEADLINE, || {
+    eventually_sync("b.yaml's definition served", CHANGE_DEADLINE, || {
         pod_ip(&store, "shop", "web-1").as_deref() == Some("10.0.0.2")
     })
     .await;
 
     // The first file back: it wins again.
     fs::write(&a, pod("shop", "web-1", "10.0.0.1")).unwrap();
-    eventually("a.yaml's definition served again", CHANGE_DEADLINE, || {
+    eventually_sync("a.yaml's definition served again", CHANGE_DEADLINE, || {
         pod_ip(&store, "shop", "web-1").as_deref() == Some("10.0.0.1")
     })
     .await;
@@ -502,14 +486,14 @@ async fn duplicate_definitions_first_file_wins_and_ownership_is_kept() {
     fs::write(&b, pod("shop", "web-1", "10.0.0.3")).unwrap();
     fs::remove_file(&b).unwrap();
     fs::write(dir.path().join("c.yaml"), pod("shop", "marker", "10.0.0.7")).unwrap();
-    eventually("a later change seen", CHANGE_DEADLINE, || {
+    eventually_sync("a later change seen", CHANGE_DEADLINE, || {
         pod_ip(&store, "shop", "marker").is_some()
     })
     .await;
     assert_eq!(pod_ip(&store, "shop", "web-1").as_deref(), Some("10.0.0.1"));
 
     fs::remove_file(&a).unwrap();
-    eventually(
+    eventually_sync(
         "the pod gone with its last definition",
         CHANGE_DEADLINE,
         || pod_ip(&store, "shop", "web-1").is_none(),
@@ -529,7 +513,7 @@ async fn atomic_rename_writes_and_files_moved_in_are_seen() {
 
     for (i, ip) in ["10.0.0.2", "10.0.0.3", "10.0.0.4"].into_iter().enumerate() {
         write_atomic(&file, &pod("shop", "web-1", ip));
-        eventually(&format!("rename {i} applied"), CHANGE_DEADLINE, || {
+        eventually_sync(&format!("rename {i} applied"), CHANGE_DEADLINE, || {
             pod_ip(&store, "shop", "web-1").as_deref() == Some(ip)
         })
         .await;
@@ -546,7 +530,7 @@ async fn atomic_rename_writes_and_files_moved_in_are_seen() {
         dir.path().join("cart.yaml"),
     )
     .unwrap();
-    eventually("a file moved in", CHANGE_DEADLINE, || {
+    eventually_sync("a file moved in", CHANGE_DEADLINE, || {
         pod_ip(&store, "shop", "cart-1").is_some()
     })
     .await;
@@ -557,7 +541,7 @@ async fn atomic_rename_writes_and_files_moved_in_are_seen() {
         outside.path().join("cart.yaml"),
     )
     .unwrap();
-    eventually("a file moved out", CHANGE_DEADLINE, || {
+    eventually_sync("a file moved out", CHANGE_DEADLINE, || {
         pod_ip(&store, "shop", "cart-1").is_none()
     })
     .await;
@@ -617,7 +601,7 @@ async fn files_over_the_size_limit_are_refused() {
     // Shrunk below the limit: read and served.
     fs::write(dir.path().join("big.yaml"), pod("shop", "big", "10.0.0.2")).unwrap();
     let store = source.store.clone();
-    eventually("the shrunk file served", CHANGE_DEADLINE, || {
+    eventually_sync("the shrunk file served", CHANGE_DEADLINE, || {
         pod_ip(&store, "shop", "big").is_some() && store.metrics().manifest_files_invalid.get() == 0
     })
     .await;
@@ -670,14 +654,14 @@ async fn a_replaced_directory_is_read_and_watched_again() {
     fs::create_dir(&staging).unwrap();
     fs::write(staging.join("web.yaml"), pod("shop", "web-1", "10.0.0.2")).unwrap();
     fs::rename(&staging, &dir).unwrap();
-    eventually(
+    eventually_sync(
         "the replaced directory read",
         Duration::from_secs(3),
         || pod_ip(&store, "shop", "web-1").as_deref() == Some("10.0.0.2"),
     )
     .await;
     fs::write(dir.join("web.yaml"), pod("shop", "web-1", "10.0.0.3")).unwrap();
-    eventually("an edit in the replaced directory", CHANGE_DEADLINE, || {
+    eventually_sync("an edit in the replaced directory", CHANGE_DEADLINE, || {
         pod_ip(&store, "shop", "web-1").as_deref() == Some("10.0.0.3")
     })
     .await;
@@ -762,7 +746,7 @@ const RESCANS_SETTLED: u64 = 3;
 /// Waits until the source has run `RESCANS_SETTLED` more rescans.
 async fn rescans_settle(store: &Store) {
     let start = store.metrics().manifest_rescans_total.get();
-    eventually("later rescans", Duration::from_secs(30), || {
+    eventually_sync("later rescans", Duration::from_secs(30), || {
         store.metrics().manifest_rescans_total.get() >= start + RESCANS_SETTLED
     })
     .await;
@@ -778,19 +762,19 @@ async fn a_rename_is_logged_once_and_a_change_once() {
     let store = source.store.clone();
 
     fs::rename(d.join("a.yaml"), d.join("b.yaml")).unwrap();
-    eventually("the rename logged", CHANGE_DEADLINE, || {
+    eventually_sync("the rename logged", CHANGE_DEADLINE, || {
         !lines_with(d, &["renamed to", "b.yaml"]).is_empty()
     })
     .await;
     fs::write(d.join("a.yaml"), pod("shop", "web-2", "10.0.0.2")).unwrap();
-    eventually("web-2 applied", CHANGE_DEADLINE, || {
+    eventually_sync("web-2 applied", CHANGE_DEADLINE, || {
         pod_ip(&store, "shop", "web-2").is_some()
     })
     .await;
     rescans_settle(&store).await;
     // A sentinel after the rereads: everything before it has been logged.
     fs::write(d.join("z.yaml"), pod("shop", "web-3", "10.0.0.3")).unwrap();
-    eventually("the sentinel logged", CHANGE_DEADLINE, || {
+    eventually_sync("the sentinel logged", CHANGE_DEADLINE, || {
         !lines_with(d, &["z.yaml: added"]).is_empty()
     })
     .await;
@@ -821,17 +805,17 @@ async fn a_rename_over_another_file_is_one_line() {
     let source = Source::start(d).await;
     let store = source.store.clone();
     fs::write(d.join("new.yaml"), pod("shop", "web-1", "10.0.0.2")).unwrap();
-    eventually("new.yaml logged", CHANGE_DEADLINE, || {
+    eventually_sync("new.yaml logged", CHANGE_DEADLINE, || {
         !lines_with(d, &["new.yaml: added"]).is_empty()
     })
     .await;
 
     fs::rename(d.join("new.yaml"), d.join("web.yaml")).unwrap();
-    eventually("the rename logged", CHANGE_DEADLINE, || {
+    eventually_sync("the rename logged", CHANGE_DEADLINE, || {
         !lines_with(d, &["new.yaml: renamed over", "web.yaml"]).is_empty()
     })
     .await;
-    eventually("web-1 from the renamed file", CHANGE_DEADLINE, || {
+    eventually_sync("web-1 from the renamed file", CHANGE_DEADLINE, || {
         pod_ip(&store, "shop", "web-1").as_deref() == Some("10.0.0.2")
     })
     .await;
@@ -855,17 +839,17 @@ async fn a_fixed_file_is_logged_as_fixed() {
     let store = source.store.clone();
 
     fs::write(&file, "kind: [unclosed\n").unwrap();
-    eventually("the problem logged", CHANGE_DEADLINE, || {
+    eventually_sync("the problem logged", CHANGE_DEADLINE, || {
         !lines_with(dir.path(), &[" WARN ", "web.yaml", "not valid YAML"]).is_empty()
     })
     .await;
     fs::write(&file, pod("shop", "web-1", "10.0.0.2")).unwrap();
-    eventually("the fix logged", CHANGE_DEADLINE, || {
+    eventually_sync("the fix logged", CHANGE_DEADLINE, || {
         !lines_with(dir.path(), &[" INFO ", "web.yaml: fixed"]).is_empty()
     })
     .await;
     // Logged as read; applied to the store just after.
-    eventually("the fixed pod applied", CHANGE_DEADLINE, || {
+    eventually_sync("the fixed pod applied", CHANGE_DEADLINE, || {
         pod_ip(&store, "shop", "web-1").as_deref() == Some("10.0.0.2")
     })
     .await;
@@ -900,7 +884,7 @@ async fn two_services_with_one_cluster_ip_are_named_in_a_warning() {
             })
             .count()
     };
-    eventually("the warning", CHANGE_DEADLINE, || warned() == 1).await;
+    eventually_sync("the warning", CHANGE_DEADLINE, || warned() == 1).await;
     // The index answers for the IP with the first by namespace, then name
     // (logged as read; applied to the store just after).
     let owner = || {
@@ -909,7 +893,7 @@ async fn two_services_with_one_cluster_ip_are_named_in_a_warning() {
                 .map(|k| k.to_string())
         })
     };
-    eventually("api applied", CHANGE_DEADLINE, || {
+    eventually_sync("api applied", CHANGE_DEADLINE, || {
         store.with_index(|i| i.service(&ObjectKey::new(ns.as_str(), "api")).is_some())
     })
     .await;
@@ -922,12 +906,12 @@ async fn two_services_with_one_cluster_ip_are_named_in_a_warning() {
 
     // One of them gone: no conflict left, and a new claim warns again.
     fs::remove_file(d.join("api.yaml")).unwrap();
-    eventually("api removed", CHANGE_DEADLINE, || {
+    eventually_sync("api removed", CHANGE_DEADLINE, || {
         store.with_index(|i| i.service(&ObjectKey::new(ns.as_str(), "api")).is_none())
     })
     .await;
     assert_eq!(warned(), 1);
     fs::write(d.join("api.yaml"), service(&ns, "api", 80)).unwrap();
-    eventually("the second warning", CHANGE_DEADLINE, || warned() == 2).await;
+    eventually_sync("the second warning", CHANGE_DEADLINE, || warned() == 2).await;
     source.stop().await;
 }

@@ -751,6 +751,7 @@ impl Drop for Slot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ballast_testkit::eventually_sync;
     use ballast_vizcore::api::ResourceRef;
     use ballast_vizcore::targets::Snapshot;
     use futures_util::StreamExt;
@@ -1047,14 +1048,12 @@ mod tests {
         )
         .await;
         // The aborted task is dropped by the runtime soon after.
-        let deadline = Instant::now() + DEADLINE;
-        while tapper.metrics.pod_streams.get() != 1 {
-            assert!(
-                Instant::now() < deadline,
-                "load-1's stream outlived it: {seen:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        eventually_sync(
+            &format!("load-1's stream to end with it; saw {seen:?}"),
+            DEADLINE,
+            || tapper.metrics.pod_streams.get() == 1,
+        )
+        .await;
 
         // With no pod left, the tap ends.
         pods.lock().expect("lock").clear();
@@ -1070,14 +1069,10 @@ mod tests {
             "only notices after the last pod went: {rest:?}"
         );
         drop(stream);
-        let deadline = Instant::now() + DEADLINE;
-        while tapper.metrics.pod_streams.get() != 0 {
-            assert!(
-                Instant::now() < deadline,
-                "the pods' streams outlived the tap"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        eventually_sync("the pods' streams to end with the tap", DEADLINE, || {
+            tapper.metrics.pod_streams.get() == 0
+        })
+        .await;
     }
 
     #[tokio::test]
@@ -1135,15 +1130,12 @@ mod tests {
                 })
                 .get()
         };
-        let deadline = Instant::now() + DEADLINE;
-        while dropped() + CLIENT_QUEUE_LINES as u64 != REQUESTS {
-            assert!(
-                Instant::now() < deadline,
-                "dropped {} of {REQUESTS}",
-                dropped()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually_sync(
+            &format!("{REQUESTS} requests past the full queue"),
+            DEADLINE,
+            || dropped() + CLIENT_QUEUE_LINES as u64 == REQUESTS,
+        )
+        .await;
         assert_eq!(tap.sent.load(Ordering::Relaxed), REQUESTS * 3);
         let lines = read_lines(&mut stream, CLIENT_QUEUE_LINES + 1).await;
         assert!(lines[..CLIENT_QUEUE_LINES]

@@ -7,6 +7,7 @@ use crate::{
     resource::Resource,
     store::Op,
 };
+use ballast_testkit::eventually_sync;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use linkerd2_proxy_api::destination::{update, Update};
@@ -14,6 +15,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prost::Message;
 use serde_json::json;
 use std::{collections::BTreeSet, net::SocketAddr};
+
+/// Bound on a wait on the paused clock (time that passes only as the
+/// runtime idles).
+const UNTIL: Duration = Duration::from_secs(10);
 
 fn resource(v: serde_json::Value) -> Resource {
     Resource::from_value(v).unwrap().unwrap()
@@ -129,17 +134,6 @@ fn gauge(
     family: &prometheus_client::metrics::family::Family<crate::metrics::MethodLabel, Gauge>,
 ) -> i64 {
     family.get_or_create(&Metrics::method("Get")).get()
-}
-
-/// Waits (on the paused clock) until `cond` holds.
-async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    for _ in 0..1_000 {
-        if cond() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("never: {what}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -313,7 +307,7 @@ async fn a_client_that_leaves_or_a_shutdown_frees_the_subscription() {
     let mut leaving = s.service.get(&get()).unwrap();
     let _ = update(&mut leaving).await;
     drop(leaving);
-    until("the subscription is freed", || {
+    eventually_sync("the subscription is freed", UNTIL, || {
         gauge(&s.store.metrics().subscriptions) == 0
     })
     .await;
@@ -325,7 +319,7 @@ async fn a_client_that_leaves_or_a_shutdown_frees_the_subscription() {
         Read::End(status) => assert_eq!(status.code(), tonic::Code::Ok),
         Read::Message(_) => panic!("expected the end"),
     }
-    until("the subscription is freed", || {
+    eventually_sync("the subscription is freed", UNTIL, || {
         gauge(&s.store.metrics().subscriptions) == 0
     })
     .await;

@@ -6,12 +6,16 @@
 
 use super::*;
 use crate::index::{Index, IndexConfig};
+use ballast_testkit::eventually_sync;
 use serde_json::json;
 use std::sync::Mutex;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
 };
+
+/// Bound on each wait for the source to catch up.
+const WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
 struct Fake {
@@ -129,14 +133,6 @@ async fn respond(mut sock: TcpStream, fake: Arc<Fake>) {
     let _ = sock.shutdown().await;
 }
 
-async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[tokio::test]
 async fn lists_once_resumes_watches_and_relists_only_on_gone() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -172,9 +168,12 @@ async fn lists_once_resumes_watches_and_relists_only_on_gone() {
         .await
         .expect("ready");
     // The 410 relist ends with pod b only (a was deleted while away).
-    wait_for("the relist", || fake.count(false, "pods") == 2).await;
-    wait_for("the third pods watch", || fake.count(true, "pods") == 3).await;
-    wait_for("pod a removed", || {
+    eventually_sync("the relist", WAIT, || fake.count(false, "pods") == 2).await;
+    eventually_sync("the third pods watch", WAIT, || {
+        fake.count(true, "pods") == 3
+    })
+    .await;
+    eventually_sync("pod a removed", WAIT, || {
         store.with_index(|i| i.sizes().pods) == 1
     })
     .await;
