@@ -13,7 +13,7 @@
 //! Screenshots of each page go to `target/dashboard-screenshots/`, and to
 //! `docs/screenshots/` with `BALLAST_WRITE_SCREENSHOTS=1`.
 
-mod support;
+use ballast_testsupport as support;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

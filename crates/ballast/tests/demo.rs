@@ -2,7 +2,7 @@
 //! processes, the destination controller killed under traffic while a
 //! backend is removed, and every connection from load to web mutual TLS.
 
-mod support;
+use ballast_testsupport as support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

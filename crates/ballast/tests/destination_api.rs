@@ -1,7 +1,7 @@
 //! `ballast destination` as a process, over real gRPC: the Destination API's
 //! answers, how they follow manifest edits, and the bounds on streams.
 
-mod support;
+use ballast_testsupport as support;
 
 use linkerd2_proxy_api::destination::destination_client::DestinationClient;
 use support::{

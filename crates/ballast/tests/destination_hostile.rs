@@ -6,7 +6,7 @@
 //! ceiling, a well-behaved client is served during and after, and the
 //! process stays up.
 
-mod support;
+use ballast_testsupport as support;
 
 // Shared with the proxy's hostile suite, which uses the rest of it.
 #[allow(dead_code)]

@@ -2,7 +2,7 @@
 //! server emulation: what it costs the API server, and how it rides out the
 //! API server's faults (seed 002) and pod IP reuse (seed 000).
 
-mod support;
+use ballast_testsupport as support;
 
 use ballast_destination::source::kube::BackoffConfig;
 use ballast_testkit::ApiServer;

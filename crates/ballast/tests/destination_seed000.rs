@@ -1,7 +1,7 @@
 //! Seed 000 over the wire: pods sharing an IP never make a lookup fail, and
 //! never flood clients or logs.
 
-mod support;
+use ballast_testsupport as support;
 
 use support::{
     manifests::{docs, PodSpec},

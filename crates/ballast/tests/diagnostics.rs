@@ -2,7 +2,7 @@
 //! for an authority, a server that is not gRPC, the default profile of an
 //! unknown service told apart, and ratios printed as written.
 
-mod support;
+use ballast_testsupport as support;
 
 use std::{net::SocketAddr, process::Output};
 use support::{

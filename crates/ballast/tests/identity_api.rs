@@ -1,7 +1,7 @@
 //! `ballast identity` over real gRPC: Linkerd's Certify semantics, its own
 //! TLS identity, issuer rotation and refusal, per-client rate.
 
-mod support;
+use ballast_testsupport as support;
 
 use ballast_meshtls::tls;
 use std::time::{Duration, SystemTime};

@@ -2,7 +2,7 @@
 //! (Linkerd's audience, the retry without it for old tokens) against the
 //! testkit API server, and the status codes when the review fails.
 
-mod support;
+use ballast_testsupport as support;
 
 use ballast_testkit::ApiServer;
 use support::{

@@ -9,7 +9,7 @@
 //! Root-only parts need `ip`, `iptables`, `setpriv` and `curl`; elsewhere
 //! they say why and are skipped (CI, which runs as root, must run them).
 
-mod support;
+use ballast_testsupport as support;
 
 use http::StatusCode;
 use std::{net::SocketAddr, process::Output};

@@ -6,7 +6,7 @@
 //! every answer echoes its request's uid. Namespaces are read from a small
 //! Kubernetes API (GET /api/v1/namespaces/NAME) the test serves.
 
-mod support;
+use ballast_testsupport as support;
 
 use ballast_inject::pod::{INIT_CONTAINER, PROXY_CONTAINER};
 use ballast_install::pki::{WebhookTls, WEBHOOK_CERT_LIFETIME};

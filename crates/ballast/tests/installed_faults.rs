@@ -12,6 +12,7 @@
 #[path = "installed/cluster.rs"]
 mod cluster;
 
+use ballast_testsupport::metrics::Metrics;
 use cluster::{can_run, emojivoto, ClusterBox};
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -206,14 +207,11 @@ async fn watches_answered(cluster: &ClusterBox) -> Vec<u64> {
             Ok((200, page)) => page,
             _ => String::new(),
         };
+        let page = Metrics::parse(&page);
         for kind in ROLLOUT_KINDS {
             let series =
-                format!("destination_kube_responses_total{{kind=\"{kind}\",code=\"200\"}} ");
-            let count = page
-                .lines()
-                .find_map(|l| l.strip_prefix(series.as_str()))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-                .unwrap_or(0.0);
+                format!("destination_kube_responses_total{{kind=\"{kind}\",code=\"200\"}}");
+            let count = page.value(&series).unwrap_or(0.0);
             counts.push(count as u64);
         }
     }
@@ -560,14 +558,10 @@ async fn the_seeds_reproduced_on_the_installed_mesh_change_nothing_for_callers()
     assert_eq!(restarts, 0, "a destination controller restarted");
 }
 
-/// The sum of a counter's samples whose labels contain every one of `labels`.
-fn counter(metrics: &str, name: &str, labels: &[&str]) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
-        .filter(|l| labels.iter().all(|want| l.contains(want)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+/// The sum of the samples of `name` that carry every one of `labels`
+/// (0 when there are none).
+fn counter(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    Metrics::parse(metrics).sum(name, labels)
 }
 
 /// The emojivoto pods whose proxies hold a certificate.
@@ -614,7 +608,7 @@ fn failed_renewals(metrics: &str) -> f64 {
         - counter(
             metrics,
             "control_identity_cert_refreshes_total",
-            &["result=\"ok\""],
+            &[("result", "ok")],
         )
 }
 
@@ -698,14 +692,14 @@ async fn identity_down_past_a_certificate_renewal_fails_no_call() {
     let renewed_before = counter(
         &during,
         "control_identity_cert_refreshes_total",
-        &["result=\"ok\""],
+        &[("result", "ok")],
     );
     loop {
         let now = proxy_metrics(&cluster, "web").await;
         if counter(
             &now,
             "control_identity_cert_refreshes_total",
-            &["result=\"ok\""],
+            &[("result", "ok")],
         ) > renewed_before
         {
             break;
@@ -814,7 +808,7 @@ async fn a_service_created_while_the_controller_is_down_is_reachable_then_secure
     let open = counter(
         &metrics,
         "tcp_open_connections",
-        &["direction=\"outbound\""],
+        &[("direction", "outbound")],
     );
     eprintln!("while the controller was down: hammer's proxy holds {open} outbound connections");
     assert!(open <= 10.0, "connections pile up: {open}");
@@ -833,17 +827,23 @@ async fn a_service_created_while_the_controller_is_down_is_reachable_then_secure
             &metrics,
             "tcp_open_total",
             &[
-                "direction=\"outbound\"",
-                "tls=\"true\"",
-                "server_id=\"default.emojivoto.serviceaccount.identity.ballast.cluster.local\"",
+                ("direction", "outbound"),
+                ("tls", "true"),
+                (
+                    "server_id",
+                    "default.emojivoto.serviceaccount.identity.ballast.cluster.local",
+                ),
             ],
         ) + counter(
             &metrics,
             "tcp_open_total",
             &[
-                "direction=\"outbound\"",
-                "tls=\"true\"",
-                "server_id=\"fresh.emojivoto.serviceaccount.identity.ballast.cluster.local\"",
+                ("direction", "outbound"),
+                ("tls", "true"),
+                (
+                    "server_id",
+                    "fresh.emojivoto.serviceaccount.identity.ballast.cluster.local",
+                ),
             ],
         );
         if secured > 0.0 {

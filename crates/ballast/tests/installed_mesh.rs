@@ -13,6 +13,7 @@
 #[path = "installed/cluster.rs"]
 mod cluster;
 
+use ballast_testsupport::metrics::Metrics;
 use cluster::{binaries, can_run, emojivoto, ClusterBox};
 use serde_json::Value;
 use std::time::{Duration, Instant};
@@ -337,11 +338,7 @@ async fn inbound_responses(cluster: &ClusterBox, app: &str) -> u64 {
             .await
             .expect("the proxy's /metrics");
         assert_eq!(code, 200, "{page}");
-        total += page
-            .lines()
-            .filter(|l| l.starts_with("response_total{") && l.contains("direction=\"inbound\""))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>();
+        total += Metrics::parse(&page).sum("response_total", &[("direction", "inbound")]);
     }
     total as u64
 }

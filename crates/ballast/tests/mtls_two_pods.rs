@@ -8,7 +8,7 @@
 //!
 //! Root-only, like `init_two_pods.rs`; also needs `tcpdump`.
 
-mod support;
+use ballast_testsupport as support;
 
 use http::StatusCode;
 use std::{os::unix::fs::PermissionsExt, path::Path, process::Stdio};

@@ -3,7 +3,7 @@
 //! edits (a split, a route broken on purpose); InboundServerPolicies
 //! answers for a deny default with one authorization.
 
-mod support;
+use ballast_testsupport as support;
 
 use linkerd2_proxy_api::{
     inbound::{

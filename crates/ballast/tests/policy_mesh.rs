@@ -5,7 +5,7 @@
 //! retries of 503s stopping at their limit, and a route broken on purpose
 //! while traffic flows.
 
-mod support;
+use ballast_testsupport as support;
 
 #[path = "policy/fake.rs"]
 mod fake;

@@ -6,7 +6,7 @@
 //! not admit them. One client is allowed and the other gets 403 (HTTP) or a
 //! closed connection (opaque TCP), and both follow live policy changes.
 
-mod support;
+use ballast_testsupport as support;
 
 use futures_util::Stream;
 use http::StatusCode;

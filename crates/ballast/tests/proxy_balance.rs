@@ -1,7 +1,7 @@
 //! How `ballast proxy` spreads HTTP requests over a service's endpoints:
 //! evenly among equals, away from a slow one.
 
-mod support;
+use ballast_testsupport as support;
 
 use http::StatusCode;
 use std::time::Duration;

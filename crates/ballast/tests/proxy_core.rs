@@ -3,7 +3,7 @@
 //! services that do not exist are answered at once, and a burst of HTTP/2
 //! requests to a cold endpoint opens one connection.
 
-mod support;
+use ballast_testsupport as support;
 
 use http::StatusCode;
 use std::{

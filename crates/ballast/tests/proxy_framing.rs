@@ -16,7 +16,7 @@
 //! The backend here is raw TCP answering fixed bytes, so that what a
 //! conforming server would never send can be sent.
 
-mod support;
+use ballast_testsupport as support;
 
 // The hand-written HTTP/2 client of the hostile suites.
 #[allow(dead_code)]

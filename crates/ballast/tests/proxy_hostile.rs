@@ -9,7 +9,7 @@
 //! of its footprint); each is far below what the attack would cost a proxy
 //! that buffered what it is sent.
 
-mod support;
+use ballast_testsupport as support;
 
 #[path = "hostile/common.rs"]
 mod common;
@@ -18,8 +18,8 @@ mod destination;
 
 use common::{
     assert_alive, assert_back_near, assert_cut_after, assert_peak_under, assert_served, hold,
-    raise_nofile, raw_exchange, reset_flood, AllocatedPeak, Big, BlackHole, Footprint, Good,
-    Hostile, Peak, MB,
+    raise_nofile, raw_exchange, reset_flood, AllocatedPeak, Big, Footprint, Good, Hostile, Peak,
+    MB,
 };
 use destination::{refused_endpoints, FakeDestination};
 use futures_util::StreamExt;
@@ -34,6 +34,7 @@ use std::{
     time::{Duration, Instant},
 };
 use support::{
+    backends::black_hole,
     eventually,
     proxy::{authority, get, start_backends, Http1, Proxy, WEB_PORT},
     DEADLINE,
@@ -654,7 +655,9 @@ async fn upload(addr: SocketAddr, authority: &str, len: u64, stall: Duration) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_that_never_reads_a_large_request_body() {
     let case = "an upstream that never reads a 100 MiB request body";
-    let hole = BlackHole::start("127.0.0.22:0".parse().unwrap()).await;
+    let hole = black_hole("127.0.0.22:0".parse().unwrap())
+        .await
+        .expect("bind the black hole");
     let mut h = Hostile::start(&[("hole", hole.addr())], &[]).await;
     let target = authority("hole", WEB_PORT);
     let base = h.baseline().await;

@@ -6,13 +6,13 @@
 //! Without iptables, connections reach the inbound listener directly, so
 //! `--inbound-forward-port` names the workload port.
 
-mod support;
+use ballast_testsupport as support;
 
 use ballast_demo::backend::Backend;
 use http::StatusCode;
 use std::{net::SocketAddr, time::Duration};
 use support::{
-    backends::Echo,
+    backends::echo,
     eventually,
     proxy::{authority, Cluster, Http1, Mesh, Proxy, H2},
     Controller, DEADLINE,
@@ -102,7 +102,7 @@ async fn inbound_http1_and_http2_reach_the_workload_port_and_are_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbound_opaque_ports_and_undetected_bytes_are_forwarded_as_tcp() {
-    let echo = Echo::start(loopback()).await.expect("echo");
+    let echo = echo(loopback()).await.expect("echo");
     let port = echo.addr().port().to_string();
     // Marked opaque: forwarded without waiting for detection.
     let opaque = inbound_proxy(echo.addr().port(), &["--inbound-opaque-ports", &port]).await;

@@ -4,7 +4,7 @@
 //! client connections are closed (HTTP/2 by the idle timeout, HTTP/1 by the
 //! header read timeout). Hostile peers are in `proxy_hostile.rs`.
 
-mod support;
+use ballast_testsupport as support;
 
 use http::StatusCode;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! one is refused, the issuer rotates under load with no failed request,
 //! and proxies ride out the identity controller's absence.
 
-mod support;
+use ballast_testsupport as support;
 
 use http::StatusCode;
 use hyper::{body::Incoming, service::service_fn, Request, Response};

@@ -4,7 +4,7 @@
 //! timeouts, retries, route metrics, and the fallback to Destination alone
 //! when the controller has no policy API.
 
-mod support;
+use ballast_testsupport as support;
 
 #[path = "policy/fake.rs"]
 mod fake;

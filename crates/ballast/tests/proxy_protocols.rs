@@ -3,14 +3,14 @@
 //! and error statuses intact) and opaque TCP, each to a mesh service resolved
 //! through a real `ballast destination`.
 
-mod support;
+use ballast_testsupport as support;
 
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use hyper::body::Bytes;
 use std::{collections::BTreeSet, net::SocketAddr, time::Duration};
 use support::{
-    backends::{Echo, GrpcHealth},
+    backends::{echo, GrpcHealth},
     proxy::{authority, random_bytes, Cluster, Http1, Mesh, Proxy, H2, NS},
     Controller, DEADLINE,
 };
@@ -236,11 +236,7 @@ async fn opaque_tcp_route_echoes_large_payloads_byte_for_byte() {
     let cluster = Cluster::new();
     let mut echoes = Vec::new();
     for ip in ["127.0.0.2", "127.0.0.3", "127.0.0.4"] {
-        echoes.push(
-            Echo::start(format!("{ip}:0").parse().unwrap())
-                .await
-                .unwrap(),
-        );
+        echoes.push(echo(format!("{ip}:0").parse().unwrap()).await.unwrap());
     }
     let pods: Vec<(String, SocketAddr)> = echoes
         .iter()

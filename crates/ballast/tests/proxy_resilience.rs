@@ -3,7 +3,7 @@
 //! proxy converges when the controller returns, and reconnects follow the
 //! capped, jittered backoff schedule however many targets want answers.
 
-mod support;
+use ballast_testsupport as support;
 
 use http::StatusCode;
 use std::{

@@ -5,7 +5,7 @@
 //! never reads loses events (counted) while traffic flows and the proxy's
 //! memory stays bounded; with identity on, only `--tap-client-identity` taps.
 
-mod support;
+use ballast_testsupport as support;
 
 #[allow(dead_code)]
 #[path = "hostile/common.rs"]

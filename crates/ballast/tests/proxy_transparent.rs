@@ -6,7 +6,7 @@
 //! Needs root, `ip`, `iptables`, `setpriv` and `curl`; elsewhere it says why
 //! and is skipped (CI, which runs as root, installs them and must run it).
 
-mod support;
+use ballast_testsupport as support;
 
 use http::StatusCode;
 use std::net::SocketAddr;

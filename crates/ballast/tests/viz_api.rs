@@ -2,7 +2,7 @@
 //! fakes serving `/metrics` pages whose counters advance by known amounts
 //! and then stop, so that every figure of the JSON API is known exactly.
 
-mod support;
+use ballast_testsupport as support;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -389,11 +389,9 @@ async fn the_api_shows_what_the_proxies_counted() {
         page.assert_has("viz_scrape_cycles", "counter");
     }
     let (_, metrics) = support::http_get(viz.admin, "/metrics").await;
+    let read = support::metrics::Metrics::parse(&metrics);
     let sample = |name: &str| -> f64 {
-        metrics
-            .lines()
-            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-            .and_then(|l| l[name.len()..].trim().parse().ok())
+        read.value(name)
             .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
     };
     assert_eq!(sample("viz_pods{state=\"ok\"}"), 2.0);

@@ -4,7 +4,7 @@
 //! pods of Deployment `web`) and `ballast viz`, all with identities, and
 //! prints the dashboard's address; the commands read that server.
 
-mod support;
+use ballast_testsupport as support;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! is one JSON object. Its `/metrics` page is read by the reference
 //! OpenMetrics parser on the way.
 
-#[path = "../../ballast/tests/support/openmetrics.rs"]
+#[path = "../../testsupport/src/openmetrics.rs"]
 mod openmetrics;
 mod support;
 

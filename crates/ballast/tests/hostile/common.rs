@@ -4,6 +4,7 @@
 //! wiring them to a controller and a proxy.
 
 use crate::support::{
+    metrics::Metrics,
     proxy::{authority, get, pods_of, start_backends, Cluster, Http1, Proxy, WEB_PORT},
     Controller, DEADLINE,
 };
@@ -485,49 +486,6 @@ async fn big_answer(req: Request<Incoming>, sent: Arc<AtomicU64>) -> Response<Bo
         }
     }
     Response::new(Full::new(Bytes::from_static(b"ok\n")).boxed_unsync())
-}
-
-/// A TCP "backend" that accepts connections and never reads from them;
-/// they stay open until it is dropped.
-pub struct BlackHole {
-    addr: SocketAddr,
-    accepted: Arc<AtomicU64>,
-    task: JoinHandle<()>,
-}
-
-impl BlackHole {
-    pub async fn start(bind: SocketAddr) -> BlackHole {
-        let listener = TcpListener::bind(bind).await.expect("bind the black hole");
-        let addr = listener.local_addr().unwrap();
-        let accepted = Arc::new(AtomicU64::new(0));
-        let count = accepted.clone();
-        let task = tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((s, _)) = listener.accept().await {
-                count.fetch_add(1, Ordering::Relaxed);
-                held.push(s);
-            }
-        });
-        BlackHole {
-            addr,
-            accepted,
-            task,
-        }
-    }
-
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    pub fn accepted(&self) -> u64 {
-        self.accepted.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for BlackHole {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 #[allow(dead_code)] // held for their lifetime
@@ -1020,9 +978,8 @@ pub async fn allocated(admin: SocketAddr) -> Option<u64> {
     if status != 200 {
         return None;
     }
-    body.lines()
-        .find_map(|l| l.strip_prefix("process_memory_allocated_bytes "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
+    Metrics::parse(&body)
+        .value("process_memory_allocated_bytes")
         .map(|v| v as u64)
 }
 

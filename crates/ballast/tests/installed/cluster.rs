@@ -485,11 +485,17 @@ impl ClusterBox {
             .lines()
             .filter(|l| l.starts_with("tcp_open_total{"))
             .collect();
-        let secured = open.iter().any(|l| {
-            l.contains("direction=\"outbound\"")
-                && l.contains("tls=\"true\"")
-                && l.contains(&format!("server_id=\"{server_id}\""))
-        });
+        let secured = ballast_testsupport::metrics::Metrics::parse(&metrics)
+            .find(
+                "tcp_open_total",
+                &[
+                    ("direction", "outbound"),
+                    ("tls", "true"),
+                    ("server_id", server_id),
+                ],
+            )
+            .next()
+            .is_some();
         (secured, open.join("\n"))
     }
 }

@@ -1,9 +1,7 @@
 //! `ballast identity` as a real process on OS-picked ports, its PKI made by
 //! `ballast identity generate`, and Certify clients (plaintext or TLS).
 
-#![allow(dead_code)]
-
-use super::{eventually, http_get, proxy::Logged};
+use crate::{ballast_bin, eventually, http_get, proxy::Logged};
 use ballast_meshtls::{certify::LocalKey, io, pem, tls, IdentityName};
 use hyper_util::rt::TokioIo;
 use linkerd2_proxy_api::identity::{
@@ -24,7 +22,7 @@ pub const CONTROL_NS: &str = "linkerd";
 /// service account `sa` at `addr`, behind a service `NAME` on port 80 at
 /// `cluster_ip`, in the proxies' namespace: one manifest.
 pub fn meshed_service_yaml(name: &str, sa: &str, addr: SocketAddr, cluster_ip: &str) -> String {
-    let ns = super::proxy::NS;
+    let ns = crate::proxy::NS;
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}-1\n  namespace: {ns}\n  labels: {{app: {name}, linkerd.io/control-plane-ns: {CONTROL_NS}}}\n\
          spec:\n  serviceAccountName: {sa}\n  containers: [{{name: main, ports: [{{name: http, containerPort: {port}}}]}}]\n\
@@ -61,7 +59,7 @@ pub fn proxy_identity_flags(
     for (flag, value) in [
         ("--identity-addr", ca.to_string()),
         ("--identity-token-file", token.display().to_string()),
-        ("--pod-namespace", super::proxy::NS.to_string()),
+        ("--pod-namespace", crate::proxy::NS.to_string()),
         ("--pod-service-account", sa.to_string()),
         ("--control-backoff-max", "500ms".to_string()),
     ] {
@@ -126,7 +124,7 @@ impl Pki {
 }
 
 async fn run_generate(dir: &Path, extra: &[&str]) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ballast"))
+    let out = Command::new(ballast_bin())
         .args(["identity", "generate", "--out"])
         .arg(dir)
         .args(extra)
@@ -171,7 +169,7 @@ impl IdentityCa {
         addr: SocketAddr,
         extra: &[&str],
     ) -> IdentityCa {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ballast"));
+        let mut cmd = Command::new(ballast_bin());
         cmd.arg("identity")
             .args(["--addr", &addr.to_string(), "--admin-addr", "127.0.0.1:0"])
             .arg("--issuer-dir")

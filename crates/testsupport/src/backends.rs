@@ -1,29 +1,38 @@
-//! Backends for proxy tests besides the demo HTTP backend: a TCP echo server
-//! and gRPC health servers. Each stops when dropped.
-
-#![allow(dead_code)]
+//! Backends for proxy tests besides the demo HTTP backend: TCP servers that
+//! echo or hold connections, and gRPC health servers. Each stops when
+//! dropped.
 
 use std::{
+    future::Future,
     net::SocketAddr,
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc,
     },
 };
-use tokio::{net::TcpListener, task::JoinHandle};
+use tokio::{
+    net::{TcpListener, TcpStream},
+    task::JoinHandle,
+};
 use tonic::transport::server::TcpIncoming;
 use tonic_health::server::HealthReporter;
 
-/// Echoes every byte it reads back on the same connection, then closes its
-/// side when the client closes its.
-pub struct Echo {
+/// A TCP server: accepts connections, counts them, and serves each on its
+/// own task; when dropped it stops, and closes every connection.
+pub struct Acceptor {
     addr: SocketAddr,
     accepted: Arc<AtomicU64>,
     task: JoinHandle<()>,
 }
 
-impl Echo {
-    pub async fn start(bind: SocketAddr) -> std::io::Result<Echo> {
+impl Acceptor {
+    /// Listens on `bind` (port 0 lets the OS pick) and hands each accepted
+    /// connection to `serve`.
+    pub async fn start<F, Fut>(bind: SocketAddr, serve: F) -> std::io::Result<Acceptor>
+    where
+        F: Fn(TcpStream) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
         let listener = TcpListener::bind(bind).await?;
         let addr = listener.local_addr()?;
         let accepted = Arc::new(AtomicU64::new(0));
@@ -35,19 +44,14 @@ impl Echo {
                 tokio::select! {
                     Some(_) = connections.join_next() => {}
                     accepted = listener.accept() => {
-                        let Ok((mut stream, _)) = accepted else { continue };
+                        let Ok((stream, _)) = accepted else { continue };
                         count.fetch_add(1, Ordering::Relaxed);
-                        connections.spawn(async move {
-                            let (mut read, mut write) = stream.split();
-                            if tokio::io::copy(&mut read, &mut write).await.is_ok() {
-                                let _ = tokio::io::AsyncWriteExt::shutdown(&mut write).await;
-                            }
-                        });
+                        connections.spawn(serve(stream));
                     }
                 }
             }
         });
-        Ok(Echo {
+        Ok(Acceptor {
             addr,
             accepted,
             task,
@@ -64,10 +68,32 @@ impl Echo {
     }
 }
 
-impl Drop for Echo {
+impl Drop for Acceptor {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// Echoes every byte it reads back on the same connection, then closes its
+/// side when the client closes its.
+pub async fn echo(bind: SocketAddr) -> std::io::Result<Acceptor> {
+    Acceptor::start(bind, |mut stream| async move {
+        let (mut read, mut write) = stream.split();
+        if tokio::io::copy(&mut read, &mut write).await.is_ok() {
+            let _ = tokio::io::AsyncWriteExt::shutdown(&mut write).await;
+        }
+    })
+    .await
+}
+
+/// Accepts connections and never reads from them; they stay open until
+/// it is dropped.
+pub async fn black_hole(bind: SocketAddr) -> std::io::Result<Acceptor> {
+    Acceptor::start(bind, |stream| async move {
+        let _held = stream;
+        std::future::pending::<()>().await
+    })
+    .await
 }
 
 /// gRPC servers of `grpc.health.v1.Health` sharing one reporter: setting a

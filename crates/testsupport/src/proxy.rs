@@ -2,9 +2,8 @@
 //! on a manifests directory, and talks to it with real HTTP/1.1, HTTP/2 and
 //! TCP clients; reads its /metrics.
 
-#![allow(dead_code)]
-
-use super::{eventually, manifests::PodSpec, write_atomic, Controller, DEADLINE};
+pub use crate::metrics::{Metrics, Sample};
+use crate::{ballast_bin, eventually, manifests::PodSpec, write_atomic, Controller, DEADLINE};
 use ballast_demo::Backend;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -14,7 +13,7 @@ use hyper::{
 };
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::VecDeque,
     net::SocketAddr,
     path::Path,
     process::Stdio,
@@ -153,7 +152,7 @@ impl Proxy {
     /// Starts `ballast proxy --destination-addr DESTINATION` on OS-picked
     /// loopback ports, with `extra` flags after them, and waits for /ready.
     pub async fn start(destination: SocketAddr, extra: &[&str]) -> Proxy {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ballast"));
+        let mut cmd = Command::new(ballast_bin());
         cmd.arg("proxy")
             .args(["--destination-addr", &destination.to_string()])
             .args(["--outbound-addr", "127.0.0.1:0"])
@@ -213,108 +212,6 @@ impl Proxy {
             .expect("read the proxy's /proc/PID/fd")
             .count()
     }
-}
-
-/// One sample of a Prometheus / OpenMetrics text exposition.
-#[derive(Debug, Clone)]
-pub struct Sample {
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-    pub value: f64,
-}
-
-/// A parsed /metrics page.
-#[derive(Debug, Clone)]
-pub struct Metrics {
-    pub samples: Vec<Sample>,
-    pub text: String,
-}
-
-impl Metrics {
-    pub fn parse(text: &str) -> Metrics {
-        let samples = text
-            .lines()
-            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-            .filter_map(parse_sample)
-            .collect();
-        Metrics {
-            samples,
-            text: text.to_string(),
-        }
-    }
-
-    /// Samples named `name` that carry every one of `labels`.
-    pub fn find<'a>(
-        &'a self,
-        name: &'a str,
-        labels: &'a [(&'a str, &'a str)],
-    ) -> impl Iterator<Item = &'a Sample> + 'a {
-        self.samples.iter().filter(move |s| {
-            s.name == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
-        })
-    }
-
-    /// The sum of the samples named `name` that carry every one of `labels`
-    /// (0 when there are none).
-    pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        self.find(name, labels).map(|s| s.value).sum()
-    }
-
-    /// The names of all metric samples, for failure messages.
-    pub fn names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.samples.iter().map(|s| s.name.clone()).collect();
-        names.sort();
-        names.dedup();
-        names
-    }
-}
-
-fn parse_sample(line: &str) -> Option<Sample> {
-    let (name, rest) = match line.find('{') {
-        Some(open) if open < line.find(' ').unwrap_or(usize::MAX) => {
-            let name = &line[..open];
-            let mut labels = BTreeMap::new();
-            let mut rest = &line[open + 1..];
-            loop {
-                rest = rest.trim_start_matches(',');
-                if let Some(after) = rest.strip_prefix('}') {
-                    rest = after;
-                    break;
-                }
-                let (key, after) = rest.split_once("=\"")?;
-                let mut value = String::new();
-                let mut chars = after.char_indices();
-                let end = loop {
-                    let (i, c) = chars.next()?;
-                    match c {
-                        '\\' => match chars.next()?.1 {
-                            'n' => value.push('\n'),
-                            other => value.push(other),
-                        },
-                        '"' => break i,
-                        c => value.push(c),
-                    }
-                };
-                labels.insert(key.trim().to_string(), value);
-                rest = &after[end + 1..];
-            }
-            (name.to_string(), (labels, rest))
-        }
-        _ => {
-            let (name, rest) = line.split_once(' ')?;
-            (name.to_string(), (BTreeMap::new(), rest))
-        }
-    };
-    let (labels, rest) = rest;
-    let value = rest.split_whitespace().next()?.parse().ok()?;
-    Some(Sample {
-        name,
-        labels,
-        value,
-    })
 }
 
 /// A manifests directory with services in namespace `shop`: pods in one file
@@ -833,7 +730,7 @@ pub mod netns {
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
                 .map_err(|e| format!("chmod {}: {e}", dir.display()))?;
             let bin = dir.join("ballast");
-            std::fs::copy(env!("CARGO_BIN_EXE_ballast"), &bin)
+            std::fs::copy(crate::ballast_bin(), &bin)
                 .map_err(|e| format!("copy the ballast binary: {e}"))?;
             std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755))
                 .map_err(|e| format!("chmod {}: {e}", bin.display()))?;

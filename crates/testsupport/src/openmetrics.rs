@@ -7,6 +7,8 @@
 //! Under CI (the `CI` environment variable set) a missing parser fails the
 //! test; elsewhere the check is skipped with a printed reason.
 
+// Also compiled into crates/sidecar/tests/logging.rs (`#[path]`), which
+// uses part of it.
 #![allow(dead_code)]
 
 use std::{
@@ -149,7 +151,7 @@ pub async fn check_page(addr: SocketAddr, what: &str) -> Option<Page> {
         .await
         .expect("send GET /metrics");
     let mut answer = Vec::new();
-    tokio::time::timeout(super::DEADLINE, s.read_to_end(&mut answer))
+    tokio::time::timeout(crate::DEADLINE, s.read_to_end(&mut answer))
         .await
         .unwrap_or_else(|_| panic!("{what}: /metrics not answered in time"))
         .expect("read /metrics");

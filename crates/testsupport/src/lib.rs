@@ -1,26 +1,32 @@
-//! Starts `ballast destination` as a real process on OS-picked ports and
-//! talks to it with a real tonic client.
+//! What the `ballast` binary's integration tests share: its controllers
+//! and proxy started as real processes on OS-picked ports ([`Controller`],
+//! [`proxy::Proxy`], [`identity::IdentityCa`], [`demo::Demo`]) and talked to
+//! with real clients, manifests, backends, and readers of `/metrics`.
+//!
+//! One library, built once, for the tests of `crates/ballast`: they find the
+//! binary at run time ([`ballast_bin`]).
 
-#![allow(dead_code)]
+#![forbid(unsafe_code)]
 
 pub mod backends;
 pub mod demo;
 pub mod identity;
 pub mod manifests;
+pub mod metrics;
 pub mod openmetrics;
 pub mod proxy;
 pub mod updates;
 
+use ballast_testkit::Outcome;
 use linkerd2_proxy_api::destination::{
     destination_client::DestinationClient, DestinationProfile, GetDestination, Update,
 };
 use std::{
-    future::Future,
     net::SocketAddr,
-    path::Path,
+    path::{Path, PathBuf},
     process::Stdio,
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::Duration,
 };
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
@@ -40,21 +46,43 @@ pub struct Controller {
     pub logs: Arc<Mutex<Vec<String>>>,
 }
 
-/// Waits until `check` returns `Some`, polling every few milliseconds, for at
-/// most `DEADLINE`; panics naming `what` otherwise.
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = check().await {
-            return v;
+/// The `ballast` binary the tests run: `CARGO_BIN_EXE_ballast` when set,
+/// else `ballast` in the profile directory the running test executable
+/// was built into (`target/PROFILE/deps/TEST-HASH` → `target/PROFILE/ballast`).
+/// Cargo builds it before it runs `crates/ballast`'s integration tests.
+pub fn ballast_bin() -> PathBuf {
+    let bin = match std::env::var_os("CARGO_BIN_EXE_ballast") {
+        Some(path) => PathBuf::from(path),
+        None => {
+            let test = std::env::current_exe().expect("the test executable's path");
+            let profile = test
+                .parent()
+                .filter(|deps| deps.ends_with("deps"))
+                .and_then(Path::parent)
+                .unwrap_or_else(|| {
+                    panic!(
+                        "cannot find the ballast binary from {}: not a test built by cargo \
+                         into target/PROFILE/deps, and CARGO_BIN_EXE_ballast is not set",
+                        test.display()
+                    )
+                });
+            profile.join(format!("ballast{}", std::env::consts::EXE_SUFFIX))
         }
-        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    };
+    assert!(
+        bin.is_file(),
+        "the ballast binary is not at {}: build it (`cargo build -p ballast`), or run \
+         the tests with `cargo test -p ballast`, which builds it first",
+        bin.display()
+    );
+    bin
+}
+
+/// Waits until `check` is done (`true`, or `Some(value)`), polling every
+/// few milliseconds, for at most [`DEADLINE`]; panics naming `what`
+/// otherwise. [`ballast_testkit::eventually`] with this crate's deadline.
+pub async fn eventually<R: Outcome>(what: &str, check: impl AsyncFnMut() -> R) -> R::Value {
+    ballast_testkit::eventually(what, DEADLINE, check).await
 }
 
 impl Controller {
@@ -73,7 +101,7 @@ impl Controller {
                 defaults.extend([flag, "127.0.0.1:0"]);
             }
         }
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
+        let mut child = Command::new(ballast_bin())
             .arg("destination")
             .args(defaults)
             .args(args)
@@ -172,12 +200,11 @@ impl Controller {
         http_get(self.admin, path).await
     }
 
-    /// The value of one sample in /metrics, e.g. `destination_subscriptions{method="Get"}`.
-    pub async fn metric(&self, sample: &str) -> Option<f64> {
+    /// The value of one series in /metrics as the page writes it, e.g.
+    /// `destination_subscriptions{method="Get"}`; `None` when absent.
+    pub async fn metric(&self, series: &str) -> Option<f64> {
         let (_, body) = self.http_get("/metrics").await;
-        body.lines()
-            .find(|l| l.starts_with(sample) && l[sample.len()..].starts_with(' '))
-            .and_then(|l| l[sample.len()..].trim().parse().ok())
+        metrics::Metrics::parse(&body).value(series)
     }
 
     pub fn pid(&self) -> u32 {

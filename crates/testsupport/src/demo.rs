@@ -49,7 +49,7 @@ impl DemoLogs {
 impl Demo {
     /// Starts `ballast demo ARGS` (logging at `warn`).
     pub fn start(args: &[&str]) -> Demo {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ballast"))
+        let mut child = Command::new(crate::ballast_bin())
             .arg("demo")
             .args(args)
             .env("BALLAST_LOG", "warn")

@@ -1,7 +1,5 @@
 //! Reading `Update`s as plain values.
 
-#![allow(dead_code)]
-
 use linkerd2_proxy_api::{
     destination::{update, Update, WeightedAddr},
     net::TcpAddress,

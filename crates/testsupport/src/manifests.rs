@@ -1,7 +1,5 @@
 //! Small Kubernetes manifests for tests, as YAML text.
 
-#![allow(dead_code)]
-
 pub fn service(ns: &str, name: &str, cluster_ip: &str, port: u16, target: u16) -> String {
     format!(
         "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {ns}}}\n\
