@@ -1,4 +1,4 @@
-use ballast_destination::diagnostics as diag;
+use ballast_diagnostics as diag;
 use ballast_flags::TIMEOUT;
 use clap::{Args as ClapArgs, Subcommand, ValueEnum};
 use std::time::Duration;

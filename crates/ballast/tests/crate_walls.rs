@@ -1,10 +1,11 @@
 //! The crate graph and its walls: ARCHITECTURE.md's crate graph is cargo's;
 //! the sidecar reaches no Kubernetes client, YAML or controller code; check
-//! does not reach the controller; the pure crates' manifests may name only
+//! and the diagnostics client do not reach the controller; no product crate
+//! reaches the test-only crates; the pure crates' manifests may name only
 //! decoding crates (the index) or nothing at all (the authority grammar, the
-//! manifests walk), never a
-//! client, a runtime or a transport. A dependency added there by mistake
-//! fails this test before it can leak IO into the model.
+//! manifests walk), never a client, a runtime or a transport. A dependency
+//! added there by mistake fails this test before it can leak IO into the
+//! model.
 
 /// What the index may depend on.
 const INDEX_ALLOWED: &[&str] = &[
@@ -171,6 +172,26 @@ fn the_walls_hold_in_the_resolved_graph() {
         !check.contains("ballast-destination"),
         "check must not depend on the controller"
     );
+    let diagnostics = reached("ballast-diagnostics");
+    assert!(
+        diagnostics.contains("linkerd2-proxy-api"),
+        "cargo tree was read: {diagnostics:?}"
+    );
+    assert!(
+        !diagnostics.contains("ballast-destination"),
+        "the diagnostics client must not depend on the controller"
+    );
+    let product = reached("ballast");
+    assert!(
+        product.contains("ballast-sidecar") && product.contains("ballast-destination"),
+        "cargo tree was read: {product:?}"
+    );
+    for test_only in ["ballast-testkit", "ballast-testsupport"] {
+        assert!(
+            !product.contains(test_only),
+            "the product must not reach {test_only} (test-only code)"
+        );
+    }
     for pure in ["ballast-authority", "ballast-manifests"] {
         assert_eq!(
             reached(pure),

@@ -13,15 +13,12 @@ use ballast_testsupport as support;
 
 #[path = "hostile/common.rs"]
 mod common;
-#[path = "hostile/destination.rs"]
-mod destination;
 
 use common::{
     assert_alive, assert_back_near, assert_cut_after, assert_peak_under, assert_served, hold,
     raise_nofile, raw_exchange, reset_flood, AllocatedPeak, Big, Footprint, Good, Hostile, Peak,
     MB,
 };
-use destination::{refused_endpoints, FakeDestination};
 use futures_util::StreamExt;
 use http::StatusCode;
 use hyper::body::Bytes;
@@ -33,6 +30,7 @@ use std::{
     },
     time::{Duration, Instant},
 };
+use support::fake_controller::{refused_endpoints, FakeController};
 use support::{
     backends::black_hole,
     eventually,
@@ -719,7 +717,7 @@ fn keep_asking(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_pushing_100000_endpoints_for_one_target() {
     let case = "a controller pushing 100,000 endpoints";
-    let fake = FakeDestination::start().await;
+    let fake = FakeController::start(false).await;
     let web_backend = start_backends("web", 1).await.remove(0);
     let web = authority("web", WEB_PORT);
     let chunks = authority("chunks", WEB_PORT);
@@ -820,7 +818,7 @@ async fn a_controller_pushing_100000_endpoints_for_one_target() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_looping_to_the_proxys_own_listeners_are_refused() {
     let case = "a request loop";
-    let fake = FakeDestination::start().await;
+    let fake = FakeController::start(false).await;
     let web_backend = start_backends("web", 1).await.remove(0);
     let web = authority("web", WEB_PORT);
     fake.answer(&web, vec![vec![web_backend.addr()]]);

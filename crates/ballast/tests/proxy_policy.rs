@@ -9,9 +9,7 @@ use ballast_testsupport as support;
 #[path = "policy/fake.rs"]
 mod fake;
 
-use fake::{
-    authority, exact, policy, prefix, rule, split, to, with_header, FakeController, TestBackend,
-};
+use fake::{authority, exact, policy, prefix, rule, split, to, with_header, TestBackend};
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use hyper::body::Bytes;
@@ -25,6 +23,7 @@ use std::{
 };
 use support::{
     eventually,
+    fake_controller::FakeController,
     proxy::{Http1, Proxy},
 };
 

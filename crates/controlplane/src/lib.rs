@@ -90,6 +90,21 @@ pub mod port {
     pub const VIZ: u16 = 8084;
 }
 
+/// What the destination controller's answers hold that its clients
+/// (`ballast diagnostics`) read back: here so that the client needs no
+/// controller code.
+pub mod destination_api {
+    /// The most addresses one `Update` carries; a larger set is split over
+    /// several messages.
+    pub const MAX_ADDRS_PER_UPDATE: usize = 1_000;
+    /// Linkerd's default retry budget, answered for a service without a
+    /// ServiceProfile: 20% extra load, at least 10 retries per second, over
+    /// a 10 second window.
+    pub const DEFAULT_RETRY_RATIO: f32 = 0.2;
+    pub const DEFAULT_MIN_RETRIES_PER_SECOND: u32 = 10;
+    pub const DEFAULT_RETRY_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+}
+
 /// The three settings every other name follows from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ControlPlane {

@@ -8,7 +8,6 @@
 #![forbid(unsafe_code)]
 
 pub mod authority;
-pub mod diagnostics;
 pub mod feed;
 pub mod metrics;
 pub mod policy;

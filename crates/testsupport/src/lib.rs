@@ -10,6 +10,7 @@
 
 pub mod backends;
 pub mod demo;
+pub mod fake_controller;
 pub mod identity;
 pub mod manifests;
 pub mod metrics;

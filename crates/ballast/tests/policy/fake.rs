@@ -1,201 +1,28 @@
-//! A controller that serves what the test says: `Get` endpoint sets by
-//! path, and (unless started without it) `OutboundPolicies.Watch` answers
-//! by target authority that the test can change while streams are open.
-//! Also a small HTTP/1 backend whose answers the request path chooses.
+//! Policies for the shared fake controller
+//! (`ballast_testsupport::fake_controller`) to serve, built the way the
+//! controller builds them, and a small HTTP/1 backend whose answers the
+//! request path chooses.
 
 #![allow(dead_code)]
 
-use futures_util::Stream;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper_util::rt::TokioIo;
 use linkerd2_proxy_api::{
-    destination::{
-        destination_server::{Destination, DestinationServer},
-        update, DestinationProfile, GetDestination, Update, WeightedAddr, WeightedAddrSet,
-    },
     http_route as hr, meta,
-    outbound::{
-        self as out,
-        outbound_policies_server::{OutboundPolicies, OutboundPoliciesServer},
-        OutboundPolicy, TrafficSpec,
-    },
+    outbound::{self as out, OutboundPolicy},
 };
 use std::{
     collections::HashMap,
     net::SocketAddr,
-    pin::Pin,
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc, Mutex,
     },
     time::Duration,
 };
-use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
-use tonic::{transport::server::TcpIncoming, Status};
-
-type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
-
-#[derive(Clone, Default)]
-struct State {
-    endpoints: Arc<Mutex<HashMap<String, Vec<SocketAddr>>>>,
-    policies: Arc<Mutex<HashMap<String, watch::Sender<Option<OutboundPolicy>>>>>,
-    /// The `source_workload` of every Watch received.
-    sources: Arc<Mutex<Vec<String>>>,
-    /// The path of every Get received, in order.
-    gets: Arc<Mutex<Vec<String>>>,
-}
-
-impl State {
-    fn policy(&self, authority: &str) -> watch::Receiver<Option<OutboundPolicy>> {
-        let mut all = self.policies.lock().unwrap();
-        all.entry(authority.to_string())
-            .or_insert_with(|| watch::channel(None).0)
-            .subscribe()
-    }
-}
-
-#[tonic::async_trait]
-impl Destination for State {
-    type GetStream = Stream_<Update>;
-
-    async fn get(
-        &self,
-        req: tonic::Request<GetDestination>,
-    ) -> Result<tonic::Response<Self::GetStream>, Status> {
-        let path = req.into_inner().path;
-        self.gets.lock().unwrap().push(path.clone());
-        let Some(addrs) = self.endpoints.lock().unwrap().get(&path).cloned() else {
-            return Err(Status::not_found(format!("no endpoints for {path}")));
-        };
-        let add = Update {
-            update: Some(update::Update::Add(WeightedAddrSet {
-                addrs: addrs
-                    .iter()
-                    .map(|a| WeightedAddr {
-                        addr: Some((*a).into()),
-                        weight: 10_000,
-                        ..Default::default()
-                    })
-                    .collect(),
-                metric_labels: HashMap::new(),
-            })),
-        };
-        let updates = futures_util::StreamExt::chain(
-            futures_util::stream::iter([Ok(add)]),
-            futures_util::stream::pending(),
-        );
-        Ok(tonic::Response::new(Box::pin(updates)))
-    }
-
-    type GetProfileStream = Stream_<DestinationProfile>;
-
-    async fn get_profile(
-        &self,
-        _req: tonic::Request<GetDestination>,
-    ) -> Result<tonic::Response<Self::GetProfileStream>, Status> {
-        Err(Status::unimplemented("no profiles here"))
-    }
-}
-
-#[tonic::async_trait]
-impl OutboundPolicies for State {
-    async fn get(
-        &self,
-        _req: tonic::Request<TrafficSpec>,
-    ) -> Result<tonic::Response<OutboundPolicy>, Status> {
-        Err(Status::unimplemented("watch only"))
-    }
-
-    type WatchStream = Stream_<OutboundPolicy>;
-
-    async fn watch(
-        &self,
-        req: tonic::Request<TrafficSpec>,
-    ) -> Result<tonic::Response<Self::WatchStream>, Status> {
-        let spec = req.into_inner();
-        self.sources.lock().unwrap().push(spec.source_workload);
-        // Policies are filed by authority, or by `IP:PORT` for addresses.
-        let authority = match spec.target {
-            Some(out::traffic_spec::Target::Authority(a)) => a,
-            Some(out::traffic_spec::Target::Addr(a)) => SocketAddr::try_from(a)
-                .map_err(|_| Status::invalid_argument("a bad address"))?
-                .to_string(),
-            None => return Err(Status::invalid_argument("no target")),
-        };
-        let rx = self.policy(&authority);
-        let stream = futures_util::stream::unfold((rx, true), |(mut rx, first)| async move {
-            if !first && rx.changed().await.is_err() {
-                return None;
-            }
-            let mut rx = rx;
-            let current = rx.wait_for(Option::is_some).await.ok()?.clone()?;
-            Some((Ok(current), (rx, false)))
-        });
-        Ok(tonic::Response::new(Box::pin(stream)))
-    }
-}
-
-/// A running fake controller; stops when dropped.
-pub struct FakeController {
-    pub addr: SocketAddr,
-    state: State,
-    task: JoinHandle<()>,
-}
-
-impl FakeController {
-    /// With `policies`, it serves `OutboundPolicies`; without, a Watch is
-    /// answered `UNIMPLEMENTED` (tonic's answer for an unknown service).
-    pub async fn start(policies: bool) -> FakeController {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let state = State::default();
-        let mut router =
-            tonic::transport::Server::builder().add_service(DestinationServer::new(state.clone()));
-        if policies {
-            router = router.add_service(OutboundPoliciesServer::new(state.clone()));
-        }
-        let task = tokio::spawn(async move {
-            let _ = router
-                .serve_with_incoming(TcpIncoming::from(listener))
-                .await;
-        });
-        FakeController { addr, state, task }
-    }
-
-    pub fn endpoints(&self, path: &str, addrs: &[SocketAddr]) {
-        self.state
-            .endpoints
-            .lock()
-            .unwrap()
-            .insert(path.to_string(), addrs.to_vec());
-    }
-
-    /// Sets (or changes, for open streams too) the policy of `authority`.
-    pub fn policy(&self, authority: &str, policy: OutboundPolicy) {
-        let mut all = self.state.policies.lock().unwrap();
-        let tx = all
-            .entry(authority.to_string())
-            .or_insert_with(|| watch::channel(None).0);
-        tx.send_replace(Some(policy));
-    }
-
-    pub fn sources(&self) -> Vec<String> {
-        self.state.sources.lock().unwrap().clone()
-    }
-
-    /// The paths of the Gets received so far.
-    pub fn gets(&self) -> Vec<String> {
-        self.state.gets.lock().unwrap().clone()
-    }
-}
-
-impl Drop for FakeController {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
+use tokio::{net::TcpListener, task::JoinHandle};
 
 pub const NS: &str = "shop";
 

@@ -13,7 +13,7 @@ use linkerd2_proxy_api::{
     meta,
     net::{IpAddress, TcpAddress},
 };
-use std::{net::SocketAddr, time::Duration};
+use std::net::SocketAddr;
 
 /// Linkerd's default endpoint weight.
 pub const DEFAULT_WEIGHT: u32 = 10_000;
@@ -94,13 +94,13 @@ pub fn weighted_addr(e: &Endpoint, config: &MeshConfig) -> WeightedAddr {
     addr
 }
 
-/// Linkerd's default retry budget: 20% extra load, at least 10 retries per
-/// second, over a 10 second window.
+/// Linkerd's default retry budget (`ballast_controlplane::destination_api`).
 pub fn default_retry_budget() -> RetryBudget {
+    use ballast_controlplane::destination_api as api;
     RetryBudget {
-        retry_ratio: 0.2,
-        min_retries_per_second: 10,
-        ttl: prost_types::Duration::try_from(Duration::from_secs(10)).ok(),
+        retry_ratio: api::DEFAULT_RETRY_RATIO,
+        min_retries_per_second: api::DEFAULT_MIN_RETRIES_PER_SECOND,
+        ttl: prost_types::Duration::try_from(api::DEFAULT_RETRY_TTL).ok(),
     }
 }
 

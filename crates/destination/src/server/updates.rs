@@ -78,7 +78,7 @@ impl Encode<ProfileView> for ProfileEncoder {
 
 /// Endpoints per message, so that one message stays small (a few hundred
 /// KB at most) whatever the size of a service.
-pub const MAX_ADDRS_PER_UPDATE: usize = 1_000;
+pub use ballast_controlplane::destination_api::MAX_ADDRS_PER_UPDATE;
 
 /// What to send a client that last saw `prev` (nothing, for a new stream) so
 /// that it holds `cur`. The first answer is the whole set (`add`), or

@@ -1,7 +1,11 @@
 //! `ballast diagnostics`: ask a destination controller what it answers, and
-//! print it for people (a table) or programs (JSON).
+//! print it for people (a table) or programs (JSON). A client only: it
+//! shares no code with the controller, just the API and
+//! `ballast_controlplane::destination_api`.
 
-use crate::server::MAX_ADDRS_PER_UPDATE;
+#![forbid(unsafe_code)]
+
+use ballast_controlplane::destination_api::{self as api, MAX_ADDRS_PER_UPDATE};
 use linkerd2_proxy_api::{
     destination::{
         destination_client::DestinationClient, protocol_hint, tls_identity, update,
@@ -352,9 +356,14 @@ pub async fn profile(
 fn is_default(p: &DestinationProfile) -> bool {
     p.routes.is_empty()
         && p.dst_overrides.is_empty()
-        && p.retry_budget
-            .as_ref()
-            .is_none_or(|b| *b == crate::server::default_retry_budget())
+        && p.retry_budget.as_ref().is_none_or(|b| {
+            b.retry_ratio == api::DEFAULT_RETRY_RATIO
+                && b.min_retries_per_second == api::DEFAULT_MIN_RETRIES_PER_SECOND
+                && b.ttl.as_ref().is_some_and(|ttl| {
+                    i64::try_from(api::DEFAULT_RETRY_TTL.as_secs()) == Ok(ttl.seconds)
+                        && ttl.nanos == 0
+                })
+        })
 }
 
 /// An `f32` as JSON with its shortest decimal text (0.2, not the `f64`
