@@ -9,7 +9,7 @@
 //! Usage: index-memory [N]
 
 use ballast_bench::pod;
-use ballast_destination::{
+use ballast_store::{
     index::{Index, IndexConfig},
     resource::Resource,
 };

@@ -12,7 +12,7 @@
 //! relist after the 410, an RSS read as zero.
 
 use ballast_bench::{pod, rss, service, start};
-use ballast_destination::source::kube::WATCHED_RESOURCES;
+use ballast_source_kube::WATCHED_RESOURCES;
 use ballast_testkit::ApiServer;
 use serde_json::json;
 use std::{

@@ -7,10 +7,8 @@
 //! its canonical form, and a refusal quotes the path only boundedly.
 #![no_main]
 
-use ballast_destination::{
-    authority::{parse, service_fqdn, DEFAULT_PORT, MAX_PATH_LEN},
-    index::Target,
-};
+use ballast_destination::authority::{parse, service_fqdn, DEFAULT_PORT, MAX_PATH_LEN};
+use ballast_store::index::Target;
 use libfuzzer_sys::fuzz_target;
 use std::net::SocketAddr;
 

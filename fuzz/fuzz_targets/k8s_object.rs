@@ -6,7 +6,7 @@
 //! absent); anything else is skipped or refused with a bounded reason.
 #![no_main]
 
-use ballast_destination::resource::{Kind, Resource};
+use ballast_store::resource::{Kind, Resource};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 

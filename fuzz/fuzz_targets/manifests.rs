@@ -6,7 +6,7 @@
 //! problems go to logs and status output); and parsing is deterministic.
 #![no_main]
 
-use ballast_destination::source::documents::{parse, Place};
+use ballast_source_manifests::documents::{parse, Place};
 use libfuzzer_sys::fuzz_target;
 
 /// Longest printed problem: place, two quoted names, a field and a reason,

@@ -6,7 +6,7 @@
 //! entries of the value; and a malformed range is refused.
 #![no_main]
 
-use ballast_destination::index::PortSet;
+use ballast_store::index::PortSet;
 use libfuzzer_sys::fuzz_target;
 use std::cell::RefCell;
 

@@ -3,18 +3,14 @@
 //! read the cluster (destination, viz) the source and their own identity.
 
 use anyhow::Context;
-use ballast_destination::{
-    source::{
-        kube::{self as kube_source, BackoffConfig, KubeConfig},
-        manifests::{self, ManifestsConfig},
-    },
-    store::Store,
-};
 use ballast_meshtls::{
     certify,
     tls::{self, CertStore},
     IdentityName,
 };
+use ballast_source_kube::{self as kube_source, BackoffConfig, KubeConfig};
+use ballast_source_manifests::{self as manifests, ManifestsConfig};
+use ballast_store::store::Store;
 use prometheus_client::registry::Registry;
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};

@@ -4,14 +4,8 @@ use crate::controller;
 use anyhow::Context;
 use ballast_admin::{AdminServer, AdminState, Readiness};
 use ballast_destination::{
-    index::DEFAULT_CLUSTER_NETWORKS,
-    index::{Index, IndexConfig, PortSet, DEFAULT_OPAQUE_PORTS},
-    metrics::Metrics,
     policy::{self, PolicyConfig, PolicyMetrics, PolicyService, PolicyStore},
-    resource::{DefaultPolicy, IpNet},
     server::{self, DestinationService, MeshConfig, ServerConfig},
-    source::kube as kube_source,
-    store::Store,
 };
 use ballast_flags::{
     bytes, count, dns_label, dns_name, dns_name_or_empty, BACKOFF, GIB, GRACE, KIB, MANY, TIMEOUT,
@@ -19,6 +13,14 @@ use ballast_flags::{
 use ballast_meshtls::{
     certify,
     tls::{self, CertStore},
+};
+use ballast_source_kube as kube_source;
+use ballast_store::{
+    index::DEFAULT_CLUSTER_NETWORKS,
+    index::{Index, IndexConfig, PortSet, DEFAULT_OPAQUE_PORTS},
+    metrics::Metrics,
+    resource::{DefaultPolicy, IpNet},
+    store::Store,
 };
 use clap::Args as ClapArgs;
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};

@@ -4,17 +4,17 @@
 use crate::controller;
 use anyhow::Context;
 use ballast_admin::{AdminServer, AdminState, Readiness};
-use ballast_destination::{
-    index::{Index, IndexConfig},
-    metrics::Metrics,
-    source::kube as kube_source,
-    store::Store,
-};
 use ballast_flags::{
     bytes, count, dns_label, dns_name, dns_name_or_empty, duration, BACKOFF, GIB, GRACE, HOUR, KIB,
     TIMEOUT,
 };
 use ballast_meshtls::{certify, tls};
+use ballast_source_kube as kube_source;
+use ballast_store::{
+    index::{Index, IndexConfig},
+    metrics::Metrics,
+    store::Store,
+};
 use ballast_viz::{
     collector::{self, Clock, Collector, CollectorConfig, HttpFetch, Source},
     metrics::VizMetrics,

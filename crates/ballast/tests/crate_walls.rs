@@ -1,8 +1,10 @@
 //! The crate graph and its walls: ARCHITECTURE.md's crate graph is cargo's;
 //! the sidecar reaches no Kubernetes client, YAML or controller code; check
-//! and the diagnostics client do not reach the controller; no product crate
-//! reaches the test-only crates; the pure crates' manifests may name only
-//! decoding crates (the index) or nothing at all (the authority grammar, the
+//! and the diagnostics client do not reach the controller; the controller's
+//! core reaches no Kubernetes client, gRPC or file watcher, and its gRPC
+//! servers no Kubernetes client or source; no product crate reaches the
+//! test-only crates; the pure crates' manifests may name only decoding
+//! crates (the index) or nothing at all (the authority grammar, the
 //! manifests walk), never a client, a runtime or a transport. A dependency
 //! added there by mistake fails this test before it can leak IO into the
 //! model.
@@ -153,6 +155,9 @@ fn the_walls_hold_in_the_resolved_graph() {
         "k8s-openapi",
         "serde-saphyr",
         "ballast-destination",
+        "ballast-store",
+        "ballast-source-kube",
+        "ballast-source-manifests",
         "ballast-index",
         "ballast-identity",
         "ballast-viz",
@@ -172,6 +177,49 @@ fn the_walls_hold_in_the_resolved_graph() {
         !check.contains("ballast-destination"),
         "check must not depend on the controller"
     );
+    // The controller split as Linkerd's policy controller is: the core
+    // knows neither Kubernetes' client nor gRPC, the gRPC servers depend on
+    // the core alone, only the Kubernetes source knows the Kubernetes client.
+    let store = reached("ballast-store");
+    assert!(
+        store.contains("ballast-index"),
+        "cargo tree was read: {store:?}"
+    );
+    let servers = reached("ballast-destination");
+    assert!(
+        servers.contains("ballast-store"),
+        "cargo tree was read: {servers:?}"
+    );
+    for (name, reach, foreign) in [
+        (
+            "the core (ballast-store)",
+            &store,
+            &[
+                "kube",
+                "k8s-openapi",
+                "notify",
+                "serde-saphyr",
+                "tonic",
+                "hyper",
+            ][..],
+        ),
+        (
+            "the gRPC servers (ballast-destination)",
+            &servers,
+            &[
+                "kube",
+                "k8s-openapi",
+                "notify",
+                "serde-saphyr",
+                "ballast-source-kube",
+                "ballast-source-manifests",
+            ][..],
+        ),
+    ] {
+        for f in foreign {
+            assert!(!reach.contains(*f), "{name} must not reach {f}");
+        }
+    }
     let diagnostics = reached("ballast-diagnostics");
     assert!(
         diagnostics.contains("linkerd2-proxy-api"),

@@ -98,7 +98,7 @@ fn rbac_grants_exactly_what_each_controller_uses() {
             "read-only verbs"
         );
     }
-    let watched: BTreeSet<(String, String)> = ballast_destination::source::kube::WATCHED_RESOURCES
+    let watched: BTreeSet<(String, String)> = ballast_source_kube::WATCHED_RESOURCES
         .iter()
         .map(|(group, _version, plural)| (group.to_string(), plural.to_string()))
         .collect();
@@ -269,7 +269,7 @@ fn every_watched_custom_resource_has_a_definition_in_deploy_crds() {
             }
         }
     }
-    let custom: Vec<_> = ballast_destination::source::kube::WATCHED_RESOURCES
+    let custom: Vec<_> = ballast_source_kube::WATCHED_RESOURCES
         .iter()
         .filter(|(group, _, _)| !["", "discovery.k8s.io"].contains(group))
         .collect();

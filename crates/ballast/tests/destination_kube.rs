@@ -4,7 +4,7 @@
 
 use ballast_testsupport as support;
 
-use ballast_destination::source::kube::BackoffConfig;
+use ballast_source_kube::BackoffConfig;
 use ballast_testkit::ApiServer;
 use serde_json::{json, Value};
 use std::{collections::BTreeSet, net::SocketAddr, time::Duration};
@@ -20,7 +20,7 @@ const KINDS: [&str; 3] = ["pods", "services", "endpointslices"];
 /// that testkit serves. Testkit serves neither Namespaces nor Linkerd's own
 /// HTTPRoute; the controller takes those as not installed.
 fn served_watches() -> usize {
-    ballast_destination::source::kube::WATCHED_RESOURCES
+    ballast_source_kube::WATCHED_RESOURCES
         .iter()
         .filter(|(group, _, plural)| ballast_testkit::serves(group, plural))
         .count()
@@ -212,7 +212,7 @@ async fn thirty_seconds_of_500s_cost_requests_bounded_by_the_backoff_schedule() 
     let during = k.api.requests().len() - before;
     let schedule = BackoffConfig::default();
     // Every watched kind retries on its own schedule.
-    let kinds = ballast_destination::source::kube::WATCHED_RESOURCES.len();
+    let kinds = ballast_source_kube::WATCHED_RESOURCES.len();
     let bound = kinds * schedule.max_attempts_within(window) as usize;
     assert!(
         during <= bound,

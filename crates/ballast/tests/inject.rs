@@ -608,9 +608,9 @@ fn an_injected_pod_is_one_viz_finds_the_proxy_of() {
     let text = stdout(&ballast(&["-"], Some(pod)));
     let mut injected: Value = serde_saphyr::from_str(&text).expect("one pod");
     injected["status"] = serde_json::json!({"phase": "Running", "podIP": "10.0.0.1"});
-    let wire: ballast_destination::resource::PodWire =
+    let wire: ballast_store::resource::PodWire =
         serde_json::from_value(injected).expect("a pod the index reads");
-    let pod = ballast_destination::resource::Pod::try_from(wire).expect("valid");
+    let pod = ballast_store::resource::Pod::try_from(wire).expect("valid");
     let ports = pod.proxy_ports.expect("the index sees a meshed pod");
     assert_eq!((ports.admin, ports.tap), (4191, 4190));
 }

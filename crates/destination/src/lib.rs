@@ -1,20 +1,14 @@
-//! Ballast's destination controller.
-//!
-//! Sources (`source`) feed the pure [`index::Index`] (crate `ballast-index`,
-//! re-exported here as `index` and `resource`); the [`store::Store`]
-//! shares its answers with subscribers; the gRPC server (`server`) streams
-//! them to proxies with Linkerd's Destination API.
+//! Ballast's destination controller's gRPC servers: Linkerd's Destination
+//! API (`server`) and its outbound and inbound policy APIs (`policy`),
+//! answering from the store (crate `ballast-store`) that the sources
+//! (`ballast-source-kube`, `ballast-source-manifests`) fill. It depends on
+//! the core alone: no Kubernetes client, no file watching.
 
 #![forbid(unsafe_code)]
 
 pub mod authority;
-pub mod feed;
-pub mod metrics;
 pub mod policy;
 pub mod server;
-pub mod shared;
-pub mod source;
-pub mod store;
 
-pub use ballast_index as index;
-pub use ballast_index::resource;
+// The core's modules under the names this crate has always used.
+use ballast_store::{feed, index, metrics, resource, shared, store};

@@ -11,7 +11,7 @@
 //! [`Translator`] turns one kind's watcher events into [`Op`]s. It does no
 //! IO, so it is tested without a cluster.
 
-use crate::{
+use ballast_store::{
     resource::{
         truncate, AuthorizationPolicyWire, EndpointSliceWire, GrpcRouteWire, HttpRouteWire,
         InvalidObject, Kind, LinkerdHttpRouteWire, MeshTlsAuthenticationWire, NamespaceWire,

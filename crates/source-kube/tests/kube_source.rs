@@ -2,10 +2,10 @@
 //! the requests it costs: a start, cut watches, 410 Gone, and a failing
 //! API server.
 
-use ballast_destination::{
+use ballast_source_kube::{self as kube_source, BackoffConfig, KubeConfig};
+use ballast_store::{
     index::{Index, IndexConfig},
     metrics::{KindLabel, Metrics},
-    source::kube::{self as kube_source, BackoffConfig, KubeConfig},
     store::Store,
 };
 use ballast_testkit::ApiServer;
@@ -118,7 +118,7 @@ async fn cluster() -> ApiServer {
 /// testkit serves (it serves neither Namespaces nor Linkerd's own HTTPRoute,
 /// which the source then takes as not installed).
 fn served_watches() -> usize {
-    ballast_destination::source::kube::WATCHED_RESOURCES
+    ballast_source_kube::WATCHED_RESOURCES
         .iter()
         .filter(|(group, _, plural)| ballast_testkit::serves(group, plural))
         .count()

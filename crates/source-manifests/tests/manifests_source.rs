@@ -1,11 +1,11 @@
 //! The manifests-directory source, against a real directory: what it loads,
 //! how it follows edits, and what it does with bad files.
 
-use ballast_destination::{
+use ballast_source_manifests::{self as manifests, ManifestsConfig, ManifestsError};
+use ballast_store::{
     index::{Index, IndexConfig},
     metrics::Metrics,
     resource::{ObjectKey, Resource},
-    source::manifests::{self, ManifestsConfig, ManifestsError},
     store::Store,
 };
 use ballast_testkit::eventually_sync;

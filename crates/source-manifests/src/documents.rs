@@ -4,7 +4,7 @@
 //! Pure: no IO, no logging. The caller decides what a problem means for the
 //! file (see [`super::manifests`]).
 
-use crate::resource::{truncate, Kind, ObjectKey, Resource};
+use ballast_store::resource::{truncate, Kind, ObjectKey, Resource};
 use serde_json::{Map, Value};
 use std::{collections::BTreeMap, fmt};
 

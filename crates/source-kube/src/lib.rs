@@ -26,10 +26,12 @@
 //! `destination_kube_last_event_age_seconds{kind}` grows. The store is set
 //! ready once every kind has completed its first list.
 //!
-//! Objects are decoded into slim projections ([`crate::resource`]'s wire
+//! Objects are decoded into slim projections ([`ballast_store::resource`]'s wire
 //! types): fields the index does not read are skipped by the decoder and
 //! never allocated. A relist holds the new objects next to the index until
 //! it completes, so memory peaks near twice the steady state during one.
+
+#![forbid(unsafe_code)]
 
 mod client;
 mod resources;
@@ -40,7 +42,8 @@ pub use ballast_backoff::{
 };
 pub use resources::WATCHED_RESOURCES;
 
-use crate::{
+use ballast_backoff::Backoff;
+use ballast_store::{
     metrics::Metrics,
     resource::{
         truncate, AuthorizationPolicyWire, EndpointSliceWire, GrpcRouteWire, HttpRouteWire,
@@ -49,7 +52,6 @@ use crate::{
     },
     store::Store,
 };
-use ballast_backoff::Backoff;
 use futures_util::StreamExt;
 use kube::runtime::watcher;
 use resources::{ApiKind, Translator, Watched};
@@ -315,7 +317,7 @@ async fn watch<W: ApiKind>(ctx: Ctx<'_>) -> Result<(), KubeError> {
                         "Resource type not installed (404); serving none of it until it appears"
                     );
                     ctx.store
-                        .update(vec![crate::store::Op::Reset(W::KIND, Vec::new())]);
+                        .update(vec![ballast_store::store::Op::Reset(W::KIND, Vec::new())]);
                     if ctx.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
                         tracing::info!("Every kind listed; the Kubernetes source is ready");
                         ctx.store.set_ready();

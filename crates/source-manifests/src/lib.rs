@@ -32,13 +32,19 @@
 //! file is broken, and to compute deletions), so the objects are held twice:
 //! here and in the index.
 
-use super::documents::{self, label, ObjectId, Parsed};
-use crate::{
+#![forbid(unsafe_code)]
+
+// Public for the fuzz targets only.
+#[doc(hidden)]
+pub mod documents;
+
+use ballast_manifests::{is_ignored, is_manifest, Listing};
+use ballast_store::{
     metrics::Metrics,
     resource::{truncate, Resource},
     store::{Op, Store},
 };
-use ballast_manifests::{is_ignored, is_manifest, Listing};
+use documents::{label, ObjectId, Parsed};
 use notify::{
     event::{AccessKind, AccessMode, ModifyKind, RenameMode},
     EventKind, RecommendedWatcher, RecursiveMode, Watcher,

@@ -5,7 +5,7 @@
 //! resume and relist behaviour as the source relies on it.
 
 use super::*;
-use crate::index::{Index, IndexConfig};
+use ballast_store::index::{Index, IndexConfig};
 use ballast_testkit::eventually_sync;
 use serde_json::json;
 use std::sync::Mutex;
@@ -223,7 +223,7 @@ async fn lists_once_resumes_watches_and_relists_only_on_gone() {
     let req = |verb: &str, k: &str| {
         metrics
             .kube_requests_total
-            .get_or_create(&crate::metrics::KubeRequestLabel {
+            .get_or_create(&ballast_store::metrics::KubeRequestLabel {
                 verb: verb.into(),
                 kind: k.into(),
             })
@@ -280,7 +280,7 @@ async fn an_unreachable_api_server_is_retried_on_the_schedule() {
     .await;
     assert!(!store.is_ready());
     for k in ["pods", "services", "endpointslices"] {
-        let label = crate::metrics::KubeRequestLabel {
+        let label = ballast_store::metrics::KubeRequestLabel {
             verb: "list".into(),
             kind: k.into(),
         };
@@ -291,7 +291,7 @@ async fn an_unreachable_api_server_is_retried_on_the_schedule() {
         );
         let errors = metrics
             .kube_responses_total
-            .get_or_create(&crate::metrics::KubeResponseLabel {
+            .get_or_create(&ballast_store::metrics::KubeResponseLabel {
                 kind: k.into(),
                 code: "error".into(),
             })

@@ -7,8 +7,8 @@
 //! turned off by [`super::client_from_config`]: every retry the source makes
 //! goes through its own schedule and is counted here.
 
-use crate::metrics::{KubeFreshness, KubeRequestLabel, KubeResponseLabel, Metrics};
 use ballast_backoff::{Backoff, BackoffConfig};
+use ballast_store::metrics::{KubeFreshness, KubeRequestLabel, KubeResponseLabel, Metrics};
 use bytes::Bytes;
 use http::{header::RETRY_AFTER, HeaderMap, Method, Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame, SizeHint};

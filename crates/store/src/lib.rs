@@ -1,0 +1,18 @@
+//! The controller's core, between the sources and the gRPC servers: the
+//! [`store::Store`] that sources (Kubernetes, a manifests directory) apply
+//! [`store::Op`]s to, holding the pure [`index::Index`] (crate
+//! `ballast-index`, re-exported here as `index` and `resource`); the
+//! bounded per-subscriber [`feed`]s it answers through; the subscription
+//! registry both APIs share ([`shared`]); and the controller's
+//! [`metrics`]. It knows neither Kubernetes' client nor gRPC: the sources
+//! and the servers depend on it, never the other way.
+
+#![forbid(unsafe_code)]
+
+pub mod feed;
+pub mod metrics;
+pub mod shared;
+pub mod store;
+
+pub use ballast_index as index;
+pub use ballast_index::resource;
