@@ -8,8 +8,8 @@ use ballast_meshtls::{
     tls::{self, CertStore},
     IdentityName,
 };
-use ballast_source_kube::{self as kube_source, BackoffConfig, KubeConfig};
-use ballast_source_manifests::{self as manifests, ManifestsConfig};
+use ballast_source_kube::{self as kube_source, BackoffConfig, KubeConfig, KubeMetrics};
+use ballast_source_manifests::{self as manifests, ManifestsConfig, ManifestsMetrics};
 use ballast_store::store::Store;
 use prometheus_client::registry::Registry;
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
@@ -73,12 +73,30 @@ impl SourceConfig {
     }
 }
 
-/// Starts the source filling `store` until `stop` turns; the task ends with
+/// The sources' metrics, each source's own. Both are registered whichever
+/// source runs, so that a controller's /metrics page has the same families
+/// either way.
+#[derive(Clone, Default)]
+pub struct SourceMetrics {
+    pub kube: KubeMetrics,
+    pub manifests: ManifestsMetrics,
+}
+
+impl SourceMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        self.kube.register(registry);
+        self.manifests.register(registry);
+    }
+}
+
+/// Starts the source filling `store` until `stop` turns, counting in
+/// `metrics`; the task ends with
 /// the source's error, if it fails. Also hands memory back to the kernel
 /// after each bulk load.
 pub async fn start_source(
     config: SourceConfig,
     store: &Arc<Store>,
+    metrics: &SourceMetrics,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<JoinHandle<anyhow::Result<()>>> {
     let source = match config.manifests {
@@ -88,7 +106,12 @@ pub async fn start_source(
                 max_file_bytes: config.manifests_max_file_bytes,
                 ..ManifestsConfig::new(dir)
             };
-            let run = manifests::run(config, store.clone(), stopped(stop));
+            let run = manifests::run(
+                config,
+                store.clone(),
+                metrics.manifests.clone(),
+                stopped(stop),
+            );
             tokio::spawn(async move { run.await.map_err(anyhow::Error::new) })
         }
         None => {
@@ -103,11 +126,17 @@ pub async fn start_source(
                 max_retry_after: config.kube_max_retry_after,
                 ..KubeConfig::default()
             };
-            let client = kube_source::client(&config, store.metrics())
+            let client = kube_source::client(&config, &metrics.kube)
                 .await
                 .context("cannot set up the Kubernetes client (or pass --manifests DIR to run without a cluster)")?;
             tracing::info!("source: Kubernetes API");
-            let run = kube_source::run(config, client, store.clone(), stopped(stop));
+            let run = kube_source::run(
+                config,
+                client,
+                store.clone(),
+                metrics.kube.clone(),
+                stopped(stop),
+            );
             tokio::spawn(async move { run.await.map_err(anyhow::Error::new) })
         }
     };

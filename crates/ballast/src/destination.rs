@@ -301,11 +301,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     tracing::info!("policy gRPC listening on {}", policy_listener.local_addr()?);
 
     let metrics = Metrics::default();
+    let source_metrics = controller::SourceMetrics::default();
     let policy_metrics = PolicyMetrics::default();
     let stats = Arc::new(ballast_meshtls::server::ServeStats::default());
     let certify_metrics = certify::CertifyMetrics::default();
     let (registry, _sampler) = controller::registry(|r| {
         metrics.register(r);
+        source_metrics.register(r);
         certify_metrics.register(r);
         policy_metrics.register(r);
         stats.register(r);
@@ -337,7 +339,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         AdminServer::new(admin_state).serve(admin, controller::stopped(stop_rx.clone())),
     );
 
-    let source = controller::start_source(source_config, &store, stop_rx.clone()).await?;
+    let source =
+        controller::start_source(source_config, &store, &source_metrics, stop_rx.clone()).await?;
 
     let mesh = MeshConfig {
         cluster_domain: args.cluster_domain,

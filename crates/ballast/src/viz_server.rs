@@ -283,6 +283,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
 
     let store_metrics = Metrics::default();
+    let source_metrics = controller::SourceMetrics::default();
     let store = Store::new(
         Index::new(IndexConfig {
             control_plane_namespace: args.controller_namespace.clone(),
@@ -311,6 +312,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         metrics.register(r);
         tapper.register(r);
         store_metrics.register(r);
+        source_metrics.register(r);
         certify_metrics.register(r);
     });
 
@@ -366,7 +368,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         AdminServer::new(admin_state).serve(admin, controller::stopped(stop_rx.clone())),
     );
 
-    let source = controller::start_source(source_config, &store, stop_rx.clone()).await?;
+    let source =
+        controller::start_source(source_config, &store, &source_metrics, stop_rx.clone()).await?;
 
     // The first cycle waits for the index to be loaded: scraping an empty
     // cluster would make /ready lie.

@@ -7,8 +7,9 @@
 //! turned off by [`super::client_from_config`]: every retry the source makes
 //! goes through its own schedule and is counted here.
 
+use crate::metrics::{KubeFreshness, KubeMetrics, KubeRequestLabel, KubeResponseLabel};
 use ballast_backoff::{Backoff, BackoffConfig};
-use ballast_store::metrics::{KubeFreshness, KubeRequestLabel, KubeResponseLabel, Metrics};
+use ballast_store::metrics::Metrics;
 use bytes::Bytes;
 use http::{header::RETRY_AFTER, HeaderMap, Method, Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame, SizeHint};
@@ -115,7 +116,7 @@ struct WatchPace {
 }
 
 struct Shared {
-    metrics: Metrics,
+    metrics: KubeMetrics,
     max_retry_after: Duration,
     request_timeout: Duration,
     backoff: BackoffConfig,
@@ -168,7 +169,7 @@ pub(crate) struct ApiLayer {
 
 impl ApiLayer {
     pub fn new(
-        metrics: Metrics,
+        metrics: KubeMetrics,
         backoff: &BackoffConfig,
         max_retry_after: Duration,
         request_timeout: Duration,
@@ -412,7 +413,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn watches_reopened_at_once_are_paced() {
-        let metrics = Metrics::default();
+        let metrics = KubeMetrics::default();
         let layer = ApiLayer::new(
             metrics.clone(),
             &BackoffConfig::default(),
@@ -468,7 +469,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn too_many_requests_waits_retry_after_up_to_the_cap() {
-        let metrics = Metrics::default();
+        let metrics = KubeMetrics::default();
         let layer = ApiLayer::new(
             metrics.clone(),
             &BackoffConfig::default(),

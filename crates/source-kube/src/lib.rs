@@ -34,6 +34,7 @@
 #![forbid(unsafe_code)]
 
 mod client;
+pub mod metrics;
 mod resources;
 
 pub use ballast_backoff::{
@@ -43,6 +44,8 @@ pub use ballast_backoff::{
 pub use resources::WATCHED_RESOURCES;
 
 use ballast_backoff::Backoff;
+pub use metrics::KubeMetrics;
+
 use ballast_store::{
     metrics::Metrics,
     resource::{
@@ -139,7 +142,7 @@ pub enum KubeError {
 /// A kube client for the source: the kubeconfig file if one is given, else
 /// the inferred configuration (see [`KubeConfig::kubeconfig`]); see
 /// [`client_from_config`] for what is added.
-pub async fn client(config: &KubeConfig, metrics: &Metrics) -> Result<kube::Client, KubeError> {
+pub async fn client(config: &KubeConfig, metrics: &KubeMetrics) -> Result<kube::Client, KubeError> {
     let kube_config = ballast_kubeconfig::load(config.kubeconfig.as_deref())
         .await
         .map_err(|e| match e {
@@ -160,7 +163,7 @@ pub async fn client(config: &KubeConfig, metrics: &Metrics) -> Result<kube::Clie
 pub fn client_from_config(
     mut kube_config: kube::Config,
     config: &KubeConfig,
-    metrics: &Metrics,
+    metrics: &KubeMetrics,
 ) -> Result<kube::Client, KubeError> {
     kube_config.default_retry = false;
     let layer = client::ApiLayer::new(
@@ -175,7 +178,8 @@ pub fn client_from_config(
 }
 
 /// Runs the source until `shutdown` resolves: one watcher per kind, each
-/// feeding `store`; the store is set ready once every kind is listed.
+/// feeding `store` and counting in `metrics`; the store is set ready once
+/// every kind is listed.
 ///
 /// Errors from the API server never end it (they are retried on the
 /// schedule); it returns `Ok(())` on shutdown.
@@ -183,6 +187,7 @@ pub async fn run(
     config: KubeConfig,
     client: kube::Client,
     store: Arc<Store>,
+    metrics: KubeMetrics,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), KubeError> {
     let pending = AtomicUsize::new(resources::WATCHED_RESOURCES.len());
@@ -190,6 +195,7 @@ pub async fn run(
         config: &config,
         client: &client,
         store: &store,
+        metrics: &metrics,
         pending: &pending,
     };
     let watchers: Vec<WatchLoop<'_>> = vec![
@@ -225,6 +231,7 @@ struct Ctx<'a> {
     config: &'a KubeConfig,
     client: &'a kube::Client,
     store: &'a Arc<Store>,
+    metrics: &'a KubeMetrics,
     /// Kinds that have not completed their first list.
     pending: &'a AtomicUsize,
 }
@@ -243,7 +250,7 @@ impl Ctx<'_> {
 /// One kind's watch loop. Returns only if kube's watcher stream ends, which
 /// it does not.
 async fn watch<W: ApiKind>(ctx: Ctx<'_>) -> Result<(), KubeError> {
-    let metrics: &Metrics = ctx.store.metrics();
+    let metrics = ctx.metrics;
     let kind = W::PLURAL;
     metrics.kube_last_event.start(kind);
     let mut stream = ctx.watcher::<W>().boxed();

@@ -155,12 +155,12 @@ async fn lists_once_resumes_watches_and_relists_only_on_gone() {
         },
         ..KubeConfig::default()
     };
-    let metrics = Metrics::default();
+    let metrics = KubeMetrics::default();
     let kube_config = kube::Config::new(format!("http://{addr}").parse().unwrap());
     let client = client_from_config(kube_config, &config, &metrics).unwrap();
-    let store = Store::new(Index::new(IndexConfig::default()), metrics.clone());
+    let store = Store::new(Index::new(IndexConfig::default()), Metrics::default());
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let source = tokio::spawn(run(config, client, store.clone(), async {
+    let source = tokio::spawn(run(config, client, store.clone(), metrics.clone(), async {
         let _ = stop_rx.await;
     }));
 
@@ -223,7 +223,7 @@ async fn lists_once_resumes_watches_and_relists_only_on_gone() {
     let req = |verb: &str, k: &str| {
         metrics
             .kube_requests_total
-            .get_or_create(&ballast_store::metrics::KubeRequestLabel {
+            .get_or_create(&crate::metrics::KubeRequestLabel {
                 verb: verb.into(),
                 kind: k.into(),
             })
@@ -269,18 +269,24 @@ async fn an_unreachable_api_server_is_retried_on_the_schedule() {
     };
     let window = Duration::from_millis(1500);
     let bound = config.backoff.max_attempts_within(window);
-    let metrics = Metrics::default();
+    let metrics = KubeMetrics::default();
     let kube_config = kube::Config::new(format!("http://{addr}").parse().unwrap());
     let client = client_from_config(kube_config, &config, &metrics).unwrap();
-    let store = Store::new(Index::new(IndexConfig::default()), metrics.clone());
+    let store = Store::new(Index::new(IndexConfig::default()), Metrics::default());
     let _ = tokio::time::timeout(
         window,
-        run(config, client, store.clone(), std::future::pending()),
+        run(
+            config,
+            client,
+            store.clone(),
+            metrics.clone(),
+            std::future::pending(),
+        ),
     )
     .await;
     assert!(!store.is_ready());
     for k in ["pods", "services", "endpointslices"] {
-        let label = ballast_store::metrics::KubeRequestLabel {
+        let label = crate::metrics::KubeRequestLabel {
             verb: "list".into(),
             kind: k.into(),
         };
@@ -291,7 +297,7 @@ async fn an_unreachable_api_server_is_retried_on_the_schedule() {
         );
         let errors = metrics
             .kube_responses_total
-            .get_or_create(&ballast_store::metrics::KubeResponseLabel {
+            .get_or_create(&crate::metrics::KubeResponseLabel {
                 kind: k.into(),
                 code: "error".into(),
             })

@@ -2,7 +2,7 @@
 //! the requests it costs: a start, cut watches, 410 Gone, and a failing
 //! API server.
 
-use ballast_source_kube::{self as kube_source, BackoffConfig, KubeConfig};
+use ballast_source_kube::{self as kube_source, BackoffConfig, KubeConfig, KubeMetrics};
 use ballast_store::{
     index::{Index, IndexConfig},
     metrics::{KindLabel, Metrics},
@@ -46,7 +46,7 @@ fn slice() -> Value {
 
 struct Running {
     store: Arc<Store>,
-    metrics: Metrics,
+    metrics: KubeMetrics,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), kube_source::KubeError>>,
 }
@@ -88,14 +88,20 @@ fn config() -> KubeConfig {
 }
 
 async fn start(api: &ApiServer, config: KubeConfig) -> Running {
-    let metrics = Metrics::default();
+    let metrics = KubeMetrics::default();
     let kube_config = kube::Config::new(api.url().parse().unwrap());
     let client = kube_source::client_from_config(kube_config, &config, &metrics).unwrap();
-    let store = Store::new(Index::new(IndexConfig::default()), metrics.clone());
+    let store = Store::new(Index::new(IndexConfig::default()), Metrics::default());
     let (tx, rx) = oneshot::channel();
-    let task = tokio::spawn(kube_source::run(config, client, store.clone(), async {
-        let _ = rx.await;
-    }));
+    let task = tokio::spawn(kube_source::run(
+        config,
+        client,
+        store.clone(),
+        metrics.clone(),
+        async {
+            let _ = rx.await;
+        },
+    ));
     Running {
         store,
         metrics,

@@ -37,10 +37,12 @@
 // Public for the fuzz targets only.
 #[doc(hidden)]
 pub mod documents;
+pub mod metrics;
+
+pub use metrics::ManifestsMetrics;
 
 use ballast_manifests::{is_ignored, is_manifest, Listing};
 use ballast_store::{
-    metrics::Metrics,
     resource::{truncate, Resource},
     store::{Op, Store},
 };
@@ -171,7 +173,7 @@ pub struct Loaded {
 pub fn load(config: &ManifestsConfig) -> Result<Loaded, ManifestsError> {
     check_dir(&config.dir)?;
     let mut manifests = Manifests::new(config.clone());
-    let scan = manifests.rescan(&Metrics::default(), false);
+    let scan = manifests.rescan(&ManifestsMetrics::default(), false);
     let objects = scan
         .ops
         .into_iter()
@@ -196,11 +198,12 @@ pub fn load(config: &ManifestsConfig) -> Result<Loaded, ManifestsError> {
 /// deletions), normally within tens of milliseconds and at worst within
 /// about two seconds if the watcher misses an event. Fails only when the
 /// directory cannot be read at start; later problems are logged and counted
-/// in the store's metrics (`reload_errors_total`, `manifest_files_invalid`,
+/// in `metrics` (`reload_errors_total`, `manifest_files_invalid`,
 /// `reloads_total`).
 pub async fn run(
     config: ManifestsConfig,
     store: Arc<Store>,
+    metrics: ManifestsMetrics,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ManifestsError> {
     check_dir(&config.dir)?;
@@ -214,8 +217,6 @@ pub async fn run(
     } else {
         POLL_INTERVAL
     };
-    let metrics = store.metrics().clone();
-
     let (mut manifests, scan) = rescan(
         Manifests::new(config),
         metrics.clone(),
@@ -290,7 +291,7 @@ pub async fn run(
 /// Runs one rescan on the blocking pool (it reads and parses files).
 async fn rescan(
     mut manifests: Manifests,
-    metrics: Metrics,
+    metrics: ManifestsMetrics,
     pending: Pending,
 ) -> Result<(Manifests, Scan), ManifestsError> {
     tokio::task::spawn_blocking(move || {
@@ -616,7 +617,7 @@ impl Manifests {
     /// bring the store from the previous state to the new one.
     /// `settled`: the watcher saw every write complete, so files need not be
     /// left to settle.
-    fn rescan(&mut self, metrics: &Metrics, settled: bool) -> Scan {
+    fn rescan(&mut self, metrics: &ManifestsMetrics, settled: bool) -> Scan {
         let mut scan = Scan::default();
         let listing = match ballast_manifests::walk(&self.config.dir, &WALK_LIMITS) {
             Ok(listing) => listing,
@@ -670,7 +671,7 @@ impl Manifests {
         stat: Stat,
         now: SystemTime,
         settled: bool,
-        metrics: &Metrics,
+        metrics: &ManifestsMetrics,
         scan: &mut Scan,
         changes: &mut Vec<(Arc<Path>, Change)>,
     ) {
@@ -732,7 +733,7 @@ impl Manifests {
     fn rescan_paths(
         &mut self,
         paths: &BTreeSet<PathBuf>,
-        metrics: &Metrics,
+        metrics: &ManifestsMetrics,
         settled: bool,
     ) -> Option<Scan> {
         if !self.scanned {
@@ -799,7 +800,7 @@ impl Manifests {
         stat: Stat,
         content: u64,
         read_at: SystemTime,
-        metrics: &Metrics,
+        metrics: &ManifestsMetrics,
         scan: &mut Scan,
     ) -> Change {
         let file = shown(path);

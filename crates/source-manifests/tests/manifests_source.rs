@@ -1,7 +1,9 @@
 //! The manifests-directory source, against a real directory: what it loads,
 //! how it follows edits, and what it does with bad files.
 
-use ballast_source_manifests::{self as manifests, ManifestsConfig, ManifestsError};
+use ballast_source_manifests::{
+    self as manifests, ManifestsConfig, ManifestsError, ManifestsMetrics,
+};
 use ballast_store::{
     index::{Index, IndexConfig},
     metrics::Metrics,
@@ -54,6 +56,7 @@ fn write_atomic(path: &Path, text: &str) {
 
 struct Source {
     store: Arc<Store>,
+    counters: ManifestsMetrics,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), ManifestsError>>,
 }
@@ -65,10 +68,16 @@ impl Source {
 
     async fn start_with(config: ManifestsConfig) -> Self {
         let store = Store::new(Index::new(IndexConfig::default()), Metrics::default());
+        let counters = ManifestsMetrics::default();
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(manifests::run(config, store.clone(), async move {
-            let _ = stopped.await;
-        }));
+        let task = tokio::spawn(manifests::run(
+            config,
+            store.clone(),
+            counters.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
         let ready = store.clone();
         eventually_sync("the first load", Duration::from_secs(5), || {
             assert!(
@@ -80,13 +89,14 @@ impl Source {
         .await;
         Self {
             store,
+            counters,
             stop: Some(stop),
             task,
         }
     }
 
     fn metrics(&self) -> (u64, i64, u64) {
-        let m = self.store.metrics();
+        let m = &self.counters;
         (
             m.reload_errors_total.get(),
             m.manifest_files_invalid.get(),
@@ -330,6 +340,7 @@ async fn an_invalid_file_keeps_its_last_good_objects_until_fixed() {
     let source = Source::start(dir.path()).await;
     assert_eq!(counts(&source.store), (1, 1, 0));
     let store = source.store.clone();
+    let counters = source.counters.clone();
 
     // Broken YAML, with a change to the pod that must not be applied.
     fs::write(
@@ -338,8 +349,7 @@ async fn an_invalid_file_keeps_its_last_good_objects_until_fixed() {
     )
     .unwrap();
     eventually_sync("the error counted", CHANGE_DEADLINE, || {
-        store.metrics().reload_errors_total.get() == 1
-            && store.metrics().manifest_files_invalid.get() == 1
+        counters.reload_errors_total.get() == 1 && counters.manifest_files_invalid.get() == 1
     })
     .await;
     assert_eq!(counts(&store), (1, 1, 0));
@@ -356,10 +366,10 @@ async fn an_invalid_file_keeps_its_last_good_objects_until_fixed() {
     )
     .unwrap();
     eventually_sync("the second error counted", CHANGE_DEADLINE, || {
-        store.metrics().reload_errors_total.get() == 2
+        counters.reload_errors_total.get() == 2
     })
     .await;
-    assert_eq!(store.metrics().manifest_files_invalid.get(), 1);
+    assert_eq!(counters.manifest_files_invalid.get(), 1);
     assert_eq!(pod_ip(&store, "shop", "web-1").as_deref(), Some("10.0.0.1"));
     let loaded = manifests::load(&ManifestsConfig::new(dir.path())).unwrap();
     assert_eq!(loaded.problems.len(), 1, "{:?}", loaded.problems);
@@ -384,7 +394,7 @@ async fn an_invalid_file_keeps_its_last_good_objects_until_fixed() {
     .unwrap();
     eventually_sync("the fixed content applied", CHANGE_DEADLINE, || {
         pod_ip(&store, "shop", "web-1").as_deref() == Some("10.0.0.2")
-            && store.metrics().manifest_files_invalid.get() == 0
+            && counters.manifest_files_invalid.get() == 0
     })
     .await;
     let port = store.with_index(|i| {
@@ -392,7 +402,7 @@ async fn an_invalid_file_keeps_its_last_good_objects_until_fixed() {
             .map(|s| s.ports[0].port)
     });
     assert_eq!(port, Some(81));
-    assert_eq!(store.metrics().reload_errors_total.get(), 2);
+    assert_eq!(counters.reload_errors_total.get(), 2);
     source.stop().await;
 }
 
@@ -557,6 +567,7 @@ async fn a_missing_directory_is_an_error_that_says_what_to_do() {
     let err = manifests::run(
         ManifestsConfig::new(&missing),
         store.clone(),
+        ManifestsMetrics::default(),
         std::future::pending(),
     )
     .await
@@ -601,8 +612,9 @@ async fn files_over_the_size_limit_are_refused() {
     // Shrunk below the limit: read and served.
     fs::write(dir.path().join("big.yaml"), pod("shop", "big", "10.0.0.2")).unwrap();
     let store = source.store.clone();
+    let counters = source.counters.clone();
     eventually_sync("the shrunk file served", CHANGE_DEADLINE, || {
-        pod_ip(&store, "shop", "big").is_some() && store.metrics().manifest_files_invalid.get() == 0
+        pod_ip(&store, "shop", "big").is_some() && counters.manifest_files_invalid.get() == 0
     })
     .await;
     source.stop().await;
@@ -644,10 +656,11 @@ async fn a_replaced_directory_is_read_and_watched_again() {
     fs::write(dir.join("web.yaml"), pod("shop", "web-1", "10.0.0.1")).unwrap();
     let source = Source::start(&dir).await;
     let store = source.store.clone();
+    let counters = source.counters.clone();
 
     // Gone: what was loaded stays served.
     fs::remove_dir_all(&dir).unwrap();
-    let errors_before = store.metrics().reload_errors_total.get();
+    let errors_before = counters.reload_errors_total.get();
     // Back, with new content: seen by the periodic rescan (the old watch
     // went with the old directory), then watched again.
     let staging = parent.path().join("staging");
@@ -665,7 +678,7 @@ async fn a_replaced_directory_is_read_and_watched_again() {
         pod_ip(&store, "shop", "web-1").as_deref() == Some("10.0.0.3")
     })
     .await;
-    assert_eq!(store.metrics().reload_errors_total.get(), errors_before);
+    assert_eq!(counters.reload_errors_total.get(), errors_before);
     source.stop().await;
 }
 
@@ -744,10 +757,10 @@ fn lines_with(dir: &Path, words: &[&str]) -> Vec<String> {
 const RESCANS_SETTLED: u64 = 3;
 
 /// Waits until the source has run `RESCANS_SETTLED` more rescans.
-async fn rescans_settle(store: &Store) {
-    let start = store.metrics().manifest_rescans_total.get();
+async fn rescans_settle(counters: &ManifestsMetrics) {
+    let start = counters.manifest_rescans_total.get();
     eventually_sync("later rescans", Duration::from_secs(30), || {
-        store.metrics().manifest_rescans_total.get() >= start + RESCANS_SETTLED
+        counters.manifest_rescans_total.get() >= start + RESCANS_SETTLED
     })
     .await;
 }
@@ -771,7 +784,7 @@ async fn a_rename_is_logged_once_and_a_change_once() {
         pod_ip(&store, "shop", "web-2").is_some()
     })
     .await;
-    rescans_settle(&store).await;
+    rescans_settle(&source.counters).await;
     // A sentinel after the rereads: everything before it has been logged.
     fs::write(d.join("z.yaml"), pod("shop", "web-3", "10.0.0.3")).unwrap();
     eventually_sync("the sentinel logged", CHANGE_DEADLINE, || {

@@ -1,21 +1,11 @@
-//! The controller's metrics: what it holds, who is watching, what went wrong.
+//! The controller's core metrics: what the index holds, who is watching,
+//! what the streams sent. The sources own theirs.
 
 use prometheus_client::{
-    collector::Collector,
-    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
-    metrics::{
-        counter::Counter,
-        family::Family,
-        gauge::{ConstGauge, Gauge},
-        MetricType,
-    },
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
-use std::{
-    collections::BTreeMap,
-    sync::{Arc, Mutex},
-};
-use tokio::time::Instant;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
@@ -27,84 +17,9 @@ pub struct MethodLabel {
     pub method: String,
 }
 
-/// A Kubernetes API request: its verb (`list`, `watch`, `get`, `other`) and
-/// the resource it names (the URL's plural, e.g. `pods`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KubeRequestLabel {
-    pub verb: String,
-    pub kind: String,
-}
-
-/// A Kubernetes API response: the resource and the HTTP status code, or
-/// `error` when no response came (connection refused, reset, timeout).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KubeResponseLabel {
-    pub kind: String,
-    pub code: String,
-}
-
-/// When each watched resource last showed the source was in step with the
-/// API server (a watch event, a bookmark, a listed page); exported as
-/// `destination_kube_last_event_age_seconds{kind}`, computed at scrape time.
-/// A kind whose source started but never heard back counts from the start.
-#[derive(Clone, Debug, Default)]
-pub struct KubeFreshness(Arc<Mutex<BTreeMap<String, Instant>>>);
-
-impl KubeFreshness {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Instant>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Starts the clock of a kind, unless it already runs.
-    pub fn start(&self, kind: &str) {
-        self.lock()
-            .entry(kind.to_string())
-            .or_insert_with(Instant::now);
-    }
-
-    /// Marks a kind as heard from now.
-    pub fn touch(&self, kind: &str) {
-        let now = Instant::now();
-        let mut map = self.lock();
-        match map.get_mut(kind) {
-            Some(at) => *at = now,
-            None => {
-                map.insert(kind.to_string(), now);
-            }
-        }
-    }
-
-    /// Time since the kind was last heard from.
-    pub fn age(&self, kind: &str) -> Option<std::time::Duration> {
-        self.lock().get(kind).map(|at| at.elapsed())
-    }
-}
-
-impl Collector for KubeFreshness {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let ages: Vec<(String, f64)> = self
-            .lock()
-            .iter()
-            .map(|(kind, at)| (kind.clone(), at.elapsed().as_secs_f64()))
-            .collect();
-        if ages.is_empty() {
-            return Ok(());
-        }
-        let mut metric = encoder.encode_descriptor(
-            "kube_last_event_age_seconds",
-            "Seconds since the last watch event, bookmark or listed page from the Kubernetes API, by resource",
-            None,
-            MetricType::Gauge,
-        )?;
-        for (kind, age) in ages {
-            let label = KindLabel { kind };
-            ConstGauge::new(age).encode(metric.encode_family(&label)?)?;
-        }
-        Ok(())
-    }
-}
-
-/// Every metric the destination controller exports, cheap to clone.
+/// The metrics of the store and of the servers reading it, cheap to
+/// clone. Each source registers its own (`KubeMetrics`, `ManifestsMetrics`)
+/// under the same `destination_` prefix.
 #[derive(Clone, Default)]
 pub struct Metrics {
     pub index_objects: Family<KindLabel, Gauge>,
@@ -119,16 +34,6 @@ pub struct Metrics {
     pub updates_sent_total: Family<MethodLabel, Counter>,
     pub stream_resyncs_total: Family<MethodLabel, Counter>,
     pub subscription_history_bytes: Gauge,
-    pub reload_errors_total: Counter,
-    pub manifest_files_invalid: Gauge,
-    pub reloads_total: Counter,
-    pub manifest_rescans_total: Counter,
-    pub kube_requests_total: Family<KubeRequestLabel, Counter>,
-    pub kube_responses_total: Family<KubeResponseLabel, Counter>,
-    pub kube_watch_restarts_total: Family<KindLabel, Counter>,
-    pub kube_relists_total: Family<KindLabel, Counter>,
-    pub kube_invalid_objects: Family<KindLabel, Gauge>,
-    pub kube_last_event: KubeFreshness,
 }
 
 impl Metrics {
@@ -195,52 +100,6 @@ impl Metrics {
             "Encoded changes kept for streams that fall behind, across subscriptions (bounded per subscription)",
             self.subscription_history_bytes.clone(),
         );
-        r.register(
-            "reload_errors",
-            "Manifest file reads that failed to parse or validate",
-            self.reload_errors_total.clone(),
-        );
-        r.register(
-            "manifest_files_invalid",
-            "Manifest files whose last read failed (their last good state is served)",
-            self.manifest_files_invalid.clone(),
-        );
-        r.register(
-            "reloads",
-            "Manifest files read after a change",
-            self.reloads_total.clone(),
-        );
-        r.register(
-            "manifest_rescans",
-            "Rescans of the manifests directory (targeted or full) the source ran",
-            self.manifest_rescans_total.clone(),
-        );
-        r.register(
-            "kube_requests",
-            "Kubernetes API requests sent, by verb (list, watch, get, other) and resource",
-            self.kube_requests_total.clone(),
-        );
-        r.register(
-            "kube_responses",
-            "Kubernetes API responses, by resource and HTTP status code (code=\"error\": no response)",
-            self.kube_responses_total.clone(),
-        );
-        r.register(
-            "kube_watch_restarts",
-            "WATCH requests after the first, by resource (each resumes or restarts a watch)",
-            self.kube_watch_restarts_total.clone(),
-        );
-        r.register(
-            "kube_relists",
-            "Full LISTs after the first, by resource (after 410 Gone or a lost watch state)",
-            self.kube_relists_total.clone(),
-        );
-        r.register(
-            "kube_invalid_objects",
-            "Kubernetes objects skipped because the index cannot use them, by resource",
-            self.kube_invalid_objects.clone(),
-        );
-        r.register_collector(Box::new(self.kube_last_event.clone()));
     }
 
     pub fn kind(kind: &str) -> KindLabel {
@@ -285,26 +144,6 @@ mod tests {
             counters.get_or_create(&method).inc();
         }
         m.subscription_history_bytes.set(1);
-        m.reload_errors_total.inc();
-        m.manifest_files_invalid.set(1);
-        m.reloads_total.inc();
-        m.manifest_rescans_total.inc();
-        m.kube_requests_total
-            .get_or_create(&KubeRequestLabel {
-                verb: "list".into(),
-                kind: "pods".into(),
-            })
-            .inc();
-        m.kube_responses_total
-            .get_or_create(&KubeResponseLabel {
-                kind: "pods".into(),
-                code: "200".into(),
-            })
-            .inc();
-        m.kube_watch_restarts_total.get_or_create(&kind).inc();
-        m.kube_relists_total.get_or_create(&kind).inc();
-        m.kube_invalid_objects.get_or_create(&kind).set(1);
-        m.kube_last_event.start("pods");
 
         let mut registry = Registry::default();
         m.register(&mut registry);
@@ -316,7 +155,7 @@ mod tests {
             .filter_map(|l| l.split_whitespace().next())
             .collect();
         // One family per field of Metrics, each written.
-        assert_eq!(names.len(), 22, "{text}");
+        assert_eq!(names.len(), 12, "{text}");
         names.sort_unstable();
         let mut unique = names.clone();
         unique.dedup();
