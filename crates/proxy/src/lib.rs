@@ -23,7 +23,7 @@ pub mod http;
 pub mod identity;
 mod inbound;
 mod io;
-mod listen;
+pub mod listen;
 pub mod memory;
 pub mod metrics;
 pub mod network;

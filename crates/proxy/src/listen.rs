@@ -3,12 +3,14 @@
 //! spinning or failing (`ballast_serve::accept::Acceptor`, the step every
 //! server accepts with).
 
-use crate::{
-    memory::MemoryLimit,
-    metrics::{ListenerLabels, Metrics, RefusedLabels},
-};
+use crate::{memory::MemoryLimit, metrics::Metrics};
 use ballast_serve::accept::Acceptor;
 use futures_util::FutureExt;
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
 use std::{
     future::Future,
     sync::Arc,
@@ -67,14 +69,19 @@ pub async fn accept_loop<F, Fut>(
 {
     let name = l.name;
     let labels = ListenerLabels { listener: name };
-    let open = metrics.listener_connections.get_or_create_owned(&labels);
+    let open = metrics
+        .listener
+        .listener_connections
+        .get_or_create_owned(&labels);
     let accept_errors = metrics
+        .listener
         .listener_accept_errors_total
         .get_or_create_owned(&labels);
     let connections = l.connections;
     let mut accepting = Acceptor::new(name, l.listener).counting_errors(accept_errors);
     let refused = |reason| {
         metrics
+            .listener
             .listener_refused_total
             .get_or_create_owned(&RefusedLabels {
                 listener: name,
@@ -127,5 +134,49 @@ pub async fn accept_loop<F, Fut>(
                 unlogged = 0;
             }
         }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    pub listener: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    pub listener: &'static str,
+    /// `max_connections` or `memory_limit`.
+    pub reason: &'static str,
+}
+
+/// The listeners' metrics: connections open, refused at accept, accept errors.
+#[derive(Debug, Default)]
+pub struct ListenerMetrics {
+    /// Connections open on each listener.
+    pub listener_connections: Family<ListenerLabels, Gauge>,
+    /// Connections closed at accept, by listener and reason.
+    pub listener_refused_total: Family<RefusedLabels, Counter>,
+    /// Accept errors (EMFILE and the like); each pauses accepting.
+    pub listener_accept_errors_total: Family<ListenerLabels, Counter>,
+}
+
+impl ListenerMetrics {
+    /// Registers the families under the proxy's registry (Linkerd's names).
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "listener_connections",
+            "Connections open per listener",
+            self.listener_connections.clone(),
+        );
+        r.register(
+            "listener_refused",
+            "Connections closed at accept: the listener was at --max-connections, or memory at --memory-limit",
+            self.listener_refused_total.clone(),
+        );
+        r.register(
+            "listener_accept_errors",
+            "Accept errors (such as running out of file descriptors); each pauses accepting briefly",
+            self.listener_accept_errors_total.clone(),
+        );
     }
 }

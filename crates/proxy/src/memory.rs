@@ -4,7 +4,12 @@
 //! kills it (seed 004). Work already admitted carries on; it is what frees
 //! the memory.
 
-use crate::metrics::{Metrics, ShedLabels};
+use crate::metrics::Metrics;
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
 use std::{
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -31,6 +36,7 @@ impl MemoryLimit {
     pub fn start(limit: Option<u64>, metrics: Arc<Metrics>) -> Self {
         let over = Arc::new(AtomicBool::new(false));
         metrics
+            .memory
             .memory_limit_bytes
             .set(limit.map_or(0, |l| i64::try_from(l).unwrap_or(i64::MAX)));
         if let Some(limit) = limit {
@@ -46,6 +52,7 @@ impl MemoryLimit {
             return false;
         }
         self.metrics
+            .memory
             .memory_shed_total
             .get_or_create(&ShedLabels { kind })
             .inc();
@@ -74,7 +81,7 @@ async fn sample(limit: u64, over: std::sync::Weak<AtomicBool>, metrics: Arc<Metr
         };
         let now_over = bytes >= limit;
         if over.swap(now_over, Ordering::Relaxed) != now_over {
-            metrics.memory_shedding.set(i64::from(now_over));
+            metrics.memory.memory_shedding.set(i64::from(now_over));
             if now_over {
                 tracing::warn!(
                     allocated = bytes,
@@ -85,5 +92,43 @@ async fn sample(limit: u64, over: std::sync::Weak<AtomicBool>, metrics: Arc<Metr
                 tracing::info!(allocated = bytes, limit, "memory back under the limit");
             }
         }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShedLabels {
+    /// `connection` or `request`.
+    pub kind: &'static str,
+}
+
+/// The memory limit's metrics: the limit, whether it sheds, what it shed.
+#[derive(Debug, Default)]
+pub struct MemoryMetrics {
+    /// Connections and requests refused because memory was at the limit.
+    pub memory_shed_total: Family<ShedLabels, Counter>,
+    /// The memory limit (0 when there is none).
+    pub memory_limit_bytes: Gauge,
+    /// 1 while allocated memory is at or over the limit.
+    pub memory_shedding: Gauge,
+}
+
+impl MemoryMetrics {
+    /// Registers the families under the proxy's registry (Linkerd's names).
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "memory_shed",
+            "Connections and requests refused because allocated memory was at --memory-limit",
+            self.memory_shed_total.clone(),
+        );
+        r.register(
+            "memory_limit_bytes",
+            "The --memory-limit (0: none)",
+            self.memory_limit_bytes.clone(),
+        );
+        r.register(
+            "memory_shedding",
+            "1 while allocated memory is at or over --memory-limit",
+            self.memory_shedding.clone(),
+        );
     }
 }

@@ -200,40 +200,9 @@ pub struct ErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct BalancerLabels {
-    pub authority: Arc<str>,
-    /// `http` or `tcp`: one authority may have a balancer of each.
-    pub protocol: &'static str,
-    pub endpoint_state: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SeriesDropLabels {
     /// `retention` or `limit`.
     pub reason: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ListenerLabels {
-    pub listener: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RefusedLabels {
-    pub listener: &'static str,
-    /// `max_connections` or `memory_limit`.
-    pub reason: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ShedLabels {
-    /// `connection` or `request`.
-    pub kind: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StreamLabels {
-    pub rpc: &'static str,
 }
 
 fn latency_histogram() -> Histogram {
@@ -272,57 +241,11 @@ pub struct Metrics {
     pub tcp_connection_duration_ms: RetainedFamily<TcpCloseLabels, Histogram>,
     /// Proxy-made failures by reason: `failfast`, `queue_full`, `loop`, ...
     pub errors_total: Family<ErrorLabels, Counter>,
-    /// Endpoints per target and protocol, `ready` or `pending` (in connect
-    /// backoff); balancers add and take back their own counts
-    /// ([`BalancerGauges`]).
-    pub balancer_endpoints: RetainedFamily<BalancerLabels, Gauge>,
-    /// Targets currently in failfast.
-    pub balancer_failfast: Gauge,
-    /// Endpoints taken out of their balancer by failure accrual.
-    pub balancer_endpoint_penalties_total: Counter,
-    /// Open resolutions (one per target in use or recently used).
-    pub resolutions: Gauge,
-    /// Endpoints dropped because a target exceeded its bound.
-    pub endpoints_dropped_total: Counter,
-    /// Age of the oldest endpoint data in use that the controller has not
-    /// confirmed (0 while it is connected).
-    pub discovery_stale_seconds: Gauge,
-    /// 1 while the control-plane connection is up, else 0.
-    pub control_connected: Gauge,
-    /// TCP connects attempted to the controller.
-    pub control_connect_attempts_total: Counter,
-    /// Open streams to the controller, by RPC.
-    pub control_streams: Family<StreamLabels, Gauge>,
-    /// Streams to the controller that ended with an error, by RPC.
-    pub control_stream_errors_total: Family<StreamLabels, Counter>,
-    /// Messages received from the controller, by RPC.
-    pub control_messages_total: Family<StreamLabels, Counter>,
-    /// Messages from the controller refused for exceeding
-    /// `--control-max-message-bytes`, by RPC.
-    pub control_messages_too_large_total: Family<StreamLabels, Counter>,
-    /// Connections open on each listener.
-    pub listener_connections: Family<ListenerLabels, Gauge>,
-    /// Connections closed at accept, by listener and reason.
-    pub listener_refused_total: Family<RefusedLabels, Counter>,
-    /// Accept errors (EMFILE and the like); each pauses accepting.
-    pub listener_accept_errors_total: Family<ListenerLabels, Counter>,
-    /// Connections and requests refused because memory was at the limit.
-    pub memory_shed_total: Family<ShedLabels, Counter>,
-    /// The memory limit (0 when there is none).
-    pub memory_limit_bytes: Gauge,
-    /// 1 while allocated memory is at or over the limit.
-    pub memory_shedding: Gauge,
-    /// Client HTTP connections closed for being idle.
-    pub http_idle_closed_total: Counter,
-    /// Idle HTTP/1 client connections holding only their socket.
-    pub http1_parked_connections: Gauge,
-    /// Client HTTP/2 connections closed with GOAWAY ENHANCE_YOUR_CALM (too
-    /// many streams reset by the proxy or by the client, and h2's other
-    /// abuse limits).
-    pub http2_calm_closed_total: Counter,
-    /// Client HTTP/1 connections closed at a malformed chunked body
-    /// (`http::framing`), their request answered 400.
-    pub http1_framing_refused_total: Counter,
+    pub balance: crate::balance::metrics::BalanceMetrics,
+    pub discovery: crate::discovery::metrics::DiscoveryMetrics,
+    pub listener: crate::listen::ListenerMetrics,
+    pub memory: crate::memory::MemoryMetrics,
+    pub http: crate::http::metrics::HttpServerMetrics,
     /// Series removed from the traffic families, by reason.
     pub series_dropped_total: Family<SeriesDropLabels, Counter>,
     /// Inbound authorization (Linkerd's `inbound_*_authz_*` families).
@@ -368,28 +291,11 @@ impl Metrics {
             tcp_close_total: RetainedFamily::new(l, d.clone(), counters),
             tcp_connection_duration_ms: RetainedFamily::new(l, d.clone(), duration_histogram),
             errors_total: Family::default(),
-            balancer_endpoints: RetainedFamily::new(l, d.clone(), Gauge::default),
-            balancer_failfast: Gauge::default(),
-            balancer_endpoint_penalties_total: Counter::default(),
-            resolutions: Gauge::default(),
-            endpoints_dropped_total: Counter::default(),
-            discovery_stale_seconds: Gauge::default(),
-            control_connected: Gauge::default(),
-            control_connect_attempts_total: Counter::default(),
-            control_streams: Family::default(),
-            control_stream_errors_total: Family::default(),
-            control_messages_total: Family::default(),
-            control_messages_too_large_total: Family::default(),
-            listener_connections: Family::default(),
-            listener_refused_total: Family::default(),
-            listener_accept_errors_total: Family::default(),
-            memory_shed_total: Family::default(),
-            memory_limit_bytes: Gauge::default(),
-            memory_shedding: Gauge::default(),
-            http_idle_closed_total: Counter::default(),
-            http1_parked_connections: Gauge::default(),
-            http2_calm_closed_total: Counter::default(),
-            http1_framing_refused_total: Counter::default(),
+            balance: crate::balance::metrics::BalanceMetrics::new(l, d),
+            discovery: Default::default(),
+            listener: Default::default(),
+            memory: Default::default(),
+            http: Default::default(),
             series_dropped_total,
             authz: authz::AuthzMetrics::new(l, d),
             outbound_policy: route::OutboundPolicyMetrics::new(l, d),
@@ -442,119 +348,11 @@ impl Metrics {
             "Requests and connections failed by the proxy itself, by reason",
             m.errors_total.clone(),
         );
-        r.register(
-            "balancer_endpoints",
-            "Endpoints per target and protocol, ready or pending (in connect backoff)",
-            m.balancer_endpoints.clone(),
-        );
-        r.register(
-            "balancer_failfast",
-            "Targets in failfast: no endpoint became ready within the failfast timeout",
-            m.balancer_failfast.clone(),
-        );
-        r.register(
-            "balancer_endpoint_penalties",
-            "Endpoints taken out of their balancer for a penalty by failure accrual (the controller's balancer.linkerd.io/failure-accrual)",
-            m.balancer_endpoint_penalties_total.clone(),
-        );
-        r.register(
-            "discovery_resolutions",
-            "Open resolutions (targets in use or recently used)",
-            m.resolutions.clone(),
-        );
-        r.register(
-            "discovery_endpoints_dropped",
-            "Endpoints dropped because a target exceeded --max-endpoints-per-target",
-            m.endpoints_dropped_total.clone(),
-        );
-        r.register(
-            "discovery_stale_seconds",
-            "Age of the oldest endpoint data in use that the destination controller has not confirmed (0 while it is connected); kept at most --stale-endpoints-grace",
-            m.discovery_stale_seconds.clone(),
-        );
-        r.register(
-            "control_connected",
-            "1 while the connection to the destination controller is up",
-            m.control_connected.clone(),
-        );
-        r.register(
-            "control_connect_attempts",
-            "TCP connects attempted to the destination controller",
-            m.control_connect_attempts_total.clone(),
-        );
-        r.register(
-            "control_streams",
-            "Open streams to the destination controller",
-            m.control_streams.clone(),
-        );
-        r.register(
-            "control_stream_errors",
-            "Streams to the destination controller that failed",
-            m.control_stream_errors_total.clone(),
-        );
-        r.register(
-            "control_messages",
-            "Messages received from the destination controller",
-            m.control_messages_total.clone(),
-        );
-        r.register(
-            "control_messages_too_large",
-            "Messages from the destination controller refused for exceeding --control-max-message-bytes",
-            m.control_messages_too_large_total.clone(),
-        );
-        r.register(
-            "listener_connections",
-            "Connections open per listener",
-            m.listener_connections.clone(),
-        );
-        r.register(
-            "listener_refused",
-            "Connections closed at accept: the listener was at --max-connections, or memory at --memory-limit",
-            m.listener_refused_total.clone(),
-        );
-        r.register(
-            "listener_accept_errors",
-            "Accept errors (such as running out of file descriptors); each pauses accepting briefly",
-            m.listener_accept_errors_total.clone(),
-        );
-        r.register(
-            "memory_shed",
-            "Connections and requests refused because allocated memory was at --memory-limit",
-            m.memory_shed_total.clone(),
-        );
-        r.register(
-            "memory_limit_bytes",
-            "The --memory-limit (0: none)",
-            m.memory_limit_bytes.clone(),
-        );
-        r.register(
-            "memory_shedding",
-            "1 while allocated memory is at or over --memory-limit",
-            m.memory_shedding.clone(),
-        );
-        r.register(
-            "http_idle_closed",
-            "Client HTTP connections closed after --http-idle-timeout without a request",
-            m.http_idle_closed_total.clone(),
-        );
-        r.register(
-            "http1_parked_connections",
-            "Idle HTTP/1 client connections that gave back their HTTP state after \
-             --http1-park-after and hold only their socket",
-            m.http1_parked_connections.clone(),
-        );
-        r.register(
-            "http2_calm_closed",
-            "Client HTTP/2 connections closed with GOAWAY ENHANCE_YOUR_CALM (e.g. past \
-             --http2-max-local-error-resets or --http2-max-pending-accept-resets)",
-            m.http2_calm_closed_total.clone(),
-        );
-        r.register(
-            "http1_framing_refused",
-            "Client HTTP/1 connections closed at a malformed chunk line or trailer, their \
-             request answered 400 malformed_chunk (RFC 9112 section 7.1)",
-            m.http1_framing_refused_total.clone(),
-        );
+        m.balance.register(r);
+        m.discovery.register(r);
+        m.listener.register(r);
+        m.memory.register(r);
+        m.http.register(r);
         r.register(
             "metrics_series_dropped",
             "Traffic metric series removed: unused for --metrics-retention, or past --metrics-max-series",
@@ -576,7 +374,7 @@ impl Metrics {
         self.tcp_write_bytes_total.sweep(now);
         self.tcp_close_total.sweep(now);
         self.tcp_connection_duration_ms.sweep(now);
-        self.balancer_endpoints.sweep(now);
+        self.balance.sweep(now);
         self.authz.sweep(now);
         self.outbound_policy.sweep(now);
     }
@@ -748,103 +546,6 @@ impl TcpMetrics {
     }
 }
 
-/// What a balancer carries: Linkerd keeps HTTP and opaque balancers apart.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BalancerProtocol {
-    Http,
-    Tcp,
-}
-
-impl BalancerProtocol {
-    fn label(self) -> &'static str {
-        match self {
-            Self::Http => "http",
-            Self::Tcp => "tcp",
-        }
-    }
-}
-
-/// One balancer's share of `balancer_endpoints`. Balancers of one target
-/// may live side by side (a new one made while connections still hold the
-/// old), so each adds and takes back only its own counts, and the gauge is
-/// their sum; dropping it takes its share back.
-#[derive(Debug)]
-pub struct BalancerGauges {
-    ready: Arc<Gauge>,
-    pending: Arc<Gauge>,
-    share: Mutex<Share>,
-    /// Shared with [`Metrics::balancer_endpoint_penalties_total`].
-    pub penalties: Counter,
-}
-
-/// What one balancer has added to the gauges.
-#[derive(Debug, Default)]
-struct Share {
-    ready: i64,
-    pending: i64,
-}
-
-impl BalancerGauges {
-    pub fn new(metrics: &Metrics, authority: Arc<str>, protocol: BalancerProtocol) -> Self {
-        let gauge = |endpoint_state| {
-            metrics.balancer_endpoints.get(&BalancerLabels {
-                authority: authority.clone(),
-                protocol: protocol.label(),
-                endpoint_state,
-            })
-        };
-        Self {
-            ready: gauge("ready"),
-            pending: gauge("pending"),
-            share: Mutex::new(Share::default()),
-            penalties: metrics.balancer_endpoint_penalties_total.clone(),
-        }
-    }
-
-    /// The balancer's endpoints now.
-    pub fn update(&self, ready: usize, pending: usize) {
-        let (ready, pending) = (ready as i64, pending as i64);
-        let mut share = self.lock();
-        self.add(ready - share.ready, pending - share.pending);
-        share.ready = ready;
-        share.pending = pending;
-    }
-
-    /// A ready endpoint went into connect backoff.
-    pub fn endpoint_pending(&self) {
-        let mut share = self.lock();
-        share.ready -= 1;
-        share.pending += 1;
-        self.add(-1, 1);
-    }
-
-    /// An endpoint in connect backoff connected.
-    pub fn endpoint_ready(&self) {
-        let mut share = self.lock();
-        share.ready += 1;
-        share.pending -= 1;
-        self.add(1, -1);
-    }
-
-    /// Called with the share locked, so that the gauges move in the order
-    /// the share does.
-    fn add(&self, ready: i64, pending: i64) {
-        self.ready.inc_by(ready);
-        self.pending.inc_by(pending);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Share> {
-        self.share.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-impl Drop for BalancerGauges {
-    fn drop(&mut self) {
-        let share = std::mem::take(self.share.get_mut().unwrap_or_else(|e| e.into_inner()));
-        self.add(-share.ready, -share.pending);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -990,57 +691,5 @@ mod tests {
         assert!(sum.is_some_and(|l| l.ends_with(" 1500.0")), "{text}");
         let open = sample(&text, "tcp_open_connections", &["web.shop"]);
         assert!(open.is_some_and(|l| l.ends_with(" 0")), "{text}");
-    }
-
-    fn gauge(metrics: &Metrics, protocol: &'static str, endpoint_state: &'static str) -> i64 {
-        metrics
-            .balancer_endpoints
-            .get(&BalancerLabels {
-                authority: Arc::from("web.shop.svc.cluster.local:80"),
-                protocol,
-                endpoint_state,
-            })
-            .get()
-    }
-
-    #[test]
-    fn balancers_of_one_authority_add_up_and_take_back_only_their_own() {
-        let metrics = Metrics::register(&mut Registry::default());
-        let authority: Arc<str> = Arc::from("web.shop.svc.cluster.local:80");
-        let http = BalancerGauges::new(&metrics, authority.clone(), BalancerProtocol::Http);
-        let tcp = BalancerGauges::new(&metrics, authority.clone(), BalancerProtocol::Tcp);
-        http.update(3, 0);
-        tcp.update(2, 1);
-        assert_eq!(gauge(&metrics, "http", "ready"), 3);
-        assert_eq!(gauge(&metrics, "tcp", "ready"), 2);
-        assert_eq!(gauge(&metrics, "tcp", "pending"), 1);
-
-        // A second HTTP balancer of the same target (made while the first is
-        // still held) adds to the same series.
-        let http2 = BalancerGauges::new(&metrics, authority, BalancerProtocol::Http);
-        http2.update(3, 0);
-        http2.endpoint_pending();
-        assert_eq!(gauge(&metrics, "http", "ready"), 5);
-        assert_eq!(gauge(&metrics, "http", "pending"), 1);
-
-        drop(http);
-        assert_eq!(gauge(&metrics, "http", "ready"), 2);
-        assert_eq!(gauge(&metrics, "http", "pending"), 1);
-        assert_eq!(
-            gauge(&metrics, "tcp", "ready"),
-            2,
-            "the TCP balancer's share stays"
-        );
-        http2.endpoint_ready();
-        drop(http2);
-        drop(tcp);
-        for (protocol, state) in [
-            ("http", "ready"),
-            ("http", "pending"),
-            ("tcp", "ready"),
-            ("tcp", "pending"),
-        ] {
-            assert_eq!(gauge(&metrics, protocol, state), 0, "{protocol} {state}");
-        }
     }
 }

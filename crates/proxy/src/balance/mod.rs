@@ -16,14 +16,16 @@
 
 mod endpoint;
 mod ewma;
+pub mod metrics;
 
 pub use endpoint::{EndpointState, InFlight, LATENCY_FLOOR, PROBE_RECHECK};
 pub use ewma::{decay_for, PeakEwma};
 
+use self::metrics::{BalancerGauges, BalancerProtocol};
 use crate::{
     config::TrafficConfig,
     discovery::{EndpointSet, Resolution, SetState},
-    metrics::{BalancerGauges, BalancerProtocol, Direction, Metrics},
+    metrics::{Direction, Metrics},
     own_listeners::OwnListeners,
 };
 use arc_swap::{ArcSwap, ArcSwapOption};
@@ -211,7 +213,7 @@ impl<C: Send + Sync + 'static> Balancer<C> {
     ) -> Self {
         let waiting = Semaphore::new(config.queue_capacity.min(Semaphore::MAX_PERMITS));
         let target = Arc::new(Target {
-            gauges: BalancerGauges::new(&metrics, name.authority.clone(), name.protocol),
+            gauges: BalancerGauges::new(&metrics.balance, name.authority.clone(), name.protocol),
             authority: name.authority,
             direction: name.direction,
             config,
@@ -463,7 +465,7 @@ impl<C> Balancer<C> {
                     return Ok(e);
                 }
                 if !self.failfast.swap(true, Ordering::Relaxed) {
-                    self.metrics.balancer_failfast.inc();
+                    self.metrics.balance.balancer_failfast.inc();
                     tracing::info!(authority = %self.target.authority, "no endpoint ready: failing fast");
                 }
                 self.metrics.error(self.target.direction, "failfast");
@@ -490,7 +492,7 @@ impl<C> Balancer<C> {
         }
         let picked = pick(&snapshot.endpoints, Instant::now()).cloned();
         if picked.is_some() && self.failfast.swap(false, Ordering::Relaxed) {
-            self.metrics.balancer_failfast.dec();
+            self.metrics.balance.balancer_failfast.dec();
             tracing::info!(authority = %self.target.authority, "an endpoint is ready: failfast over");
         }
         Ok(picked)
@@ -500,7 +502,7 @@ impl<C> Balancer<C> {
 impl<C> Drop for Balancer<C> {
     fn drop(&mut self) {
         if *self.failfast.get_mut() {
-            self.metrics.balancer_failfast.dec();
+            self.metrics.balance.balancer_failfast.dec();
         }
     }
 }

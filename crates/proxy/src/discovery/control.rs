@@ -110,7 +110,7 @@ impl Gate {
             turn
         };
         tokio::time::sleep_until(turn).await;
-        self.metrics.control_connect_attempts_total.inc();
+        self.metrics.discovery.control_connect_attempts_total.inc();
         tracing::debug!(addr = %self.addr, "connecting to the destination controller");
         let connect = async {
             let mut last = None;
@@ -230,7 +230,7 @@ impl ControlPlane {
 
     pub(crate) fn healthy(&self) {
         if !self.connected.swap(true, Ordering::Relaxed) {
-            self.metrics.control_connected.set(1);
+            self.metrics.discovery.control_connected.set(1);
             tracing::info!(addr = %self.config.addr, "receiving from the destination controller");
             self.gate.healthy();
         }
@@ -239,7 +239,7 @@ impl ControlPlane {
     /// A stream failed: the controller may be gone.
     pub(crate) fn unhealthy(&self, reason: &str) {
         if self.connected.swap(false, Ordering::Relaxed) {
-            self.metrics.control_connected.set(0);
+            self.metrics.discovery.control_connected.set(0);
             let reason: String = reason.chars().take(128).collect();
             tracing::warn!(
                 addr = %self.config.addr,

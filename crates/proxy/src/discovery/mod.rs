@@ -9,6 +9,7 @@
 
 mod control;
 mod last_known;
+pub mod metrics;
 mod policy;
 mod profile;
 mod resolve;
@@ -132,6 +133,7 @@ impl Discovery {
             move |memory: &LastKnown| {
                 let oldest = memory.sweep(connected.is_connected());
                 metrics
+                    .discovery
                     .discovery_stale_seconds
                     .set(i64::try_from(oldest.as_secs()).unwrap_or(i64::MAX));
             },

@@ -220,7 +220,7 @@ impl Resolution {
         let key = authority.clone();
         let task = tokio::spawn(async move {
             let metrics = control.metrics.clone();
-            metrics.resolutions.inc();
+            metrics.discovery.resolutions.inc();
             let _gauge = ResolutionGauge(metrics.clone());
             let _in_use = InUse(last_known.clone(), key.clone());
             let request = GetDestination {
@@ -251,7 +251,7 @@ impl Resolution {
                         last_known.heard(&key, None);
                     }
                     if state.dropped > dropped {
-                        metrics.endpoints_dropped_total.inc_by(state.dropped - dropped);
+                        metrics.discovery.endpoints_dropped_total.inc_by(state.dropped - dropped);
                         tracing::warn!(
                             authority = %path,
                             dropped = state.dropped - dropped,
@@ -321,7 +321,7 @@ struct ResolutionGauge(Arc<crate::metrics::Metrics>);
 
 impl Drop for ResolutionGauge {
     fn drop(&mut self) {
-        self.0.resolutions.dec();
+        self.0.discovery.resolutions.dec();
     }
 }
 

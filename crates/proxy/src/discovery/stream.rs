@@ -3,7 +3,7 @@
 //! controller gives a final answer.
 
 use super::control::ControlPlane;
-use crate::metrics::StreamLabels;
+use super::metrics::StreamLabels;
 use ballast_backoff::Backoff;
 use std::future::Future;
 use tonic::{codec::Streaming, transport::Channel, Code, Response, Status};
@@ -28,6 +28,7 @@ impl Drop for OpenStream<'_> {
     fn drop(&mut self) {
         self.0
             .metrics
+            .discovery
             .control_streams
             .get_or_create(&StreamLabels { rpc: self.1 })
             .dec();
@@ -54,7 +55,11 @@ where
     loop {
         let failure = match open(control.channel()).await {
             Ok(response) => {
-                metrics.control_streams.get_or_create(&labels).inc();
+                metrics
+                    .discovery
+                    .control_streams
+                    .get_or_create(&labels)
+                    .inc();
                 let _open = OpenStream(control, rpc);
                 let mut stream = response.into_inner();
                 let mut first = true;
@@ -63,7 +68,11 @@ where
                         Ok(Some(message)) => {
                             control.healthy();
                             backoff.reset();
-                            metrics.control_messages_total.get_or_create(&labels).inc();
+                            metrics
+                                .discovery
+                                .control_messages_total
+                                .get_or_create(&labels)
+                                .inc();
                             on_message(message, first);
                             first = false;
                         }
@@ -80,11 +89,13 @@ where
             Some(status) if is_final(&status) => return status,
             Some(status) => {
                 metrics
+                    .discovery
                     .control_stream_errors_total
                     .get_or_create(&labels)
                     .inc();
                 if is_too_large(&status) {
                     metrics
+                        .discovery
                         .control_messages_too_large_total
                         .get_or_create(&labels)
                         .inc();

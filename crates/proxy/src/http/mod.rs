@@ -6,6 +6,7 @@
 mod body;
 mod conns;
 pub mod framing;
+pub mod metrics;
 pub mod orig_proto;
 mod request_body;
 pub mod server;

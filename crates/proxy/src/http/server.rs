@@ -202,7 +202,7 @@ struct CountRefused<'a>(Arc<H1Requests>, &'a Metrics);
 impl Drop for CountRefused<'_> {
     fn drop(&mut self) {
         if self.0.refused.load(Ordering::Relaxed) {
-            self.1.http1_framing_refused_total.inc();
+            self.1.http.http1_framing_refused_total.inc();
         }
     }
 }
@@ -370,14 +370,14 @@ struct ParkedGauge<'a>(&'a Metrics);
 
 impl<'a> ParkedGauge<'a> {
     fn enter(metrics: &'a Metrics) -> Self {
-        metrics.http1_parked_connections.inc();
+        metrics.http.http1_parked_connections.inc();
         Self(metrics)
     }
 }
 
 impl Drop for ParkedGauge<'_> {
     fn drop(&mut self) {
-        self.0.http1_parked_connections.dec();
+        self.0.http.http1_parked_connections.dec();
     }
 }
 
@@ -460,7 +460,7 @@ where
                 Woke::Data(first) => io.rewind(Bytes::copy_from_slice(&[first])),
                 Woke::Stop | Woke::Eof => return true,
                 Woke::Idle => {
-                    metrics.http_idle_closed_total.inc();
+                    metrics.http.http_idle_closed_total.inc();
                     return true;
                 }
                 Woke::Failed(e) => return ended(Err(e)),
@@ -559,7 +559,7 @@ where
             }
             Event::Check => match activity.idle_check(Instant::now(), limits.idle_timeout) {
                 None => {
-                    metrics.http_idle_closed_total.inc();
+                    metrics.http.http_idle_closed_total.inc();
                     conn.as_mut().graceful_shutdown();
                     break conn.await;
                 }
@@ -572,7 +572,7 @@ where
     };
     if let Err(e) = &result {
         if calmed(e) {
-            metrics.http2_calm_closed_total.inc();
+            metrics.http.http2_calm_closed_total.inc();
         }
     }
     result

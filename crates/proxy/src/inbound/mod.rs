@@ -25,6 +25,7 @@ mod route;
 mod store;
 
 use crate::{
+    balance::metrics::BalancerProtocol,
     balance::{BalanceConfig, Balancer, MakeConns, TargetName},
     cache::{spawn_sweeper, sweep_period, IdleCache},
     config::{HttpLimits, InboundConfig, OwnerKind, PodIdentity, TrafficConfig},
@@ -36,7 +37,7 @@ use crate::{
     },
     metrics::{
         authz::{AuthzLabels, PolicyMeta},
-        empty_label, BalancerProtocol, Direction, DstWorkload, Metrics, TlsLabels, WorkloadLabels,
+        empty_label, Direction, DstWorkload, Metrics, TlsLabels, WorkloadLabels,
     },
     orig_dst::original_dst,
     own_listeners::OwnListeners,

@@ -27,6 +27,7 @@ mod request;
 
 use crate::{
     authority::{is_short_name, parse_host, HostTarget},
+    balance::metrics::BalancerProtocol,
     balance::{BalanceConfig, Balancer, MakeConns, TargetName},
     cache::{spawn_sweeper, sweep_period, CacheFull, IdleCache},
     config::{HttpLimits, OutboundConfig, TrafficConfig},
@@ -38,7 +39,7 @@ use crate::{
     http::{
         error_response, EndpointConns, Forwarder, HttpBalancer, Naming, PoolConfig, ResponseBody,
     },
-    metrics::{BalancerProtocol, Direction, DstLabels, Metrics},
+    metrics::{Direction, DstLabels, Metrics},
     orig_dst::original_dst,
     own_listeners::OwnListeners,
     pipeline::{Accepted, Side},
