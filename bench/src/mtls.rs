@@ -38,7 +38,8 @@
 use ballast_bench::{load, servers, system};
 
 use ballast_bench::{is_error_line, spawn_listening};
-use ballast_meshtls::{certify, pem, tls, IdentityName};
+use ballast_certify as certify;
+use ballast_meshtls::{pem, tls, IdentityName};
 use hyper_util::rt::TokioIo;
 use load::OhaArgs;
 use servers::{BallastArgs, Server};

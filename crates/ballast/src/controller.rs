@@ -3,8 +3,8 @@
 //! read the cluster (destination, viz) the source and their own identity.
 
 use anyhow::Context;
+use ballast_certify as certify;
 use ballast_meshtls::{
-    certify,
     tls::{self, CertStore},
     IdentityName,
 };

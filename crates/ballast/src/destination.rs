@@ -3,6 +3,7 @@
 use crate::controller;
 use anyhow::Context;
 use ballast_admin::{AdminServer, AdminState, Readiness};
+use ballast_certify as certify;
 use ballast_destination::{
     policy::{self, PolicyConfig, PolicyMetrics, PolicyService, PolicyStore},
     server::{self, DestinationService, MeshConfig, ServerConfig},
@@ -10,10 +11,7 @@ use ballast_destination::{
 use ballast_flags::{
     bytes, count, dns_label, dns_name, dns_name_or_empty, BACKOFF, GIB, GRACE, KIB, MANY, TIMEOUT,
 };
-use ballast_meshtls::{
-    certify,
-    tls::{self, CertStore},
-};
+use ballast_meshtls::tls::{self, CertStore};
 use ballast_source_kube as kube_source;
 use ballast_store::{
     index::DEFAULT_CLUSTER_NETWORKS,

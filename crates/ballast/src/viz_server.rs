@@ -4,11 +4,12 @@
 use crate::controller;
 use anyhow::Context;
 use ballast_admin::{AdminServer, AdminState, Readiness};
+use ballast_certify as certify;
 use ballast_flags::{
     bytes, count, dns_label, dns_name, dns_name_or_empty, duration, BACKOFF, GIB, GRACE, HOUR, KIB,
     TIMEOUT,
 };
-use ballast_meshtls::{certify, tls};
+use ballast_meshtls::tls;
 use ballast_source_kube as kube_source;
 use ballast_store::{
     index::{Index, IndexConfig},

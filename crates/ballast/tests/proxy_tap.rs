@@ -351,7 +351,8 @@ async fn a_tap_client_that_never_reads_loses_events_not_traffic_or_memory() {
 
 mod identity_on {
     use super::*;
-    use ballast_meshtls::{certify, io, tls, CertStore, IdentityName};
+    use ballast_certify as certify;
+    use ballast_meshtls::{io, tls, CertStore, IdentityName};
     use hyper_util::rt::TokioIo;
     use std::{path::Path, sync::Arc};
     use support::{

@@ -9,7 +9,8 @@ use crate::{
     token::{TokenError, TokenValidator},
 };
 use arc_swap::ArcSwap;
-use ballast_meshtls::{certify::refresh_in, tls::CertStore, Credentials, IdentityName};
+use ballast_certify::refresh_in;
+use ballast_meshtls::{tls::CertStore, Credentials, IdentityName};
 use linkerd2_proxy_api::identity::{
     identity_server::{Identity, IdentityServer},
     CertifyRequest, CertifyResponse,

@@ -1,4 +1,5 @@
-//! Mesh identity and TLS, shared by the proxy and the controller.
+//! Mesh identity and TLS, shared by the proxy and the controller. (The
+//! Certify client that fetches a certificate is `ballast-certify`.)
 //!
 //! - [`name`]: Linkerd's identity names (`SA.NS.serviceaccount.identity.CONTROL_NS.TRUST_DOMAIN`)
 //!   and SPIFFE URIs (pure).
@@ -10,11 +11,9 @@
 //! - [`io`]: a connection that is TLS or not; dialling TLS for an identity.
 //! - [`server`]: a controller's gRPC port, TLS or plaintext per connection,
 //!   with bounded handshakes and connections.
-//! - [`certify`]: the Certify client: key, CSR, renewal with backoff.
 
 #![forbid(unsafe_code)]
 
-pub mod certify;
 pub mod header;
 pub mod hello;
 pub mod io;

@@ -3,8 +3,8 @@
 //! service while renewals fail), and the TLS configurations every mesh
 //! connection uses.
 
+use ballast_certify as certify;
 use ballast_meshtls::{
-    certify,
     tls::{self, CertStore, TRANSPORT_HEADER_ALPN},
     IdentityName,
 };

@@ -4,11 +4,12 @@
 use anyhow::Context;
 use ballast_admin::{AdminServer, AdminState, Readiness, ShutdownRequest};
 use ballast_backoff::BackoffConfig;
+use ballast_certify as certify;
 use ballast_flags::{
     bytes, count, dns_label, dns_name, dns_name_or_empty, fraction, host_port, BACKOFF, GIB, GRACE,
     KIB, MANY, MIB, TIMEOUT,
 };
-use ballast_meshtls::{certify, tls};
+use ballast_meshtls::tls;
 use ballast_proxy::config::{
     self as defaults, ControlConfig, HttpLimits, InboundConfig, OutboundConfig, OwnerKind,
     PodIdentity, TapConfig, TrafficConfig,

@@ -2,7 +2,8 @@
 //! `ballast identity generate`, and Certify clients (plaintext or TLS).
 
 use crate::{ballast_bin, eventually, http_get, proxy::Logged};
-use ballast_meshtls::{certify::LocalKey, io, pem, tls, IdentityName};
+use ballast_certify::LocalKey;
+use ballast_meshtls::{io, pem, tls, IdentityName};
 use hyper_util::rt::TokioIo;
 use linkerd2_proxy_api::identity::{
     identity_client::IdentityClient, CertifyRequest, CertifyResponse,

@@ -4,9 +4,14 @@
 //! to [min, max] refresh), retries with backoff on failure (at most a
 //! quarter of the current certificate's time left apart), and keeps the
 //! current certificate in service meanwhile.
+//!
+//! Shared by the proxy and the controllers (each asks for its own
+//! certificate); the identity service reads its refresh rule.
 
-use crate::{name::IdentityName, tls, tls::CertStore, Credentials};
+#![forbid(unsafe_code)]
+
 use ballast_backoff::{Backoff, BackoffConfig};
+use ballast_meshtls::{io, tls, tls::CertStore, Credentials, IdentityName, NameError};
 use linkerd2_proxy_api::identity::{identity_client::IdentityClient, CertifyRequest};
 use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge},
@@ -235,7 +240,7 @@ pub fn channel(
     let config = tls::client_config(roots, None, &[]).map_err(|e| e.to_string())?;
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| format!("invalid address {addr:?}: {e}"))?;
-    Ok(crate::io::lazy_channel(
+    Ok(io::lazy_channel(
         endpoint,
         addr.to_owned(),
         server_name.map(|name| (config, name)),
@@ -249,12 +254,12 @@ pub fn channel(
 pub fn service_name(
     given: Option<&str>,
     addr: &str,
-    default: impl FnOnce() -> Result<IdentityName, crate::NameError>,
-) -> Result<Option<IdentityName>, crate::NameError> {
+    default: impl FnOnce() -> Result<IdentityName, NameError>,
+) -> Result<Option<IdentityName>, NameError> {
     match given {
         Some("") => Ok(None),
         Some(name) => IdentityName::parse(name).map(Some),
-        None if crate::io::is_loopback(addr) => Ok(None),
+        None if io::is_loopback(addr) => Ok(None),
         None => default().map(Some),
     }
 }
