@@ -4,7 +4,7 @@
 //! worse, to quietly mean something else.
 
 use crate::ValueError;
-use std::{net::IpAddr, ops::RangeInclusive};
+use std::ops::RangeInclusive;
 
 /// Longest DNS name (RFC 1035: 253 characters in text form).
 pub const MAX_DNS_NAME: usize = 253;
@@ -103,7 +103,9 @@ fn check_label(label: &str) -> Result<(), &'static str> {
 }
 
 /// `HOST:PORT`: HOST a DNS name or an IP address (an IPv6 address in
-/// brackets), PORT 1 to 65535. Not resolved here.
+/// brackets), PORT 1 to 65535 (digits only). Split by the mesh's one
+/// authority grammar (`ballast-authority`), so a flag takes what the
+/// controller and the proxy read. Not resolved here.
 pub fn host_port(s: &str) -> Result<String, ValueError> {
     let bad = |reason: String| ValueError::NotAnAuthority {
         value: s.to_string(),
@@ -112,30 +114,14 @@ pub fn host_port(s: &str) -> Result<String, ValueError> {
     if s.contains("://") {
         return Err(bad("a URL; give HOST:PORT, without a scheme".to_string()));
     }
-    let (host, port_text) = s
-        .rsplit_once(':')
-        .ok_or_else(|| bad("no :PORT".to_string()))?;
-    port(port_text).map_err(|e| bad(e.to_string()))?;
-    if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
-        return match v6.parse::<IpAddr>() {
-            Ok(IpAddr::V6(_)) => Ok(s.to_string()),
-            _ => Err(bad(format!("{v6:?} is not an IPv6 address"))),
-        };
+    match ballast_authority::split(s).map_err(|e| bad(e.to_string()))? {
+        (_, None) => Err(bad("no :PORT".to_string())),
+        (ballast_authority::Host::Ip(_), Some(_)) => Ok(s.to_string()),
+        (ballast_authority::Host::Name(""), Some(_)) => Err(bad("no HOST".to_string())),
+        (ballast_authority::Host::Name(host), Some(_)) => dns_name(host)
+            .map(|_| s.to_string())
+            .map_err(|e| bad(e.to_string())),
     }
-    if host.is_empty() {
-        return Err(bad("no HOST".to_string()));
-    }
-    if host.contains(':') {
-        return Err(bad(
-            "an IPv6 address goes in brackets: [ADDR]:PORT".to_string()
-        ));
-    }
-    if host.parse::<IpAddr>().is_ok() {
-        return Ok(s.to_string());
-    }
-    dns_name(host)
-        .map(|_| s.to_string())
-        .map_err(|e| bad(e.to_string()))
 }
 
 /// Any text but the empty (or blank) one.
@@ -218,6 +204,7 @@ mod tests {
             "[127.0.0.1]:80",
             "::1:80",
             "web shop:80",
+            "x:+80",
         ] {
             assert!(host_port(bad).is_err(), "{bad:?}");
         }
