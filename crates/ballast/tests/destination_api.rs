@@ -443,7 +443,7 @@ async fn piped_logs_have_no_colour_escapes_and_json_logs_are_one_object_a_line()
     let dir = tempfile::tempdir().unwrap();
     shop(dir.path());
     let c = Controller::start(dir.path(), &[]).await;
-    let plain = c.logs.lock().unwrap().clone();
+    let plain: Vec<String> = c.process.log().lines().map(str::to_string).collect();
     assert!(plain.iter().any(|l| l.contains(" INFO ")), "{plain:?}");
     assert!(!plain.iter().any(|l| l.contains('\x1b')), "{plain:?}");
     drop(c);

@@ -25,26 +25,20 @@ use linkerd2_proxy_api::destination::{
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
-    process::Stdio,
-    sync::{Arc, Mutex},
     time::Duration,
 };
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::{Child, Command},
-    sync::watch,
-};
+use tokio::process::Command;
 use tonic::{codec::Streaming, transport::Channel};
 
 pub const DEADLINE: Duration = Duration::from_secs(20);
 
 pub struct Controller {
-    child: Child,
+    /// The `ballast destination` process and its newest log lines.
+    pub process: proxy::Logged,
     pub grpc: SocketAddr,
     pub admin: SocketAddr,
     /// Linkerd's policy port (`--policy-addr`).
     pub policy: SocketAddr,
-    pub logs: Arc<Mutex<Vec<String>>>,
 }
 
 /// The `ballast` binary the tests run: `CARGO_BIN_EXE_ballast` when set,
@@ -102,64 +96,17 @@ impl Controller {
                 defaults.extend([flag, "127.0.0.1:0"]);
             }
         }
-        let mut child = Command::new(ballast_bin())
-            .arg("destination")
-            .args(defaults)
-            .args(args)
-            .env("BALLAST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn ballast");
-        let stderr = child.stderr.take().expect("stderr");
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let (addrs_tx, mut addrs_rx) = watch::channel((None, None, None));
-        let sink = logs.clone();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let addr = |marker: &str| {
-                    line.split(marker)
-                        .nth(1)
-                        .and_then(|rest| rest.split_whitespace().next())
-                        .and_then(|a| a.parse::<SocketAddr>().ok())
-                };
-                if let Some(a) = addr("destination gRPC listening on ") {
-                    addrs_tx.send_modify(|(g, _, _)| *g = Some(a));
-                }
-                if let Some(a) = addr("admin listening on ") {
-                    addrs_tx.send_modify(|(_, m, _)| *m = Some(a));
-                }
-                if let Some(a) = addr("policy gRPC listening on ") {
-                    addrs_tx.send_modify(|(_, _, p)| *p = Some(a));
-                }
-                sink.lock().unwrap().push(line);
-            }
-        });
-        let listening = tokio::time::timeout(DEADLINE, async {
-            let r = addrs_rx
-                .wait_for(|(g, a, p)| g.is_some() && a.is_some() && p.is_some())
-                .await
-                .ok()?;
-            Some((r.0?, r.1?, r.2?))
-        })
-        .await;
-        let Ok(Some((grpc, admin, policy))) = listening else {
-            // Let the reader catch the last lines, then show them.
-            let _ = tokio::time::timeout(Duration::from_secs(2), child.wait()).await;
-            panic!(
-                "ballast did not start listening; its log:\n{}",
-                logs.lock().unwrap().join("\n")
-            );
-        };
+        let mut cmd = Command::new(ballast_bin());
+        cmd.arg("destination").args(defaults).args(args);
+        let mut process = proxy::Logged::spawn(cmd);
+        let grpc = process.listening("destination gRPC listening on ", 1).await[0];
+        let admin = process.listening("admin listening on ", 1).await[0];
+        let policy = process.listening("policy gRPC listening on ", 1).await[0];
         let c = Controller {
-            child,
+            process,
             grpc,
             admin,
             policy,
-            logs,
         };
         eventually("/ready", || async {
             (c.http_get("/ready").await.0 == 200).then_some(())
@@ -209,7 +156,7 @@ impl Controller {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id().expect("running")
+        self.process.pid()
     }
 
     pub fn signal(&self, sig: &str) {
@@ -222,20 +169,14 @@ impl Controller {
     }
 
     pub async fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
-        tokio::time::timeout(limit, self.child.wait())
+        tokio::time::timeout(limit, self.process.child.wait())
             .await
             .expect("process did not exit in time")
             .expect("wait")
     }
 
     pub fn logs_containing(&self, needle: &str) -> Vec<String> {
-        self.logs
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| l.contains(needle))
-            .cloned()
-            .collect()
+        self.process.logs_containing(needle)
     }
 }
 

@@ -545,7 +545,7 @@ impl Hostile {
                 "no 200 for web through the proxy in {DEADLINE:?}; last answer: {last}\n\
                  proxy log:\n{}\ncontroller log:\n{}",
                 self.proxy.process.log(),
-                self.controller.logs.lock().unwrap().join("\n")
+                self.controller.process.log()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
