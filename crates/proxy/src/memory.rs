@@ -24,6 +24,9 @@ use std::{
 /// a thousandth of a core.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(10);
 
+/// The sampler thread's stack: it reads a counter and sets a flag.
+const SAMPLER_STACK: usize = 256 * 1024;
+
 /// Whether the proxy is over its memory limit; cheap to check per request.
 #[derive(Clone, Debug)]
 pub struct MemoryLimit {
@@ -40,7 +43,17 @@ impl MemoryLimit {
             .memory_limit_bytes
             .set(limit.map_or(0, |l| i64::try_from(l).unwrap_or(i64::MAX)));
         if let Some(limit) = limit {
-            tokio::spawn(sample(limit, Arc::downgrade(&over), metrics.clone()));
+            // Its own thread, not a task: under a burst the runtime's queue
+            // is full of the very connections that allocate, and a sample
+            // that waited behind them would see the limit late.
+            let (weak, metrics) = (Arc::downgrade(&over), metrics.clone());
+            let spawned = std::thread::Builder::new()
+                .name("memory-limit".into())
+                .stack_size(SAMPLER_STACK)
+                .spawn(move || sample(limit, weak, metrics));
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "cannot start the memory sampler; --memory-limit is not enforced");
+            }
         }
         Self { over, metrics }
     }
@@ -67,11 +80,10 @@ fn allocated() -> Option<u64> {
     u64::try_from(bytes).ok()
 }
 
-async fn sample(limit: u64, over: std::sync::Weak<AtomicBool>, metrics: Arc<Metrics>) {
-    let mut tick = tokio::time::interval(SAMPLE_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+/// Samples every [`SAMPLE_INTERVAL`] until the [`MemoryLimit`] is dropped.
+fn sample(limit: u64, over: std::sync::Weak<AtomicBool>, metrics: Arc<Metrics>) {
     loop {
-        tick.tick().await;
+        std::thread::sleep(SAMPLE_INTERVAL);
         let Some(over) = over.upgrade() else { return };
         let Some(bytes) = allocated() else {
             tracing::warn!(
