@@ -105,11 +105,12 @@ pub fn service(host: &str, cluster_domain: &str) -> Result<ServiceName, &'static
     }
 }
 
-/// The canonical name of a service: `NAME.NS.svc.CLUSTER_DOMAIN`.
+/// The canonical name of a service: `NAME.NS.svc.CLUSTER_DOMAIN`, the
+/// domain in lower case without a trailing dot (as [`service`] compares it).
 pub fn service_fqdn(name: &str, namespace: &str, cluster_domain: &str) -> String {
     format!(
         "{name}.{namespace}.svc.{}",
-        cluster_domain.trim_end_matches('.')
+        cluster_domain.trim_end_matches('.').to_ascii_lowercase()
     )
 }
 
@@ -203,6 +204,11 @@ mod tests {
         );
         assert_eq!(
             service_fqdn("web", "shop", "example.org."),
+            "web.shop.svc.example.org"
+        );
+        // A domain given in capitals names the same names (fuzz parse_host).
+        assert_eq!(
+            service_fqdn("web", "shop", "Example.ORG."),
             "web.shop.svc.example.org"
         );
     }
