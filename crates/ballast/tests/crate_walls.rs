@@ -4,8 +4,8 @@
 //! core reaches no Kubernetes client, gRPC or file watcher, and its gRPC
 //! servers no Kubernetes client or source; no product crate reaches the
 //! test-only crates; the pure crates' manifests may name only decoding
-//! crates (the index) or nothing at all (the authority grammar, the
-//! manifests walk), never a client, a runtime or a transport. A dependency
+//! crates (the index, the manifests walk and reader) or nothing at all (the
+//! authority grammar), never a client, a runtime or a transport. A dependency
 //! added there by mistake fails this test before it can leak IO into the
 //! model.
 
@@ -240,11 +240,21 @@ fn the_walls_hold_in_the_resolved_graph() {
             "the product must not reach {test_only} (test-only code)"
         );
     }
-    for pure in ["ballast-authority", "ballast-manifests"] {
-        assert_eq!(
-            reached(pure),
-            [pure.to_string()].into(),
-            "{pure} depends on std only"
-        );
+    assert_eq!(
+        reached("ballast-authority"),
+        ["ballast-authority".to_string()].into(),
+        "the authority grammar depends on std only"
+    );
+    // The manifests walk and reader: std and the two decoders, no runtime,
+    // client or watcher.
+    let manifests = dependencies("manifests");
+    assert_eq!(
+        manifests,
+        ["serde_json", "serde-saphyr"],
+        "ballast-manifests may name only the JSON and YAML decoders"
+    );
+    let reach = reached("ballast-manifests");
+    for f in ["tokio", "notify", "hyper", "kube", "ballast-index"] {
+        assert!(!reach.contains(f), "ballast-manifests must not reach {f}");
     }
 }

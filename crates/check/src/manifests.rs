@@ -1,8 +1,10 @@
 //! The snapshot from a manifests directory: every manifest file under it
 //! (by `ballast_manifests`' rule, the one the controller reads by: `.yaml`,
 //! `.yml` and `.json` in any case, hidden and editor files skipped, links
-//! followed), each a stream of YAML documents or JSON; `List`s (and typed
-//! lists such as `PodList`) are expanded.
+//! followed), each a stream of YAML documents or JSON read by
+//! `ballast_manifests::documents` as the controller reads it: `List`s (and
+//! typed lists such as `PodList`) expanded, documents that are not typed
+//! objects left out.
 //!
 //! Bounds: at most [`ManifestOptions::max_files`] files of at most
 //! [`ManifestOptions::max_file_bytes`] each, [`MAX_DEPTH`] directories deep,
@@ -51,7 +53,7 @@ pub enum ManifestsError {
     Dir { path: String, reason: String },
     #[error("cannot read {path}: {reason}")]
     File { path: String, reason: String },
-    #[error("{path} is not valid YAML or JSON: {reason}")]
+    #[error("{path}: {reason}")]
     Syntax { path: String, reason: String },
     #[error("{path} is larger than {max} bytes")]
     TooLarge { path: String, max: u64 },
@@ -86,40 +88,6 @@ fn files(opts: &ManifestOptions) -> Result<Vec<PathBuf>, ManifestsError> {
     Ok(listing.files.into_keys().map(|p| p.to_path_buf()).collect())
 }
 
-/// A document: one object, or the items of a list.
-fn expand(doc: Value, out: &mut Vec<Value>) {
-    let Value::Object(mut map) = doc else {
-        return;
-    };
-    let kind = map
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    if let (Some(item_kind), Some(Value::Array(_))) = (kind.strip_suffix("List"), map.get("items"))
-    {
-        let api_version = map.get("apiVersion").cloned();
-        let Some(Value::Array(items)) = map.remove("items") else {
-            return;
-        };
-        for mut item in items {
-            if let Some(m) = item.as_object_mut() {
-                // Items of a typed list may omit their type, as the API's do.
-                if !item_kind.is_empty() {
-                    m.entry("kind")
-                        .or_insert_with(|| Value::String(item_kind.to_string()));
-                    if let Some(v) = &api_version {
-                        m.entry("apiVersion").or_insert_with(|| v.clone());
-                    }
-                }
-                out.push(item);
-            }
-        }
-        return;
-    }
-    out.push(Value::Object(map));
-}
-
 /// Reads every manifest under the directory.
 pub fn gather(opts: &ManifestOptions) -> Result<Snapshot, ManifestsError> {
     let mut objects = Vec::new();
@@ -141,15 +109,16 @@ pub fn gather(opts: &ManifestOptions) -> Result<Snapshot, ManifestsError> {
             path: shown.clone(),
             reason: e.to_string(),
         })?;
-        let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
-        let docs: Vec<Value> =
-            serde_saphyr::from_multiple(text).map_err(|e| ManifestsError::Syntax {
-                path: shown.clone(),
-                reason: e.to_string(),
-            })?;
-        for doc in docs {
-            expand(doc, &mut objects);
+        // The controller's reader: what it would not load (not an object,
+        // no type) is not in the snapshot either.
+        let read = ballast_manifests::documents::read(&text);
+        if let Some(problem) = read.syntax {
+            return Err(ManifestsError::Syntax {
+                path: shown,
+                reason: problem.to_string(),
+            });
         }
+        objects.extend(read.objects.into_iter().map(|o| Value::Object(o.fields)));
         if objects.len() > opts.max_objects {
             return Err(ManifestsError::TooManyObjects {
                 max: opts.max_objects,
@@ -178,6 +147,11 @@ mod tests {
             r#"{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "shop"}}"#,
         )
         .expect("write");
+        std::fs::write(
+            dir.path().join("c.yaml"),
+            "just a string\n---\nkind: Service\nmetadata: {name: untyped, namespace: shop}\n",
+        )
+        .expect("write");
         std::fs::write(dir.path().join("notes.txt"), "not a manifest: [").expect("write");
         std::fs::write(dir.path().join(".hidden.yaml"), "[").expect("write");
         let snap = gather(&ManifestOptions::new(dir.path().to_path_buf())).expect("gathers");
@@ -189,6 +163,11 @@ mod tests {
             snap.objects
         );
         assert!(snap.find("Service", "shop", "s").is_some());
+        assert!(
+            snap.find("Service", "shop", "untyped").is_none(),
+            "an object without apiVersion is not read, as the controller does not read it"
+        );
+        assert_eq!(snap.objects.len(), 3, "{:?}", snap.objects);
 
         let mut few = ManifestOptions::new(dir.path().to_path_buf());
         few.max_objects = 2;
@@ -199,7 +178,11 @@ mod tests {
 
         std::fs::write(dir.path().join("bad.yaml"), "a: [\n").expect("write");
         let e = gather(&ManifestOptions::new(dir.path().to_path_buf())).expect_err("bad file");
-        assert!(e.to_string().contains("bad.yaml is not valid YAML"), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("bad.yaml: ") && text.contains("not valid YAML or JSON"),
+            "{text}"
+        );
 
         let e = gather(&ManifestOptions::new(dir.path().join("nope"))).expect_err("missing");
         let text = e.to_string();

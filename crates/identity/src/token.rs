@@ -260,20 +260,18 @@ fn scan(dir: &Path, mut previous: Files) -> (Files, HashMap<[u8; 32], ServiceAcc
     (files, tokens)
 }
 
-/// The service-account token Secrets of one manifest file's text.
+/// The service-account token Secrets of one manifest file's text, read as
+/// the controller's manifests source reads manifests (a file that is not
+/// YAML or JSON holds none).
 pub fn secrets_in(text: &str) -> Vec<(Vec<u8>, ServiceAccount)> {
-    let docs: Vec<Value> = serde_saphyr::from_multiple(text).unwrap_or_default();
-    let mut out = Vec::new();
-    for doc in docs {
-        match doc.get("items").and_then(Value::as_array) {
-            Some(items) => out.extend(items.iter().filter_map(secret)),
-            None => out.extend(secret(&doc)),
-        }
-    }
-    out
+    ballast_manifests::documents::read(text)
+        .objects
+        .iter()
+        .filter_map(|o| secret(&o.fields))
+        .collect()
 }
 
-fn secret(doc: &Value) -> Option<(Vec<u8>, ServiceAccount)> {
+fn secret(doc: &serde_json::Map<String, Value>) -> Option<(Vec<u8>, ServiceAccount)> {
     if doc.get("kind")?.as_str()? != "Secret"
         || doc.get("type")?.as_str()? != "kubernetes.io/service-account-token"
     {
@@ -382,6 +380,16 @@ items:
     name: db-token
     annotations: {kubernetes.io/service-account.name: db}
   stringData: {token: secret-db}
+---
+apiVersion: v1
+kind: SecretList
+items:
+- type: kubernetes.io/service-account-token
+  metadata:
+    name: api-token
+    namespace: shop
+    annotations: {kubernetes.io/service-account.name: api}
+  stringData: {token: secret-api}
 "#;
         let found = secrets_in(text);
         assert_eq!(
@@ -401,6 +409,14 @@ items:
                         name: "db".into()
                     }
                 ),
+                // A typed list's items take its type, as the API's do.
+                (
+                    b"secret-api".to_vec(),
+                    ServiceAccount {
+                        namespace: "shop".into(),
+                        name: "api".into()
+                    }
+                ),
             ]
         );
         assert!(secrets_in("{{{ not yaml").is_empty());
@@ -411,7 +427,7 @@ items:
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sa.yaml");
         let secret = |token: &str| {
-            format!("kind: Secret\ntype: kubernetes.io/service-account-token\nmetadata:\n  namespace: shop\n  annotations: {{kubernetes.io/service-account.name: web}}\nstringData: {{token: {token}}}\n")
+            format!("apiVersion: v1\nkind: Secret\ntype: kubernetes.io/service-account-token\nmetadata:\n  namespace: shop\n  annotations: {{kubernetes.io/service-account.name: web}}\nstringData: {{token: {token}}}\n")
         };
         std::fs::write(&path, secret("old")).unwrap();
         let tokens = ManifestTokens::new(dir.path().to_owned());
@@ -430,7 +446,7 @@ items:
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(
             dir.path().join("sa.yaml"),
-            "kind: Secret\ntype: kubernetes.io/service-account-token\nmetadata:\n  namespace: shop\n  annotations: {kubernetes.io/service-account.name: web}\nstringData: {token: \"tok\\n\"}\n",
+            "apiVersion: v1\nkind: Secret\ntype: kubernetes.io/service-account-token\nmetadata:\n  namespace: shop\n  annotations: {kubernetes.io/service-account.name: web}\nstringData: {token: \"tok\\n\"}\n",
         )
         .unwrap();
         let tokens = TokenValidator::Manifests(ManifestTokens::new(dir.path().to_owned()));
@@ -451,7 +467,7 @@ items:
     async fn a_deleted_secret_stops_validating() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sa.yaml");
-        std::fs::write(&path, "kind: Secret\ntype: kubernetes.io/service-account-token\nmetadata:\n  namespace: shop\n  annotations: {kubernetes.io/service-account.name: web}\nstringData: {token: tok}\n").unwrap();
+        std::fs::write(&path, "apiVersion: v1\nkind: Secret\ntype: kubernetes.io/service-account-token\nmetadata:\n  namespace: shop\n  annotations: {kubernetes.io/service-account.name: web}\nstringData: {token: tok}\n").unwrap();
         let tokens = ManifestTokens::new(dir.path().to_owned());
         assert_eq!(tokens.validate(b"tok").await.unwrap().name, "web");
         assert!(matches!(

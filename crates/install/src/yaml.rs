@@ -1,9 +1,12 @@
-//! JSON values as block YAML, deterministically: keys in Kubernetes' usual
-//! order (`apiVersion`, `kind`, `metadata`, `name`, `namespace` first, then
-//! alphabetical), strings plain when YAML reads them back as the same string,
-//! double-quoted (JSON escapes, which YAML shares) otherwise, and multi-line
-//! strings such as PEM bundles as literal blocks.
+//! JSON values as block YAML by serde-saphyr (the YAML writer `inject`
+//! uses too), deterministically: keys in Kubernetes' usual order
+//! (`apiVersion`, `kind`, `metadata`, `name`, `namespace` first, then
+//! alphabetical), sequences under a key indented as kubectl writes them,
+//! long strings on one line, multi-line strings such as PEM bundles as
+//! literal blocks. Strings that YAML 1.1 readers (kubectl's) would take for
+//! another type (`on`, `yes`, `0755`, `1_000`) are quoted by the writer.
 
+use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::{Map, Value};
 
 /// Keys written first, in this order; the rest follow alphabetically.
@@ -11,16 +14,43 @@ const LEADING_KEYS: &[&str] = &["apiVersion", "kind", "metadata", "name", "names
 
 /// One document, without the `---` separator, ending in a newline.
 pub fn to_yaml(value: &Value) -> String {
-    let mut out = String::new();
-    match value {
-        Value::Object(map) if !map.is_empty() => write_map(&mut out, map, 0),
-        Value::Array(items) if !items.is_empty() => write_seq(&mut out, items, 0),
-        scalar => {
-            out.push_str(&scalar_text(scalar, 0));
-            out.push('\n');
+    let mut options = serde_saphyr::SerializerOptions::default();
+    options.compact_list_indent = false;
+    // Long one-line strings (a container's arguments) stay on one line.
+    options.folded_wrap_chars = 1 << 20;
+    // A JSON value always has a YAML form; were the writer ever to refuse
+    // one, JSON is YAML too and every reader of these files reads it.
+    let mut text = serde_saphyr::to_string_with_options(&Ordered(value), options)
+        .unwrap_or_else(|_| serde_json::to_string_pretty(value).unwrap_or_default());
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text
+}
+
+/// A value whose maps serialize in [`LEADING_KEYS`] order.
+struct Ordered<'a>(&'a Value);
+
+impl Serialize for Ordered<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Value::Object(map) => {
+                let mut out = serializer.serialize_map(Some(map.len()))?;
+                for key in ordered_keys(map) {
+                    out.serialize_entry(key, &Ordered(&map[key]))?;
+                }
+                out.end()
+            }
+            Value::Array(items) => {
+                let mut out = serializer.serialize_seq(Some(items.len()))?;
+                for item in items {
+                    out.serialize_element(&Ordered(item))?;
+                }
+                out.end()
+            }
+            scalar => scalar.serialize(serializer),
         }
     }
-    out
 }
 
 fn ordered_keys(map: &Map<String, Value>) -> Vec<&String> {
@@ -35,141 +65,6 @@ fn ordered_keys(map: &Map<String, Value>) -> Vec<&String> {
         )
     });
     keys
-}
-
-fn indent(out: &mut String, level: usize) {
-    out.extend(std::iter::repeat_n(' ', level));
-}
-
-fn write_map(out: &mut String, map: &Map<String, Value>, level: usize) {
-    for (i, key) in ordered_keys(map).into_iter().enumerate() {
-        // The first key of a map inside a sequence item follows its `- `.
-        if i > 0 || !out.ends_with("- ") {
-            indent(out, level);
-        }
-        out.push_str(&string_scalar(key));
-        out.push(':');
-        write_value_after_key(out, &map[key], level);
-    }
-}
-
-fn write_value_after_key(out: &mut String, value: &Value, level: usize) {
-    match value {
-        Value::Object(m) if !m.is_empty() => {
-            out.push('\n');
-            write_map(out, m, level + 2);
-        }
-        // Sequences under a key are indented by two, as kubectl writes them.
-        Value::Array(items) if !items.is_empty() => {
-            out.push('\n');
-            write_seq(out, items, level + 2);
-        }
-        scalar => {
-            out.push(' ');
-            out.push_str(&scalar_text(scalar, level + 2));
-            out.push('\n');
-        }
-    }
-}
-
-fn write_seq(out: &mut String, items: &[Value], level: usize) {
-    for item in items {
-        indent(out, level);
-        out.push_str("- ");
-        match item {
-            Value::Object(m) if !m.is_empty() => write_map(out, m, level + 2),
-            Value::Array(inner) if !inner.is_empty() => {
-                out.push('\n');
-                write_seq(out, inner, level + 2);
-            }
-            scalar => {
-                out.push_str(&scalar_text(scalar, level + 2));
-                out.push('\n');
-            }
-        }
-    }
-}
-
-/// A scalar (or an empty collection) in flow form; multi-line strings as a
-/// literal block indented to `level`.
-fn scalar_text(value: &Value, level: usize) -> String {
-    match value {
-        Value::Null => "null".into(),
-        Value::Bool(b) => b.to_string(),
-        Value::Number(n) => n.to_string(),
-        Value::String(s) => match literal_block(s, level) {
-            Some(block) => block,
-            None => string_scalar(s),
-        },
-        Value::Array(_) => "[]".into(),
-        Value::Object(_) => "{}".into(),
-    }
-}
-
-/// `|` and the lines, when the string is lines of printable text ending in
-/// exactly one newline (what a PEM bundle is); otherwise none.
-fn literal_block(s: &str, level: usize) -> Option<String> {
-    let body = s.strip_suffix('\n')?;
-    if body.is_empty()
-        || body.ends_with('\n')
-        || body.starts_with(' ')
-        || body
-            .chars()
-            .any(|c| (c.is_control() && c != '\n') || c == '\u{feff}')
-        || body.lines().any(|l| l.is_empty() || l.ends_with(' '))
-    {
-        return None;
-    }
-    let mut out = String::from("|");
-    for line in body.lines() {
-        out.push('\n');
-        indent(&mut out, level);
-        out.push_str(line);
-    }
-    Some(out)
-}
-
-/// The string plain when that reads back as this string, else JSON-quoted.
-fn string_scalar(s: &str) -> String {
-    if is_plain_safe(s) {
-        s.to_string()
-    } else {
-        serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
-    }
-}
-
-/// Conservative: only strings of characters that never start or end a YAML
-/// construct (`:` only inside, `-` first only before another character),
-/// that do not read as another type (numbers, booleans, null in YAML 1.1 or
-/// 1.2 spelling), and that start with a letter, `/`, `_`, `-` or, with a
-/// letter that makes them no number (`100m`, `64Mi`), a digit.
-fn is_plain_safe(s: &str) -> bool {
-    let Some(first) = s.chars().next() else {
-        return false;
-    };
-    let starts_well = first.is_ascii_alphabetic()
-        || first == '/'
-        || first == '_'
-        || (first == '-'
-            && !s.starts_with("---")
-            && s.trim_start_matches('-')
-                .starts_with(|c: char| c.is_ascii_alphabetic()))
-        || (first.is_ascii_digit()
-            && s.chars()
-                .any(|c| c.is_ascii_alphabetic() && !"eExXoObB".contains(c)));
-    if !starts_well || s.ends_with(':') {
-        return false;
-    }
-    if !s
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || "-_./=+@():".contains(c))
-    {
-        return false;
-    }
-    const AMBIGUOUS: &[&str] = &[
-        "true", "false", "yes", "no", "on", "off", "y", "n", "null", "nan", "inf",
-    ];
-    !AMBIGUOUS.contains(&s.to_ascii_lowercase().as_str())
 }
 
 #[cfg(test)]

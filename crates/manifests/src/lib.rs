@@ -1,4 +1,5 @@
-//! Which files a manifests directory holds: the one walk every reader of
+//! Which files a manifests directory holds, and what a manifest file's text
+//! holds ([`documents`]): the one walk and the one reader every reader of
 //! manifests uses (the controller's manifests source, `ballast check
 //! --manifests`, `ballast inject` on a directory, the identity
 //! controller's token Secrets), so that they all see the same files.
@@ -18,6 +19,8 @@
 //! - files come in path order.
 
 #![forbid(unsafe_code)]
+
+pub mod documents;
 
 use std::{
     collections::{BTreeMap, HashSet},
