@@ -4,8 +4,9 @@
 //! core reaches no Kubernetes client, gRPC or file watcher, and its gRPC
 //! servers no Kubernetes client or source; no product crate reaches the
 //! test-only crates; the pure crates' manifests may name only decoding
-//! crates (the index, the manifests walk and reader) or nothing at all (the
-//! authority grammar), never a client, a runtime or a transport. A dependency
+//! crates (the index, the manifests walk and reader), request types (the
+//! route matcher) or nothing at all (the authority grammar), never a
+//! client, a runtime or a transport. A dependency
 //! added there by mistake fails this test before it can leak IO into the
 //! model.
 
@@ -253,6 +254,16 @@ fn the_walls_hold_in_the_resolved_graph() {
         ["serde_json", "serde-saphyr"],
         "ballast-manifests may name only the JSON and YAML decoders"
     );
+    // The route matcher: request heads in, an index out.
+    assert_eq!(
+        dependencies("route"),
+        ["http", "regex", "form_urlencoded"],
+        "ballast-route may name only http, regex and form_urlencoded"
+    );
+    let route = reached("ballast-route");
+    for f in ["tokio", "hyper", "tonic", "linkerd2-proxy-api"] {
+        assert!(!route.contains(f), "ballast-route must not reach {f}");
+    }
     let reach = reached("ballast-manifests");
     for f in ["tokio", "notify", "hyper", "kube", "ballast-index"] {
         assert!(!reach.contains(f), "ballast-manifests must not reach {f}");

@@ -14,21 +14,7 @@ pub enum HostTarget {
     Other,
 }
 
-/// The host a request names (`:authority`, else `Host`), without its port;
-/// an IPv6 literal keeps its brackets, as in a URI. Both sides' route
-/// matching reads it.
-pub fn request_host<B>(req: &http::Request<B>) -> Option<&str> {
-    if let Some(a) = req.uri().authority() {
-        return Some(a.host());
-    }
-    let host = req.headers().get(http::header::HOST)?.to_str().ok()?;
-    // By bytes: a `char` search costs more than the rest of the request's
-    // routing.
-    Some(match host.bytes().rposition(|b| b == b':') {
-        Some(i) if i > 0 && host.as_bytes()[i + 1..].iter().all(u8::is_ascii_digit) => &host[..i],
-        _ => host,
-    })
-}
+pub use ballast_route::request_host;
 
 /// Reads `host[:port]` (port 80 when absent) by the mesh's one authority
 /// grammar (`ballast_authority`); what it refuses is not for the mesh.

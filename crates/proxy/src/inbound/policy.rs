@@ -7,7 +7,7 @@
 //! server's. A `Server` that cannot be read denies everything (Linkerd's
 //! `invalid` policy).
 
-use super::route::{check_regexes, GrpcRoute, HttpRoute, InvalidRoute};
+use super::route::{check_regexes, GrpcRoute, HttpRoute, InboundRoute, InvalidRoute};
 use crate::{
     config::DefaultInboundPolicy,
     metrics::authz::PolicyMeta,

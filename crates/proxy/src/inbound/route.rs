@@ -91,21 +91,28 @@ fn route_authorizations(
     Ok(all.into())
 }
 
+/// How an inbound route is made: the default one, or read from the wire.
+pub trait InboundRoute: Sized {
+    /// Its protobuf form.
+    type Wire;
+    /// The route of a server that names none: every request, the server's
+    /// authorizations.
+    fn default_route(authorizations: Arc<[Authorization]>) -> Self {
+        Self::default_named(PolicyMeta::default_named("default"), authorizations)
+    }
+    /// Every request, under `meta`'s name.
+    fn default_named(meta: Arc<PolicyMeta>, authorizations: Arc<[Authorization]>) -> Self;
+    fn from_wire(route: Self::Wire, server: &[Authorization]) -> Result<Self, InvalidServer>;
+}
+
 /// HTTP and gRPC routes have one shape in different wire types: one body
 /// for both, each with its own match reader.
 macro_rules! inbound_routes {
     ($match:ty, $wire:ty, $read_match:path) => {
-        impl Route<$match, RoutePolicy> {
-            /// The route of a server that names none: every request, the
-            /// server's authorizations.
-            pub fn default_route(authorizations: Arc<[Authorization]>) -> Self {
-                Self::default_named(PolicyMeta::default_named("default"), authorizations)
-            }
+        impl InboundRoute for Route<$match, RoutePolicy> {
+            type Wire = $wire;
 
-            pub fn default_named(
-                meta: Arc<PolicyMeta>,
-                authorizations: Arc<[Authorization]>,
-            ) -> Self {
+            fn default_named(meta: Arc<PolicyMeta>, authorizations: Arc<[Authorization]>) -> Self {
                 Self {
                     hosts: Vec::new(),
                     rules: vec![Rule {
@@ -118,10 +125,7 @@ macro_rules! inbound_routes {
                 }
             }
 
-            pub fn from_wire(
-                route: $wire,
-                server: &[Authorization],
-            ) -> Result<Self, InvalidServer> {
+            fn from_wire(route: $wire, server: &[Authorization]) -> Result<Self, InvalidServer> {
                 let meta = meta_from_wire(route.metadata.ok_or(InvalidRoute::MissingMeta)?)?;
                 let authorizations = route_authorizations(route.authorizations, server)?;
                 let hosts = route

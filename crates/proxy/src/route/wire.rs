@@ -37,7 +37,7 @@ pub fn regex(s: &str) -> Result<Pattern, InvalidMatch> {
         .size_limit(REGEX_COMPILED_BYTES)
         .dfa_size_limit(REGEX_MATCH_CACHE_BYTES)
         .build()
-        .map(Pattern)
+        .map(Pattern::from)
         .map_err(|e| InvalidMatch::Regex(e.to_string().chars().take(128).collect()))
 }
 
