@@ -1,6 +1,7 @@
 //! The admin side of every Ballast process: a small HTTP/1.1 server answering
 //! `/live`, `/ready` and `/metrics` (and `POST /shutdown` where its owner
-//! enables it), and the process memory and process metrics it exports.
+//! enables it), the process memory and process metrics it exports, and a
+//! controller's memory budget ([`budget`]).
 //!
 //! ```no_run
 //! use std::sync::atomic::AtomicBool;
@@ -33,11 +34,13 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod budget;
 mod memory;
 mod process;
 mod readiness;
 mod server;
 
+pub use budget::{MemoryBudget, Pressure};
 pub use memory::{
     register_memory_metrics, release_unused_memory, spawn_memory_sampler, MEMORY_SAMPLE_INTERVAL,
 };

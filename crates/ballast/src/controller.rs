@@ -45,6 +45,24 @@ pub fn registry(register: impl FnOnce(&mut Registry)) -> (Registry, JoinHandle<(
     (registry, ballast_admin::spawn_memory_sampler())
 }
 
+/// A controller's memory budget from its `--memory-limit`: `None` (the flag
+/// not given) takes the default share of the container's limit; 0 is none.
+pub fn memory_budget(flag: Option<u64>) -> ballast_admin::MemoryBudget {
+    let limit = match flag {
+        Some(0) => None,
+        Some(limit) => Some(limit),
+        None => ballast_admin::budget::default_limit(),
+    };
+    match limit {
+        Some(limit) => tracing::info!(
+            limit,
+            "memory budget: new work is refused near this many resident bytes"
+        ),
+        None => tracing::info!("no memory limit (none given, and no container limit found)"),
+    }
+    ballast_admin::MemoryBudget::start(limit)
+}
+
 /// The stop flag's receiving side, as a future each task can wait on.
 pub async fn stopped(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;

@@ -9,7 +9,8 @@ use ballast_destination::{
     server::{self, DestinationService, MeshConfig, ServerConfig},
 };
 use ballast_flags::{
-    bytes, count, dns_label, dns_name, dns_name_or_empty, BACKOFF, GIB, GRACE, KIB, MANY, TIMEOUT,
+    bytes, count, dns_label, dns_name, dns_name_or_empty, BACKOFF, GIB, GRACE, KIB, MANY, MIB,
+    TIMEOUT,
 };
 use ballast_meshtls::tls::{self, CertStore};
 use ballast_source_kube as kube_source;
@@ -206,6 +207,15 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     max_policy_streams: u32,
 
+    /// Resident memory (bytes; K, M, G suffixes as powers of 1024) the
+    /// controller keeps under: past 85% of it new streams get
+    /// RESOURCE_EXHAUSTED with a retry hint (grpc-retry-pushback-ms) until
+    /// it is back under 80%. Default: 75% of the container's memory limit
+    /// (cgroup v2 memory.max or v1 memory.limit_in_bytes) when it has one,
+    /// else none. 0: no limit.
+    #[arg(long, env = "BALLAST_DESTINATION_MEMORY_LIMIT", value_parser = bytes::<u64>(MIB, 1 << 40).or_zero())]
+    memory_limit: Option<u64>,
+
     /// On SIGTERM, how long open streams and connections get to close before exit.
     #[arg(long, env = "BALLAST_DESTINATION_SHUTDOWN_GRACE", default_value = "10s", value_parser = GRACE)]
     shutdown_grace: Duration,
@@ -298,6 +308,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on --policy-addr {}", args.policy_addr))?;
     tracing::info!("policy gRPC listening on {}", policy_listener.local_addr()?);
 
+    let memory = controller::memory_budget(args.memory_limit);
     let metrics = Metrics::default();
     let source_metrics = controller::SourceMetrics::default();
     let policy_metrics = PolicyMetrics::default();
@@ -309,6 +320,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         certify_metrics.register(r);
         policy_metrics.register(r);
         stats.register(r);
+        memory.register(r);
     });
 
     let store = Store::new(
@@ -363,12 +375,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         http2_max_local_error_resets: args.http2_max_local_error_resets,
         http2_max_pending_accept_resets: args.http2_max_pending_accept_resets,
         http2_max_header_list_bytes: args.http2_max_header_list_bytes,
+        memory: memory.clone(),
         ..ServerConfig::default()
     };
     let policy_service = PolicyService::new(
         policy_store,
         args.max_policy_streams as usize,
         config.max_request_bytes,
+        memory,
         stop_rx.clone(),
     );
     let service = DestinationService::new(store.clone(), config, stop_rx.clone());

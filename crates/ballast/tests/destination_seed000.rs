@@ -169,3 +169,214 @@ async fn a_reused_ip_resolves_to_the_new_pod_with_no_stale_data() {
         Some("new-pod")
     );
 }
+
+/// Seed 000 by another road: streams, not pods. A controller in a 64 MiB
+/// memory cgroup (its --memory-limit left to the default, 75% of that)
+/// serving 2,000 Services of 5 pods each, while clients open Get,
+/// GetProfile, OutboundPolicies.Watch and WatchPort streams for distinct
+/// targets until it refuses: it refuses with RESOURCE_EXHAUSTED and a retry
+/// hint, the kernel never kills it, and once the clients leave it takes
+/// streams again.
+#[tokio::test]
+async fn a_controller_in_a_memory_cgroup_refuses_streams_instead_of_dying() {
+    use linkerd2_proxy_api::{
+        destination::destination_client::DestinationClient,
+        inbound::{inbound_server_policies_client::InboundServerPoliciesClient, PortSpec},
+        outbound::{outbound_policies_client::OutboundPoliciesClient, traffic_spec, TrafficSpec},
+    };
+    use support::{cgroup::MemoryCgroup, eventually, manifests::service};
+    use tonic::{transport::Channel, Code};
+
+    const LIMIT: u64 = 64 << 20;
+    const SERVICES: usize = 2_000;
+    const PODS_PER_SERVICE: usize = 5;
+    /// Refusals seen before the clients stop opening streams.
+    const REFUSALS: usize = 200;
+    /// Streams tried at most: far more than 64 MiB can hold at about 9 KiB
+    /// each, so the controller must refuse well before.
+    const MAX_STREAMS: usize = 4 * SERVICES + SERVICES * PODS_PER_SERVICE;
+
+    let cgroup = match MemoryCgroup::create(LIMIT) {
+        Ok(cgroup) => cgroup,
+        Err(why) => {
+            support::proxy::netns::cannot_run("controller in a memory cgroup", &why);
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ip = |base: u8, i: usize| format!("10.{base}.{}.{}", i / 250, i % 250 + 1);
+    // 100 Services a file: a file holds at most 1,024 documents.
+    for file in 0..SERVICES / 100 {
+        let mut parts = Vec::new();
+        for s in file * 100..(file + 1) * 100 {
+            let name = format!("svc-{s}");
+            parts.push(service("shop", &name, &ip(96, s), 80, 8080));
+            for p in 0..PODS_PER_SERVICE {
+                let (pod, pod_ip) = (format!("{name}-{p}"), ip(1, s * PODS_PER_SERVICE + p));
+                parts.push(PodSpec::new("shop", &pod, &name, &pod_ip, 8080).yaml());
+            }
+        }
+        write_atomic(
+            &dir.path().join(format!("cluster-{file}.yaml")),
+            &docs(&parts),
+        );
+    }
+    let mut c = Controller::start_in(
+        &cgroup,
+        &["--manifests".into(), dir.path().display().to_string()],
+    )
+    .await;
+    match seen(next(&mut c.get("svc-1999.shop.svc.cluster.local:80").await.unwrap()).await) {
+        Seen::Add(eps) => assert_eq!(eps.len(), PODS_PER_SERVICE, "the whole cluster is loaded"),
+        other => panic!("expected the last Service's endpoints, got {other:?}"),
+    }
+    assert_eq!(
+        c.metric("memory_limit_bytes").await,
+        Some((LIMIT * 3 / 4) as f64),
+        "the default limit is 75% of the cgroup's"
+    );
+
+    // 20 connections: each takes at most 1,000 concurrent streams.
+    let mut channels = Vec::new();
+    for _ in 0..20 {
+        channels.push(
+            Channel::from_shared(format!("http://{}", c.grpc))
+                .unwrap()
+                .connect()
+                .await
+                .expect("connect"),
+        );
+    }
+    let mut open: Vec<Box<dyn std::any::Any + Send>> = Vec::new();
+    let mut refused = Vec::new();
+    for i in 0..MAX_STREAMS {
+        let channel = channels[i % channels.len()].clone();
+        let (s, kind) = (i % SERVICES, i / SERVICES);
+        let authority = format!("svc-{s}.shop.svc.cluster.local:80");
+        let opened: Result<Box<dyn std::any::Any + Send>, tonic::Status> = match kind {
+            0 => DestinationClient::new(channel)
+                .get(support::req(&authority))
+                .await
+                .map(|r| Box::new(r.into_inner()) as _),
+            1 => DestinationClient::new(channel)
+                .get_profile(support::req(&authority))
+                .await
+                .map(|r| Box::new(r.into_inner()) as _),
+            2 => OutboundPoliciesClient::new(channel)
+                .watch(TrafficSpec {
+                    source_workload: r#"{"ns":"shop","pod":"client"}"#.into(),
+                    target: Some(traffic_spec::Target::Authority(authority)),
+                })
+                .await
+                .map(|r| Box::new(r.into_inner()) as _),
+            _ => {
+                let pod = i - 3 * SERVICES;
+                InboundServerPoliciesClient::new(channel)
+                    .watch_port(PortSpec {
+                        workload: format!(
+                            r#"{{"ns":"shop","pod":"svc-{}-{}"}}"#,
+                            pod / PODS_PER_SERVICE % SERVICES,
+                            pod % PODS_PER_SERVICE
+                        ),
+                        port: 8080,
+                    })
+                    .await
+                    .map(|r| Box::new(r.into_inner()) as _)
+            }
+        };
+        match opened {
+            Ok(stream) => open.push(stream),
+            Err(status) => {
+                assert_eq!(
+                    status.code(),
+                    Code::ResourceExhausted,
+                    "stream {i} (kind {kind}): {status:?}"
+                );
+                refused.push(status);
+                if refused.len() >= REFUSALS {
+                    break;
+                }
+            }
+        }
+        if i % 500 == 0 {
+            assert!(
+                c.process.child.try_wait().expect("wait").is_none(),
+                "the controller died after {} streams: {:?}",
+                open.len(),
+                c.process.logs_containing("")
+            );
+        }
+    }
+    let pressure = c.metric("memory_pressure").await;
+    println!(
+        "open streams: {}, refused: {}, cgroup peak {} KiB, pressure {pressure:?}",
+        open.len(),
+        refused.len(),
+        cgroup.peak() / 1024
+    );
+    assert!(
+        refused.len() >= REFUSALS,
+        "the controller took all {} streams (peak {} KiB of {} KiB): it never refused",
+        open.len(),
+        cgroup.peak() / 1024,
+        LIMIT / 1024
+    );
+    let memory_refusals = refused
+        .iter()
+        .filter(|s| {
+            s.metadata()
+                .get("grpc-retry-pushback-ms")
+                .is_some_and(|v| v.to_str().ok() == Some("5000"))
+        })
+        .count();
+    assert!(
+        memory_refusals > 0,
+        "no refusal carried the retry hint: {:?}",
+        refused.first()
+    );
+    assert!(pressure.is_some_and(|p| p >= 1.0), "{pressure:?}");
+    assert!(
+        c.process.child.try_wait().expect("wait").is_none(),
+        "the controller died"
+    );
+    assert_eq!(
+        cgroup.oom_kills(),
+        0,
+        "the kernel killed a process in the cgroup"
+    );
+    assert!(
+        cgroup.peak() < LIMIT / 16 * 15,
+        "the cgroup's memory came within a sixteenth of its limit: {} KiB",
+        cgroup.peak() / 1024
+    );
+    let mut counted = 0.0;
+    for api in [
+        "Get",
+        "GetProfile",
+        "OutboundPolicies.Watch",
+        "InboundServerPolicies.WatchPort",
+    ] {
+        let series = format!("memory_refused_total{{api=\"{api}\"}}");
+        counted += c.metric(&series).await.unwrap_or(0.0);
+    }
+    assert!(
+        counted >= memory_refusals as f64,
+        "memory_refused_total counts {counted}, the clients saw {memory_refusals}"
+    );
+
+    // The clients leave: memory falls, and streams are taken again.
+    drop(open);
+    drop(channels);
+    eventually("memory pressure back to normal", || async {
+        c.metric("memory_pressure").await == Some(0.0)
+    })
+    .await;
+    let mut again = c
+        .get("svc-0.shop.svc.cluster.local:80")
+        .await
+        .expect("a stream is taken again");
+    let _ = next(&mut again).await;
+    assert_eq!(cgroup.oom_kills(), 0);
+    c.signal("TERM");
+    assert!(c.wait(std::time::Duration::from_secs(20)).await.success());
+}

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backends;
+pub mod cgroup;
 pub mod demo;
 pub mod fake_controller;
 pub mod identity;
@@ -90,13 +91,33 @@ impl Controller {
     /// Starts `ballast destination` with these flags after OS-picked
     /// addresses (a flag given here overrides them).
     pub async fn start_with(args: &[String]) -> Controller {
+        Self::launch(None, args).await
+    }
+
+    /// [`Controller::start_with`], the process inside `cgroup` from its
+    /// first instruction (a shell moves itself in, then execs it).
+    pub async fn start_in(cgroup: &cgroup::MemoryCgroup, args: &[String]) -> Controller {
+        Self::launch(Some(cgroup.procs()), args).await
+    }
+
+    async fn launch(cgroup_procs: Option<PathBuf>, args: &[String]) -> Controller {
         let mut defaults = Vec::new();
         for flag in ["--addr", "--admin-addr", "--policy-addr"] {
             if !args.iter().any(|a| a == flag) {
                 defaults.extend([flag, "127.0.0.1:0"]);
             }
         }
-        let mut cmd = Command::new(ballast_bin());
+        let mut cmd = match cgroup_procs {
+            None => Command::new(ballast_bin()),
+            Some(procs) => {
+                let mut sh = Command::new("sh");
+                sh.arg("-c")
+                    .arg("echo $$ > \"$0\" && exec \"$@\"")
+                    .arg(procs)
+                    .arg(ballast_bin());
+                sh
+            }
+        };
         cmd.arg("destination").args(defaults).args(args);
         let mut process = proxy::Logged::spawn(cmd);
         let grpc = process.listening("destination gRPC listening on ", 1).await[0];

@@ -7,6 +7,7 @@
 
 use super::{PolicyMetrics, PolicyStore, PolicyWatch};
 use crate::{authority, index::Target, resource::ObjectKey};
+use ballast_admin::MemoryBudget;
 use futures_util::{Stream, StreamExt};
 use linkerd2_proxy_api::{
     inbound::{
@@ -36,6 +37,7 @@ pub struct PolicyService {
     streams: Arc<Semaphore>,
     shutdown: watch::Receiver<bool>,
     max_request_bytes: usize,
+    memory: MemoryBudget,
 }
 
 type WatchStream<M> = Pin<Box<dyn Stream<Item = Result<M, Status>> + Send>>;
@@ -45,6 +47,7 @@ impl PolicyService {
         policy: Arc<PolicyStore>,
         max_streams: usize,
         max_request_bytes: usize,
+        memory: MemoryBudget,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
         Self {
@@ -52,6 +55,7 @@ impl PolicyService {
             streams: Arc::new(Semaphore::new(max_streams)),
             shutdown,
             max_request_bytes,
+            memory,
         }
     }
 
@@ -64,7 +68,10 @@ impl PolicyService {
             .max_decoding_message_size(self.max_request_bytes)
     }
 
-    fn permit(&self) -> Result<OwnedSemaphorePermit, Status> {
+    fn permit(&self, api: &'static str) -> Result<OwnedSemaphorePermit, Status> {
+        if self.memory.refuse(api) {
+            return Err(crate::server::memory_refusal());
+        }
         self.streams.clone().try_acquire_owned().map_err(|_| {
             self.policy.metrics().streams_refused_total.inc();
             Status::resource_exhausted("too many policy streams; retry later")
@@ -212,7 +219,7 @@ impl OutboundPolicies for PolicyService {
         req: Request<TrafficSpec>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let target = self.outbound_target(req.into_inner())?;
-        let permit = self.permit()?;
+        let permit = self.permit("OutboundPolicies.Watch")?;
         let watch = self.policy.watch_outbound(target);
         self.stream(watch, "outbound", permit).map(Response::new)
     }
@@ -236,7 +243,7 @@ impl InboundServerPolicies for PolicyService {
         req: Request<PortSpec>,
     ) -> Result<Response<Self::WatchPortStream>, Status> {
         let (pod, port) = inbound_key(req.get_ref())?;
-        let permit = self.permit()?;
+        let permit = self.permit("InboundServerPolicies.WatchPort")?;
         let watch = self.policy.watch_inbound(pod, port);
         self.stream(watch, "inbound", permit).map(Response::new)
     }

@@ -30,6 +30,7 @@ use crate::{
     resource::ServiceType,
     store::{Store, Subscription},
 };
+use ballast_admin::MemoryBudget;
 pub use body::StreamBody;
 use body::StreamMetrics;
 use linkerd2_proxy_api::destination::GetDestination;
@@ -59,6 +60,9 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Largest request message accepted.
     pub max_request_bytes: usize,
+    /// The controller's memory budget: near its limit new streams are
+    /// refused with `RESOURCE_EXHAUSTED` and a retry hint.
+    pub memory: MemoryBudget,
     /// HTTP/2 keepalive pings, so that vanished clients are noticed.
     pub keepalive: Duration,
     /// HTTP/2 streams one connection may have open at once (advertised in
@@ -112,6 +116,7 @@ impl Default for ServerConfig {
             max_streams: DEFAULT_MAX_STREAMS as usize,
             max_connections: ballast_meshtls::server::DEFAULT_MAX_CONNECTIONS,
             max_request_bytes: 16 * 1024,
+            memory: MemoryBudget::unstarted(None),
             keepalive: Duration::from_secs(10),
             http2_max_concurrent_streams: DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
             http2_max_local_error_resets: DEFAULT_HTTP2_MAX_LOCAL_ERROR_RESETS,
@@ -162,7 +167,10 @@ impl DestinationService {
         }
     }
 
-    fn admit(&self, method: &str) -> Result<OwnedSemaphorePermit, Status> {
+    fn admit(&self, method: &'static str) -> Result<OwnedSemaphorePermit, Status> {
+        if self.config.memory.refuse(method) {
+            return Err(memory_refusal());
+        }
         self.streams.clone().try_acquire_owned().map_err(|_| {
             self.store
                 .metrics()
@@ -287,4 +295,22 @@ pub async fn serve(
     router
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
+}
+
+/// The metadata key of gRPC's retry hint: milliseconds a client should wait
+/// before it tries again.
+pub const RETRY_PUSHBACK_KEY: &str = "grpc-retry-pushback-ms";
+
+/// A stream refused because the controller's memory is near its limit:
+/// `RESOURCE_EXHAUSTED`, with a retry hint in `grpc-retry-pushback-ms`.
+pub fn memory_refusal() -> Status {
+    let after = ballast_admin::budget::RETRY_AFTER;
+    let mut status = Status::resource_exhausted(format!(
+        "the controller's memory is near its limit; retry in {}s",
+        after.as_secs()
+    ));
+    if let Ok(v) = after.as_millis().to_string().parse() {
+        status.metadata_mut().insert(RETRY_PUSHBACK_KEY, v);
+    }
+    status
 }

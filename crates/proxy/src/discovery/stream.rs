@@ -5,7 +5,7 @@
 use super::control::ControlPlane;
 use super::metrics::StreamLabels;
 use ballast_backoff::Backoff;
-use std::future::Future;
+use std::{future::Future, time::Duration};
 use tonic::{codec::Streaming, transport::Channel, Code, Response, Status};
 
 /// Statuses that no retry will change.
@@ -18,6 +18,23 @@ pub(crate) fn is_final(status: &Status) -> bool {
 fn is_too_large(status: &Status) -> bool {
     matches!(status.code(), Code::OutOfRange | Code::ResourceExhausted)
         && status.message().contains("too large")
+}
+
+/// The longest retry hint honoured: a controller asking for more is waited
+/// on this long.
+pub(crate) const MAX_PUSHBACK: Duration = Duration::from_secs(60);
+
+/// How long to wait before opening the stream again: the backoff's step,
+/// or longer when the controller said so (gRPC's `grpc-retry-pushback-ms`,
+/// which Ballast's controller sends when it refuses a stream for memory).
+/// A hint that is not a whole number of milliseconds is ignored.
+fn retry_delay(backoff: Duration, status: Option<&Status>) -> Duration {
+    let hint = status
+        .and_then(|s| s.metadata().get("grpc-retry-pushback-ms"))
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|ms| Duration::from_millis(ms).min(MAX_PUSHBACK));
+    hint.map_or(backoff, |hint| hint.max(backoff))
 }
 
 /// Decrements the open-streams gauge however the stream ends (the task may
@@ -85,6 +102,7 @@ where
             }
             Err(status) => Some(status),
         };
+        let delay = retry_delay(backoff.next_delay(), failure.as_ref());
         match failure {
             Some(status) if is_final(&status) => return status,
             Some(status) => {
@@ -112,13 +130,36 @@ where
             }
             None => control.unhealthy("the controller ended the stream"),
         }
-        tokio::time::sleep(backoff.next_delay()).await;
+        tokio::time::sleep(delay).await;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retry_hint_lengthens_the_wait_within_a_bound() {
+        let step = Duration::from_millis(200);
+        let hinted = |v: &str| {
+            let mut s = Status::resource_exhausted("memory");
+            s.metadata_mut()
+                .insert("grpc-retry-pushback-ms", v.parse().expect("ascii"));
+            s
+        };
+        assert_eq!(retry_delay(step, None), step);
+        assert_eq!(retry_delay(step, Some(&Status::unavailable("x"))), step);
+        assert_eq!(
+            retry_delay(step, Some(&hinted("5000"))),
+            Duration::from_secs(5)
+        );
+        // A hint shorter than the backoff does not hurry it.
+        assert_eq!(retry_delay(step, Some(&hinted("10"))), step);
+        assert_eq!(retry_delay(step, Some(&hinted("999999999"))), MAX_PUSHBACK);
+        for junk in ["-1", "1.5", "soon", ""] {
+            assert_eq!(retry_delay(step, Some(&hinted(junk))), step, "{junk:?}");
+        }
+    }
 
     #[test]
     fn oversized_messages_are_told_from_other_failures() {

@@ -1,0 +1,122 @@
+//! A memory cgroup a test runs a process in, with a limit, removed when
+//! dropped: how a container's memory limit looks to the process, and what
+//! the kernel does past it (an OOM kill, counted).
+
+use std::path::{Path, PathBuf};
+
+/// A child of this process's memory cgroup (v1's memory controller, or v2
+/// with memory delegated). Needs root, as CI has.
+pub struct MemoryCgroup {
+    dir: PathBuf,
+    v2: bool,
+}
+
+impl MemoryCgroup {
+    /// Creates one limited to `limit` bytes; says why when this machine
+    /// cannot (not root, no memory controller): see
+    /// `proxy::netns::cannot_run`.
+    pub fn create(limit: u64) -> Result<MemoryCgroup, String> {
+        let cgroups = std::fs::read_to_string("/proc/self/cgroup")
+            .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+        let name = format!("ballast-test-{}-{}", std::process::id(), unique());
+        let v1 = cgroups.lines().find_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            controllers
+                .split(',')
+                .any(|c| c == "memory")
+                .then(|| Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/')))
+        });
+        let (parent, v2) = match v1 {
+            Some(dir) => (dir, false),
+            None => {
+                let path = cgroups
+                    .lines()
+                    .find_map(|l| l.strip_prefix("0::"))
+                    .ok_or("neither a cgroup v1 memory controller nor a cgroup v2 hierarchy")?;
+                (
+                    Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/')),
+                    true,
+                )
+            }
+        };
+        let dir = parent.join(name);
+        std::fs::create_dir(&dir).map_err(|e| {
+            format!(
+                "cannot create the memory cgroup {} ({e}): needs root and a memory cgroup \
+                 controller",
+                dir.display()
+            )
+        })?;
+        let cgroup = MemoryCgroup { dir, v2 };
+        let file = if v2 {
+            "memory.max"
+        } else {
+            "memory.limit_in_bytes"
+        };
+        std::fs::write(cgroup.dir.join(file), limit.to_string())
+            .map_err(|e| format!("cannot set the cgroup's {file}: {e}"))?;
+        if !v2 {
+            // No swap to spill into, where the host allows setting it.
+            let _ = std::fs::write(
+                cgroup.dir.join("memory.memsw.limit_in_bytes"),
+                limit.to_string(),
+            );
+        }
+        Ok(cgroup)
+    }
+
+    /// The file a process's id is written to, to move it in.
+    pub fn procs(&self) -> PathBuf {
+        self.dir.join("cgroup.procs")
+    }
+
+    /// Processes the kernel killed in it for memory.
+    pub fn oom_kills(&self) -> u64 {
+        let file = if self.v2 {
+            "memory.events"
+        } else {
+            "memory.oom_control"
+        };
+        self.read(file)
+            .lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The most memory charged to it at once (bytes).
+    pub fn peak(&self) -> u64 {
+        let file = if self.v2 {
+            "memory.peak"
+        } else {
+            "memory.max_usage_in_bytes"
+        };
+        self.read(file).trim().parse().unwrap_or(0)
+    }
+
+    fn read(&self, file: &str) -> String {
+        std::fs::read_to_string(self.dir.join(file))
+            .unwrap_or_else(|e| panic!("read {}: {e}", self.dir.join(file).display()))
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        // The processes in it have been killed (kill_on_drop) by now, or
+        // are being reaped: a few tries.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        eprintln!("could not remove the memory cgroup {}", self.dir.display());
+    }
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
