@@ -210,7 +210,8 @@ pub struct Args {
     /// Resident memory (bytes; K, M, G suffixes as powers of 1024) the
     /// controller keeps under: past 85% of it new streams get
     /// RESOURCE_EXHAUSTED with a retry hint (grpc-retry-pushback-ms) until
-    /// it is back under 80%. Default: 75% of the container's memory limit
+    /// it is back under 80%; past 95% the costliest open streams are closed
+    /// too (5% of them every 200 ms) until it falls. Default: 75% of the container's memory limit
     /// (cgroup v2 memory.max or v1 memory.limit_in_bytes) when it has one,
     /// else none. 0: no limit.
     #[arg(long, env = "BALLAST_DESTINATION_MEMORY_LIMIT", value_parser = bytes::<u64>(MIB, 1 << 40).or_zero())]
@@ -378,6 +379,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         memory: memory.clone(),
         ..ServerConfig::default()
     };
+    // The memory budget's closing step: past 95% of the limit, the
+    // costliest streams of every API are closed first.
+    let shedder = tokio::spawn(ballast_destination::shed::run(
+        memory.clone(),
+        store.clone(),
+        policy_store.clone(),
+        stop_rx.clone(),
+    ));
     let policy_service = PolicyService::new(
         policy_store,
         args.max_policy_streams as usize,
@@ -411,12 +420,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             controller::stopped(stop_rx.clone()),
         ),
     );
-    controller::supervise(
+    let result = controller::supervise(
         source,
         vec![grpc_task, policy_task],
         admin_task,
         stop_tx,
         args.shutdown_grace,
     )
-    .await
+    .await;
+    shedder.abort();
+    result
 }

@@ -9,6 +9,7 @@
 pub mod authority;
 pub mod policy;
 pub mod server;
+pub mod shed;
 
 // The core's modules under the names this crate has always used.
 use ballast_store::{feed, index, metrics, resource, shared, store};

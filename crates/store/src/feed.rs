@@ -102,6 +102,7 @@ enum SlotState {
     Free,
     Open,
     Cut,
+    Shed,
 }
 
 /// What a publication did.
@@ -120,13 +121,17 @@ pub enum Next<V> {
     Up(CatchUp<V>),
     /// The reader was cut for not reading; it sends nothing more.
     Cut,
+    /// The reader was closed to relieve memory ([`Feed::shed_all`]); it
+    /// sends nothing more.
+    Shed,
 }
 
 /// What leaving a feed found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Left {
     Open,
-    /// The reader had been cut, and its place counted as released then.
+    /// The reader had been cut (or shed), and its place counted as
+    /// released then.
     WasCut,
 }
 
@@ -252,6 +257,34 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
         cut
     }
 
+    /// Closes every open reader to relieve memory: each ends at its next
+    /// poll ([`Next::Shed`]), woken now. Returns how many were open; their
+    /// places count as released from this moment.
+    pub fn shed_all(&self) -> usize {
+        let mut shed = 0;
+        for slot in self.lock_readers().slots.iter_mut() {
+            if slot.state == SlotState::Open {
+                slot.state = SlotState::Shed;
+                shed += 1;
+                if let Some(w) = slot.waker.take() {
+                    w.wake();
+                }
+            }
+        }
+        shed
+    }
+
+    /// Bytes the feed holds for its readers: the encoded changes kept and
+    /// the encoded whole answer, once a reader asked for it.
+    pub fn held_bytes(&self) -> usize {
+        let head = self.tx.borrow();
+        let full = head
+            .full
+            .get()
+            .map_or(0, |f| f.iter().map(Bytes::len).sum());
+        head.changes_bytes + full
+    }
+
     /// Wakes every waiting reader (to notice a shutdown).
     pub fn wake_all(&self) {
         for slot in self.lock_readers().slots.iter_mut() {
@@ -295,8 +328,10 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
             let Some(slot) = readers.slots.get_mut(cursor.slot) else {
                 return Poll::Ready(Next::Cut);
             };
-            if slot.state == SlotState::Cut {
-                return Poll::Ready(Next::Cut);
+            match slot.state {
+                SlotState::Cut => return Poll::Ready(Next::Cut),
+                SlotState::Shed => return Poll::Ready(Next::Shed),
+                SlotState::Free | SlotState::Open => {}
             }
             if cursor.seen == Some(self.tx.borrow().version) {
                 match &slot.waker {
@@ -355,7 +390,7 @@ impl<V> Feed<V> {
             readers.free = Vec::new();
         }
         match was {
-            SlotState::Cut => Left::WasCut,
+            SlotState::Cut | SlotState::Shed => Left::WasCut,
             _ => Left::Open,
         }
     }
@@ -658,8 +693,32 @@ mod tests {
                 Poll::Ready(all)
             }
             Poll::Ready(Next::Cut) => Poll::Ready(vec![Bytes::from_static(b"cut")]),
+            Poll::Ready(Next::Shed) => Poll::Ready(vec![Bytes::from_static(b"shed")]),
             Poll::Pending => Poll::Pending,
         }
+    }
+
+    #[test]
+    fn shedding_ends_every_open_reader_once_and_wakes_the_waiting() {
+        let f = feed(&[1, 2]);
+        assert_eq!(f.held_bytes(), 0, "nothing encoded before a reader asks");
+        let (mut waiting, mut behind) = (f.cursor(), f.cursor());
+        let w = Arc::new(Wakes::default());
+        let _ = poll(&f, &mut waiting, &w);
+        assert!(f.held_bytes() > 0, "the whole answer, encoded for readers");
+        assert_eq!(poll(&f, &mut waiting, &w), Poll::Pending);
+        assert_eq!(f.shed_all(), 2);
+        assert_eq!(w.count(), 1, "the waiting reader was woken");
+        assert_eq!(f.shed_all(), 0, "shed once");
+        for c in [&mut waiting, &mut behind] {
+            assert_eq!(
+                poll(&f, c, &w),
+                Poll::Ready(vec![Bytes::from_static(b"shed")])
+            );
+        }
+        // Released when shed: leaving does not release them again.
+        assert_eq!(f.leave(&waiting), Left::WasCut);
+        assert_eq!(f.leave(&behind), Left::WasCut);
     }
 
     #[test]

@@ -49,6 +49,17 @@ impl<K: Eq + Hash + Clone, E> Shared<K, E> {
         self.entries.remove(key).map(|held| held.entry)
     }
 
+    /// Every entry with its key and how many watchers hold it.
+    pub fn held(&self) -> impl Iterator<Item = (&K, &E, usize)> {
+        self.entries.iter().map(|(k, h)| (k, &h.entry, h.watchers))
+    }
+
+    /// Removes `key`'s entry whatever its watchers; returns it and how many
+    /// held it (they must not be released again).
+    pub fn take(&mut self, key: &K) -> Option<(E, usize)> {
+        self.entries.remove(key).map(|h| (h.entry, h.watchers))
+    }
+
     /// How many keys have watchers.
     pub fn len(&self) -> usize {
         self.entries.len()

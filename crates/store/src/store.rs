@@ -74,6 +74,17 @@ struct Entry<V> {
     target: Arc<Target>,
 }
 
+/// A subscription as the memory budget's closing step weighs it.
+#[derive(Clone, Debug)]
+pub struct Held {
+    /// `Get` or `GetProfile`.
+    pub method: &'static str,
+    pub target: Target,
+    /// Encoded bytes it holds for its streams ([`Feed::held_bytes`]).
+    pub bytes: usize,
+    pub streams: usize,
+}
+
 /// A watcher's handle on a shared subscription.
 pub struct Subscription<V> {
     feed: Arc<Feed<V>>,
@@ -244,6 +255,70 @@ impl Store {
         {
             o.changed(index, &changes);
         }
+    }
+
+    /// The `Get` and `GetProfile` subscriptions as the memory budget's
+    /// closing step weighs them: method, target, bytes held, streams.
+    pub fn held(&self) -> Vec<Held> {
+        let inner = self.lock();
+        let mut held = Vec::with_capacity(inner.get.entries.len() + inner.profile.entries.len());
+        for (method, entries) in [
+            (
+                Method::Get,
+                inner
+                    .get
+                    .entries
+                    .held()
+                    .map(|(t, e, n)| (t, e.feed.held_bytes(), n))
+                    .collect::<Vec<_>>(),
+            ),
+            (
+                Method::Profile,
+                inner
+                    .profile
+                    .entries
+                    .held()
+                    .map(|(t, e, n)| (t, e.feed.held_bytes(), n))
+                    .collect(),
+            ),
+        ] {
+            held.extend(entries.into_iter().map(|(target, bytes, streams)| Held {
+                method: method.label(),
+                target: target.clone(),
+                bytes,
+                streams,
+            }));
+        }
+        held
+    }
+
+    /// Closes every stream of one subscription to relieve memory; each
+    /// ends with `RESOURCE_EXHAUSTED` at its next poll, and the
+    /// subscription goes with the last. Returns how many were closed.
+    pub fn shed(&self, method: &str, target: &Target) -> usize {
+        fn shed_in<V: PartialEq + Send + Sync + 'static>(
+            subs: &mut Subs<V>,
+            target: &Target,
+        ) -> usize {
+            let closed = match subs.entries.get_key_value(target) {
+                Some((_, e)) => e.feed.shed_all(),
+                None => return 0,
+            };
+            // Released now, as a cut is: a shed stream may never be polled
+            // again.
+            subs.release(target, closed);
+            closed
+        }
+        let mut inner = self.lock();
+        let (method, closed, left) = if method == Method::Get.label() {
+            let closed = shed_in(&mut inner.get, target);
+            (Method::Get, closed, inner.get.entries.len())
+        } else {
+            let closed = shed_in(&mut inner.profile, target);
+            (Method::Profile, closed, inner.profile.entries.len())
+        };
+        self.count_subscriptions(method, left);
+        closed
     }
 
     /// Wakes every waiting `Get` and `GetProfile` reader (so that each

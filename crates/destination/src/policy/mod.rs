@@ -126,23 +126,43 @@ struct Entry<V, M> {
     view: V,
     /// `None`: the target is not known (the stream ends with NOT_FOUND).
     tx: watch::Sender<Option<Arc<M>>>,
+    /// Turns true when the memory budget's closing step closes every
+    /// stream of this entry ([`PolicyStore::shed`]).
+    shed: watch::Sender<bool>,
 }
 
 /// A watcher's handle on one shared answer; leaving drops the
 /// subscription with its last watcher.
 pub struct PolicyWatch<M> {
     rx: watch::Receiver<Option<Arc<M>>>,
+    /// True once the stream is to close to relieve memory.
+    shed: watch::Receiver<bool>,
     _guard: Guard,
 }
 
-enum Key {
+/// One policy subscription's key.
+#[derive(Clone, Debug)]
+pub enum Key {
     Outbound(Target),
     Inbound(ObjectKey, u16),
+}
+
+/// A policy subscription as the memory budget's closing step weighs it.
+#[derive(Clone, Debug)]
+pub struct Held {
+    /// `OutboundPolicies.Watch` or `InboundServerPolicies.WatchPort`.
+    pub api: &'static str,
+    pub key: Key,
+    /// Encoded bytes of its answer, shared by its streams.
+    pub bytes: usize,
+    pub streams: usize,
 }
 
 struct Guard {
     policy: Arc<PolicyStore>,
     key: Key,
+    /// Set when the entry was shed: its watchers were released then.
+    shed: watch::Receiver<bool>,
 }
 
 impl PolicyStore {
@@ -176,13 +196,13 @@ impl PolicyStore {
         self: &Arc<Self>,
         target: Target,
     ) -> PolicyWatch<outbound::OutboundPolicy> {
-        let rx = self.join(
+        let (rx, shed) = self.join(
             |subs| &mut subs.outbound,
             &target,
             |index| index.outbound_policy(&target),
             |view| self.encode_outbound(view),
         );
-        self.watch(rx, Key::Outbound(target))
+        self.watch(rx, shed, Key::Outbound(target))
     }
 
     pub fn watch_inbound(
@@ -191,13 +211,13 @@ impl PolicyStore {
         port: u16,
     ) -> PolicyWatch<inbound::Server> {
         let key = (pod, port);
-        let rx = self.join(
+        let (rx, shed) = self.join(
             |subs| &mut subs.inbound,
             &key,
             |index| index.inbound_policy(&key.0, key.1),
             |view| self.encode_inbound(view),
         );
-        self.watch(rx, Key::Inbound(key.0, key.1))
+        self.watch(rx, shed, Key::Inbound(key.0, key.1))
     }
 
     /// Joins the shared answer of `key` in the registry `pick` chooses,
@@ -208,7 +228,7 @@ impl PolicyStore {
         key: &K,
         view_of: impl FnOnce(&Index) -> V,
         encode: impl FnOnce(&V) -> Option<Arc<M>>,
-    ) -> watch::Receiver<Option<Arc<M>>> {
+    ) -> (watch::Receiver<Option<Arc<M>>>, watch::Receiver<bool>) {
         // Lock order: the store's, then ours (as in `Observer::changed`).
         self.store.with_index(|index| {
             let mut subs = self.lock();
@@ -218,22 +238,69 @@ impl PolicyStore {
                 Entry {
                     view,
                     tx: watch::Sender::new(msg),
+                    shed: watch::Sender::new(false),
                 }
             });
-            let rx = entry.tx.subscribe();
+            let joined = (entry.tx.subscribe(), entry.shed.subscribe());
             self.count(&subs);
-            rx
+            joined
         })
     }
 
-    fn watch<M>(self: &Arc<Self>, rx: watch::Receiver<Option<Arc<M>>>, key: Key) -> PolicyWatch<M> {
+    fn watch<M>(
+        self: &Arc<Self>,
+        rx: watch::Receiver<Option<Arc<M>>>,
+        shed: watch::Receiver<bool>,
+        key: Key,
+    ) -> PolicyWatch<M> {
         PolicyWatch {
             rx,
+            shed: shed.clone(),
             _guard: Guard {
                 policy: self.clone(),
                 key,
+                shed,
             },
         }
+    }
+
+    /// The subscriptions as the memory budget's closing step weighs them.
+    pub fn held(&self) -> Vec<Held> {
+        use prost::Message;
+        let subs = self.lock();
+        let mut held = Vec::with_capacity(subs.outbound.len() + subs.inbound.len());
+        held.extend(subs.outbound.held().map(|(target, e, streams)| Held {
+            api: "OutboundPolicies.Watch",
+            key: Key::Outbound(target.clone()),
+            bytes: e.tx.borrow().as_ref().map_or(0, |m| m.encoded_len()),
+            streams,
+        }));
+        held.extend(subs.inbound.held().map(|((pod, port), e, streams)| Held {
+            api: "InboundServerPolicies.WatchPort",
+            key: Key::Inbound(pod.clone(), *port),
+            bytes: e.tx.borrow().as_ref().map_or(0, |m| m.encoded_len()),
+            streams,
+        }));
+        held
+    }
+
+    /// Closes every stream of one subscription to relieve memory: each
+    /// ends with `RESOURCE_EXHAUSTED`, and the subscription is gone now (a
+    /// new watcher makes a new one). Returns how many streams it had.
+    pub fn shed(&self, key: &Key) -> usize {
+        let mut subs = self.lock();
+        let closed = match key {
+            Key::Outbound(t) => subs.outbound.take(t).map(|(e, n)| {
+                e.shed.send_replace(true);
+                n
+            }),
+            Key::Inbound(pod, port) => subs.inbound.take(&(pod.clone(), *port)).map(|(e, n)| {
+                e.shed.send_replace(true);
+                n
+            }),
+        };
+        self.count(&subs);
+        closed.unwrap_or(0)
     }
 
     fn encode_outbound(&self, view: &OutboundView) -> Option<Arc<outbound::OutboundPolicy>> {
@@ -325,6 +392,11 @@ impl Observer for PolicyStore {
 impl Drop for Guard {
     fn drop(&mut self) {
         let mut subs = self.policy.lock();
+        // Checked under the lock the shedding took: a shed entry's watchers
+        // were released with it, and its key may hold a new entry now.
+        if *self.shed.borrow() {
+            return;
+        }
         match &self.key {
             Key::Outbound(t) => drop(subs.outbound.release(t, 1)),
             Key::Inbound(pod, port) => drop(subs.inbound.release(&(pod.clone(), *port), 1)),

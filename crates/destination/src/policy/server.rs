@@ -104,7 +104,11 @@ impl PolicyService {
         api: &'static str,
         permit: OwnedSemaphorePermit,
     ) -> Result<WatchStream<M>, Status> {
-        let PolicyWatch { mut rx, _guard } = watch;
+        let PolicyWatch {
+            mut rx,
+            shed,
+            _guard,
+        } = watch;
         let first = rx
             .borrow_and_update()
             .clone()
@@ -122,10 +126,20 @@ impl PolicyService {
             _subscription: _guard,
         };
         let mut shutdown = self.shutdown.clone();
+        let (mut shed_wait, shed_end) = (shed.clone(), shed);
         let stopped = async move {
-            // The guard `wait_for` returns must not outlive this future's poll.
-            let _ = shutdown.wait_for(|s| *s).await.map(|_| ());
+            // The guards `wait_for` returns must not outlive this future's poll.
+            tokio::select! {
+                _ = async { shutdown.wait_for(|s| *s).await.map(|_| ()) } => {}
+                _ = async { shed_wait.wait_for(|s| *s).await.map(|_| ()) } => {}
+            }
         };
+        // A stream shed for memory ends with RESOURCE_EXHAUSTED and a retry
+        // hint; one stopped by shutdown ends cleanly.
+        let shed_status =
+            futures_util::stream::once(async move { *shed_end.borrow() }).filter_map(|shed| {
+                futures_util::future::ready(shed.then(crate::server::memory_closed).map(Err))
+            });
         // No task and no queue per stream: the response body polls the
         // subscription's latest answer when the client has room for it.
         let changes =
@@ -143,6 +157,7 @@ impl PolicyService {
         let s = futures_util::stream::once(futures_util::future::ready(Ok((*first).clone())))
             .chain(changes)
             .take_until(stopped)
+            .chain(shed_status)
             .map(move |item| {
                 // The stream owns its count, permit and subscription.
                 let _ = &open;

@@ -38,6 +38,8 @@ pub struct StreamMetrics {
 enum End {
     Ok,
     Cut,
+    /// Closed to relieve the controller's memory.
+    Shed,
 }
 
 impl End {
@@ -47,6 +49,7 @@ impl End {
             End::Cut => Status::resource_exhausted(
                 "client did not read its updates in time; stream closed, reconnect",
             ),
+            End::Shed => super::memory_closed(),
         }
     }
 }
@@ -147,6 +150,8 @@ impl<V: PartialEq + Send + Sync + 'static> http_body::Body for StreamBody<V> {
                     // Counted when it was cut (`Store::update`).
                     this.end = Some(End::Cut);
                 }
+                // Counted by the closing step that shed it.
+                Poll::Ready(Next::Shed) => this.end = Some(End::Shed),
                 // The waker is registered before the check, so a shutdown
                 // announced after it wakes this body (`Store::wake_readers`).
                 Poll::Pending if this.shutting_down() => this.end = Some(End::Ok),

@@ -304,11 +304,18 @@ pub const RETRY_PUSHBACK_KEY: &str = "grpc-retry-pushback-ms";
 /// A stream refused because the controller's memory is near its limit:
 /// `RESOURCE_EXHAUSTED`, with a retry hint in `grpc-retry-pushback-ms`.
 pub fn memory_refusal() -> Status {
+    with_retry_hint("the controller's memory is near its limit")
+}
+
+/// An open stream closed because the controller's memory is at its limit,
+/// as [`memory_refusal`].
+pub fn memory_closed() -> Status {
+    with_retry_hint("stream closed: the controller's memory is at its limit")
+}
+
+fn with_retry_hint(why: &str) -> Status {
     let after = ballast_admin::budget::RETRY_AFTER;
-    let mut status = Status::resource_exhausted(format!(
-        "the controller's memory is near its limit; retry in {}s",
-        after.as_secs()
-    ));
+    let mut status = Status::resource_exhausted(format!("{why}; retry in {}s", after.as_secs()));
     if let Ok(v) = after.as_millis().to_string().parse() {
         status.metadata_mut().insert(RETRY_PUSHBACK_KEY, v);
     }

@@ -335,3 +335,100 @@ async fn bad_requests_are_refused_by_name() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert_eq!(gauge(&s.store.metrics().subscriptions), 0);
 }
+
+/// The memory budget's closing step: the costliest streams per stream go
+/// first (a policy stream, then a lone address stream), each ends with
+/// RESOURCE_EXHAUSTED and the retry hint, and the rest keep their updates.
+#[tokio::test(start_paused = true)]
+async fn the_closing_step_closes_the_costliest_streams_first() {
+    use crate::policy::{PolicyConfig, PolicyMetrics, PolicyService, PolicyStore};
+    use futures_util::StreamExt;
+    use linkerd2_proxy_api::outbound::{
+        outbound_policies_server::OutboundPolicies, traffic_spec, TrafficSpec,
+    };
+
+    let s = setup(64);
+    let budget = ballast_admin::MemoryBudget::unstarted(Some(64 << 20));
+    let policy = PolicyStore::new(
+        s.store.clone(),
+        PolicyConfig::default(),
+        PolicyMetrics::default(),
+    );
+    let policy_service = PolicyService::new(
+        policy.clone(),
+        100,
+        16 * 1024,
+        budget.clone(),
+        s.stop.subscribe(),
+    );
+    let mut watch = policy_service
+        .watch(tonic::Request::new(TrafficSpec {
+            source_workload: "ns:client".into(),
+            target: Some(traffic_spec::Target::Authority(
+                "web.ns.svc.cluster.local:80".into(),
+            )),
+        }))
+        .await
+        .expect("a policy stream")
+        .into_inner();
+    watch.next().await.expect("a first answer").expect("ok");
+    // Twenty streams share the service's subscription; one watches an
+    // address alone.
+    let mut shared = Vec::new();
+    for _ in 0..20 {
+        let mut body = s.service.get(&get()).expect("a stream");
+        update(&mut body).await;
+        shared.push(body);
+    }
+    let mut lone = s
+        .service
+        .get(&GetDestination {
+            path: "10.0.0.1:8080".into(),
+            ..get()
+        })
+        .expect("a stream");
+    update(&mut lone).await;
+
+    let hinted = |status: &Status| {
+        status.code() == tonic::Code::ResourceExhausted
+            && status
+                .metadata()
+                .get(RETRY_PUSHBACK_KEY)
+                .is_some_and(|v| v.to_str().ok() == Some("5000"))
+    };
+    // 22 streams: a round closes 5% of them, one subscription here.
+    assert_eq!(crate::shed::round(&s.store, &policy, &budget), 1);
+    let ended = watch.next().await.expect("the policy stream's end");
+    assert!(ended.as_ref().is_err_and(hinted), "{ended:?}");
+    assert!(watch.next().await.is_none());
+    assert_eq!(crate::shed::round(&s.store, &policy, &budget), 1);
+    match read(&mut lone).await {
+        Read::End(status) => assert!(hinted(&status), "{status:?}"),
+        Read::Message(_) => panic!("the lone stream was not closed"),
+    }
+    // The shared subscription's streams still follow changes.
+    s.store.update(vec![pod("web-2", "10.0.0.2")]);
+    for body in &mut shared {
+        update(body).await;
+    }
+    let mut registry = prometheus_client::registry::Registry::default();
+    budget.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
+    for line in [
+        "memory_closed_total{api=\"OutboundPolicies.Watch\"} 1",
+        "memory_closed_total{api=\"Get\"} 1",
+    ] {
+        assert!(text.contains(line), "{line} in\n{text}");
+    }
+    // A closed subscription is gone: a new stream makes a fresh one.
+    let mut again = s
+        .service
+        .get(&GetDestination {
+            path: "10.0.0.1:8080".into(),
+            ..get()
+        })
+        .expect("a stream");
+    update(&mut again).await;
+    drop(s.stop);
+}
