@@ -55,6 +55,9 @@ pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(10);
 /// How long a client refused for memory is told to wait before it retries
 /// (gRPC's `grpc-retry-pushback-ms`).
 pub const RETRY_AFTER: Duration = Duration::from_secs(5);
+/// The metadata key of gRPC's retry hint: milliseconds a client should wait
+/// before it tries again.
+pub const RETRY_PUSHBACK_KEY: &str = "grpc-retry-pushback-ms";
 /// While under pressure, how often freed pages are handed back to the
 /// kernel (jemalloc would keep them for 10 s, and resident memory with
 /// them).
@@ -174,6 +177,18 @@ impl MemoryBudget {
             .get_or_create(&ApiLabels { api })
             .inc();
         true
+    }
+
+    /// Counts `n` pieces of new work of `api` refused (for owners that
+    /// refuse in batches, reading [`MemoryBudget::pressure`] once).
+    pub fn refused(&self, api: &'static str, n: u64) {
+        if n > 0 {
+            self.inner
+                .metrics
+                .refused_total
+                .get_or_create(&ApiLabels { api })
+                .inc_by(n);
+        }
     }
 
     /// Counts work of `api` closed to relieve memory.

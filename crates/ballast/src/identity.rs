@@ -5,7 +5,7 @@
 use crate::controller;
 use anyhow::Context;
 use ballast_admin::{AdminServer, AdminState, Readiness};
-use ballast_flags::{count, dns_label, dns_name, GRACE, MANY, TIMEOUT};
+use ballast_flags::{bytes, count, dns_label, dns_name, GRACE, MANY, MIB, TIMEOUT};
 use ballast_identity::{
     generate::{generate, issue_issuer, GenerateConfig},
     issuer::{IssuerFiles, SignConfig},
@@ -167,6 +167,14 @@ pub struct Args {
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     http2_max_concurrent_streams: u32,
 
+    /// Resident memory (bytes; K, M, G suffixes as powers of 1024) the
+    /// controller keeps under: past 85% of it Certify gets RESOURCE_EXHAUSTED
+    /// with a retry hint (grpc-retry-pushback-ms) until it is back under 80%.
+    /// Default: 75% of the container's memory limit (cgroup v2 memory.max or
+    /// v1 memory.limit_in_bytes) when it has one, else none. 0: no limit.
+    #[arg(long, env = "BALLAST_IDENTITY_MEMORY_LIMIT", value_parser = bytes::<u64>(MIB, 1 << 40).or_zero())]
+    memory_limit: Option<u64>,
+
     /// After SIGTERM, how long open requests may finish.
     #[arg(long, env = "BALLAST_IDENTITY_SHUTDOWN_GRACE", default_value = "10s", value_parser = GRACE)]
     shutdown_grace: Duration,
@@ -249,11 +257,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     let (grpc, admin) = controller::listeners("identity", args.addr, args.admin_addr).await?;
 
+    let memory = controller::memory_budget(args.memory_limit);
     let metrics = Metrics::default();
     let stats = Arc::new(ServeStats::default());
     let (registry, _sampler) = controller::registry(|r| {
         metrics.register(r);
         stats.register(r);
+        memory.register(r);
     });
 
     let config = IdentityConfig {
@@ -268,6 +278,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         client_burst: args.client_burst,
         max_tracked_clients: args.max_tracked_clients,
         max_request_bytes: args.max_request_bytes,
+        memory: memory.clone(),
     };
     let service = IdentityService::new(config, validator, metrics);
 

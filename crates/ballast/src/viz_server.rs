@@ -7,7 +7,7 @@ use ballast_admin::{AdminServer, AdminState, Readiness};
 use ballast_certify as certify;
 use ballast_flags::{
     bytes, count, dns_label, dns_name, dns_name_or_empty, duration, BACKOFF, GIB, GRACE, HOUR, KIB,
-    TIMEOUT,
+    MIB, TIMEOUT,
 };
 use ballast_meshtls::tls;
 use ballast_source_kube as kube_source;
@@ -190,6 +190,15 @@ pub struct Args {
     #[arg(long, env = "BALLAST_VIZ_TAP_CONNECT_TIMEOUT", default_value = "5s", value_parser = TIMEOUT)]
     tap_connect_timeout: Duration,
 
+    /// Resident memory (bytes; K, M, G suffixes as powers of 1024) the
+    /// server keeps under: past 85% of it pods not scraped yet are not taken
+    /// on until it is back under 80%; past 95% a twentieth of the scraped
+    /// pods is let go each cycle. Default: 75% of the container's memory
+    /// limit (cgroup v2 memory.max or v1 memory.limit_in_bytes) when it has
+    /// one, else none. 0: no limit.
+    #[arg(long, env = "BALLAST_VIZ_MEMORY_LIMIT", value_parser = bytes::<u64>(MIB, 1 << 40).or_zero())]
+    memory_limit: Option<u64>,
+
     /// On SIGTERM, how long open answers (taps) get to finish before exit.
     #[arg(long, env = "BALLAST_VIZ_SHUTDOWN_GRACE", default_value = "10s", value_parser = GRACE)]
     shutdown_grace: Duration,
@@ -308,8 +317,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         },
         targets.clone(),
     ));
+    let memory = controller::memory_budget(args.memory_limit);
     let metrics = VizMetrics::default();
     let (registry, _sampler) = controller::registry(|r| {
+        memory.register(r);
         metrics.register(r);
         tapper.register(r);
         store_metrics.register(r);
@@ -349,6 +360,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 max_series: args.max_page_series,
                 ..Limits::default()
             },
+            memory,
             ..CollectorConfig::default()
         },
         mesh.clone(),

@@ -9,6 +9,7 @@ use crate::{
     token::{TokenError, TokenValidator},
 };
 use arc_swap::ArcSwap;
+use ballast_admin::MemoryBudget;
 use ballast_certify::refresh_in;
 use ballast_meshtls::{tls::CertStore, Credentials, IdentityName};
 use linkerd2_proxy_api::identity::{
@@ -40,6 +41,9 @@ pub struct IdentityConfig {
     pub client_burst: u32,
     pub max_tracked_clients: usize,
     pub max_request_bytes: usize,
+    /// The controller's memory budget: near its limit Certify is refused
+    /// with `RESOURCE_EXHAUSTED` and a retry hint.
+    pub memory: MemoryBudget,
 }
 
 /// What the issuer files last said.
@@ -171,6 +175,9 @@ impl IdentityService {
         remote: Option<IpAddr>,
         req: CertifyRequest,
     ) -> Result<CertifyResponse, (&'static str, Status)> {
+        if self.inner.config.memory.refuse("Certify") {
+            return Err(("memory", memory_refusal()));
+        }
         if !self.admit(remote) {
             return Err((
                 "rate_limited",
@@ -450,6 +457,23 @@ pub async fn watch_issuer(
     }
 }
 
+/// Certify refused because the controller's memory is near its limit:
+/// `RESOURCE_EXHAUSTED` with gRPC's retry hint, which Ballast's proxy
+/// honours.
+fn memory_refusal() -> Status {
+    let after = ballast_admin::budget::RETRY_AFTER;
+    let mut status = Status::resource_exhausted(format!(
+        "the identity controller's memory is near its limit; retry in {}s",
+        after.as_secs()
+    ));
+    if let Ok(v) = after.as_millis().to_string().parse() {
+        status
+            .metadata_mut()
+            .insert(ballast_admin::budget::RETRY_PUSHBACK_KEY, v);
+    }
+    status
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -468,6 +492,7 @@ mod tests {
             client_burst: 1,
             max_tracked_clients,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            memory: MemoryBudget::unstarted(Some(64 << 20)),
         };
         let tokens = TokenValidator::Manifests(ManifestTokens::new("/nonexistent".into()));
         IdentityService::new(config, tokens, Metrics::default())
@@ -492,5 +517,29 @@ mod tests {
         // Refilled buckets are forgotten at the next sweep: room again.
         assert!(s.admit(ip(3)));
         assert_eq!(s.inner.metrics.tracked_clients.get(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn near_the_memory_limit_certify_is_refused_with_a_retry_hint() {
+        let s = service(2);
+        s.inner.config.memory.set(ballast_admin::Pressure::Refusing);
+        let Err((result, status)) = s.certify_checked(ip(1), CertifyRequest::default()).await
+        else {
+            panic!("certified under memory pressure");
+        };
+        assert_eq!(result, "memory");
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(
+            status
+                .metadata()
+                .get(ballast_admin::budget::RETRY_PUSHBACK_KEY)
+                .and_then(|v| v.to_str().ok()),
+            Some("5000")
+        );
+        s.inner.config.memory.set(ballast_admin::Pressure::Normal);
+        let Err((result, _)) = s.certify_checked(ip(1), CertifyRequest::default()).await else {
+            panic!("an empty request certified");
+        };
+        assert_ne!(result, "memory", "taken again once memory falls");
     }
 }

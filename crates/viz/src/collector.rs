@@ -11,6 +11,7 @@
 //! not retried together; meanwhile the mesh shows it unreachable with the
 //! reason and the time to its next attempt.
 
+use ballast_admin::{MemoryBudget, Pressure};
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{Hash, Hasher};
@@ -64,6 +65,10 @@ pub struct CollectorConfig {
     pub max_backoff_intervals: u32,
     /// The parser's bounds.
     pub limits: Limits,
+    /// The process's memory budget: near its limit pods not scraped yet
+    /// are not taken on; at it, a twentieth of the scraped pods is let go
+    /// each cycle (the last by namespace and name).
+    pub memory: MemoryBudget,
 }
 
 impl Default for CollectorConfig {
@@ -76,6 +81,7 @@ impl Default for CollectorConfig {
             max_pods: DEFAULT_MAX_PODS,
             max_backoff_intervals: DEFAULT_MAX_BACKOFF_INTERVALS,
             limits: Limits::default(),
+            memory: MemoryBudget::unstarted(None),
         }
     }
 }
@@ -270,6 +276,7 @@ impl Collector {
     pub async fn cycle(&mut self) {
         let started = Instant::now();
         let mut snapshot = (self.targets)();
+        self.relieve_memory(&mut snapshot.meshed);
         let over = snapshot.meshed.len().saturating_sub(self.config.max_pods);
         self.metrics
             .pods_over_limit
@@ -323,6 +330,27 @@ impl Collector {
             .set_pods("pending", self.pods.len() - ok - unreachable);
         self.cycle += 1;
         self.ready.store(true, Ordering::Release);
+    }
+
+    /// Under memory pressure, only pods already scraped stay (the others
+    /// are refused, counted each cycle as `memory_refused_total{api="scrape"}`);
+    /// at the limit, a twentieth of those (one at least) is let go too,
+    /// counted as `memory_closed_total{api="scrape"}`.
+    fn relieve_memory(&self, meshed: &mut Vec<PodTarget>) {
+        let memory = &self.config.memory;
+        let pressure = memory.pressure();
+        if pressure == Pressure::Normal {
+            return;
+        }
+        let listed = meshed.len();
+        meshed.retain(|t| self.pods.contains_key(&t.pod));
+        memory.refused("scrape", (listed - meshed.len()) as u64);
+        if pressure == Pressure::Closing {
+            let known = meshed.len().min(self.config.max_pods);
+            let keep = known.saturating_sub((known / 20).max(1));
+            memory.closed("scrape", known.saturating_sub(keep) as u64);
+            meshed.truncate(keep);
+        }
     }
 
     async fn scrape_all(&mut self, fetch: &Arc<dyn Fetch>, targets: &[PodTarget]) {
@@ -838,6 +866,50 @@ mod tests {
         }
         assert_eq!(metrics.pods_over_limit.get(), 2);
         assert_eq!(lock(&c.mesh).pods_over_limit(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn under_memory_pressure_new_pods_are_refused_and_at_the_limit_some_let_go() {
+        let names = ["a", "b", "c", "d", "e"];
+        let pods: Vec<(&str, Behaviour)> = names
+            .iter()
+            .map(|n| {
+                (
+                    *n,
+                    Behaviour::Answer {
+                        after: Duration::ZERO,
+                    },
+                )
+            })
+            .collect();
+        let fake = Fake::new(&pods);
+        let memory = MemoryBudget::unstarted(Some(64 << 20));
+        let config = CollectorConfig {
+            interval: Duration::from_secs(1),
+            memory: memory.clone(),
+            ..CollectorConfig::default()
+        };
+        let (mut c, _metrics) = collector(&fake, config);
+        memory.set(Pressure::Refusing);
+        c.cycle().await;
+        for n in names {
+            assert!(fake.calls_of(n).is_empty(), "{n} taken on under pressure");
+        }
+        assert_eq!(lock(&c.mesh).pods_recorded(), 0);
+        memory.set(Pressure::Normal);
+        c.cycle().await;
+        assert_eq!(lock(&c.mesh).pods_recorded(), 5);
+        memory.set(Pressure::Closing);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        c.cycle().await;
+        // A twentieth of five, one at least: the last one goes.
+        assert_eq!(lock(&c.mesh).pods_recorded(), 4);
+        assert_eq!(
+            fake.calls_of("e").len(),
+            1,
+            "e was let go, not scraped again"
+        );
+        assert_eq!(fake.calls_of("a").len(), 2);
     }
 
     #[test]

@@ -297,9 +297,7 @@ pub async fn serve(
         .await
 }
 
-/// The metadata key of gRPC's retry hint: milliseconds a client should wait
-/// before it tries again.
-pub const RETRY_PUSHBACK_KEY: &str = "grpc-retry-pushback-ms";
+pub use ballast_admin::budget::RETRY_PUSHBACK_KEY;
 
 /// A stream refused because the controller's memory is near its limit:
 /// `RESOURCE_EXHAUSTED`, with a retry hint in `grpc-retry-pushback-ms`.
