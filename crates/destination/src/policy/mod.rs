@@ -8,15 +8,18 @@
 //! differs is translated to protobuf once and shared by every stream on it
 //! (a stream holds a pointer to the latest message, never a queue).
 
+mod grpc;
 mod server;
 mod translate;
 
-pub use server::{PolicyService, DEFAULT_MAX_POLICY_STREAMS};
+pub use grpc::{InboundGrpc, OutboundGrpc};
+pub use server::{FrameStream, PolicyService, DEFAULT_MAX_POLICY_STREAMS};
 pub use translate::{
     inbound_server, outbound_policy, PolicyConfig, DEFAULT_DETECT_TIMEOUT, DEFAULT_EWMA_DECAY,
     DEFAULT_EWMA_RTT, DEFAULT_FAILFAST_TIMEOUT, DEFAULT_QUEUE_CAPACITY,
 };
 
+use crate::server::frame;
 use crate::{
     index::{
         policy::{InboundView, OutboundView},
@@ -26,7 +29,7 @@ use crate::{
     shared::Shared,
     store::{Observer, Store},
 };
-use linkerd2_proxy_api::{inbound, outbound};
+use bytes::Bytes;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge},
@@ -118,14 +121,15 @@ pub struct PolicyStore {
 
 #[derive(Default)]
 struct Subs {
-    outbound: Shared<Target, Entry<OutboundView, outbound::OutboundPolicy>>,
-    inbound: Shared<(ObjectKey, u16), Entry<Option<InboundView>, inbound::Server>>,
+    outbound: Shared<Target, Entry<OutboundView>>,
+    inbound: Shared<(ObjectKey, u16), Entry<Option<InboundView>>>,
 }
 
-struct Entry<V, M> {
+struct Entry<V> {
     view: V,
+    /// The answer as one whole gRPC frame, encoded once for every stream;
     /// `None`: the target is not known (the stream ends with NOT_FOUND).
-    tx: watch::Sender<Option<Arc<M>>>,
+    tx: watch::Sender<Option<Bytes>>,
     /// Turns true when the memory budget's closing step closes every
     /// stream of this entry ([`PolicyStore::shed`]).
     shed: watch::Sender<bool>,
@@ -133,8 +137,8 @@ struct Entry<V, M> {
 
 /// A watcher's handle on one shared answer; leaving drops the
 /// subscription with its last watcher.
-pub struct PolicyWatch<M> {
-    rx: watch::Receiver<Option<Arc<M>>>,
+pub struct PolicyWatch {
+    rx: watch::Receiver<Option<Bytes>>,
     /// True once the stream is to close to relieve memory.
     shed: watch::Receiver<bool>,
     _guard: Guard,
@@ -192,10 +196,7 @@ impl PolicyStore {
         &self.metrics
     }
 
-    pub fn watch_outbound(
-        self: &Arc<Self>,
-        target: Target,
-    ) -> PolicyWatch<outbound::OutboundPolicy> {
+    pub fn watch_outbound(self: &Arc<Self>, target: Target) -> PolicyWatch {
         let (rx, shed) = self.join(
             |subs| &mut subs.outbound,
             &target,
@@ -205,11 +206,7 @@ impl PolicyStore {
         self.watch(rx, shed, Key::Outbound(target))
     }
 
-    pub fn watch_inbound(
-        self: &Arc<Self>,
-        pod: ObjectKey,
-        port: u16,
-    ) -> PolicyWatch<inbound::Server> {
+    pub fn watch_inbound(self: &Arc<Self>, pod: ObjectKey, port: u16) -> PolicyWatch {
         let key = (pod, port);
         let (rx, shed) = self.join(
             |subs| &mut subs.inbound,
@@ -222,13 +219,13 @@ impl PolicyStore {
 
     /// Joins the shared answer of `key` in the registry `pick` chooses,
     /// computing and encoding it if this is its first watcher.
-    fn join<K: Eq + Hash + Clone, V, M>(
+    fn join<K: Eq + Hash + Clone, V>(
         &self,
-        pick: impl FnOnce(&mut Subs) -> &mut Shared<K, Entry<V, M>>,
+        pick: impl FnOnce(&mut Subs) -> &mut Shared<K, Entry<V>>,
         key: &K,
         view_of: impl FnOnce(&Index) -> V,
-        encode: impl FnOnce(&V) -> Option<Arc<M>>,
-    ) -> (watch::Receiver<Option<Arc<M>>>, watch::Receiver<bool>) {
+        encode: impl FnOnce(&V) -> Option<Bytes>,
+    ) -> (watch::Receiver<Option<Bytes>>, watch::Receiver<bool>) {
         // Lock order: the store's, then ours (as in `Observer::changed`).
         self.store.with_index(|index| {
             let mut subs = self.lock();
@@ -247,12 +244,12 @@ impl PolicyStore {
         })
     }
 
-    fn watch<M>(
+    fn watch(
         self: &Arc<Self>,
-        rx: watch::Receiver<Option<Arc<M>>>,
+        rx: watch::Receiver<Option<Bytes>>,
         shed: watch::Receiver<bool>,
         key: Key,
-    ) -> PolicyWatch<M> {
+    ) -> PolicyWatch {
         PolicyWatch {
             rx,
             shed: shed.clone(),
@@ -266,19 +263,18 @@ impl PolicyStore {
 
     /// The subscriptions as the memory budget's closing step weighs them.
     pub fn held(&self) -> Vec<Held> {
-        use prost::Message;
         let subs = self.lock();
         let mut held = Vec::with_capacity(subs.outbound.len() + subs.inbound.len());
         held.extend(subs.outbound.held().map(|(target, e, streams)| Held {
             api: "OutboundPolicies.Watch",
             key: Key::Outbound(target.clone()),
-            bytes: e.tx.borrow().as_ref().map_or(0, |m| m.encoded_len()),
+            bytes: e.tx.borrow().as_ref().map_or(0, Bytes::len),
             streams,
         }));
         held.extend(subs.inbound.held().map(|((pod, port), e, streams)| Held {
             api: "InboundServerPolicies.WatchPort",
             key: Key::Inbound(pod.clone(), *port),
-            bytes: e.tx.borrow().as_ref().map_or(0, |m| m.encoded_len()),
+            bytes: e.tx.borrow().as_ref().map_or(0, Bytes::len),
             streams,
         }));
         held
@@ -303,21 +299,21 @@ impl PolicyStore {
         closed.unwrap_or(0)
     }
 
-    fn encode_outbound(&self, view: &OutboundView) -> Option<Arc<outbound::OutboundPolicy>> {
+    fn encode_outbound(&self, view: &OutboundView) -> Option<Bytes> {
         self.metrics
             .answers_total
             .get_or_create(&PolicyMetrics::api("outbound"))
             .inc();
-        outbound_policy(view, &self.config).map(Arc::new)
+        outbound_policy(view, &self.config).map(|m| frame(&m))
     }
 
-    fn encode_inbound(&self, view: &Option<InboundView>) -> Option<Arc<inbound::Server>> {
+    fn encode_inbound(&self, view: &Option<InboundView>) -> Option<Bytes> {
         self.metrics
             .answers_total
             .get_or_create(&PolicyMetrics::api("inbound"))
             .inc();
         view.as_ref()
-            .map(|v| Arc::new(inbound_server(v, &self.config)))
+            .map(|v| frame(&inbound_server(v, &self.config)))
     }
 
     fn count(&self, subs: &Subs) {
@@ -334,11 +330,7 @@ impl PolicyStore {
 }
 
 /// Replaces an entry's answer when its view changed.
-fn refresh<V: PartialEq, M>(
-    entry: &mut Entry<V, M>,
-    view: V,
-    encode: impl FnOnce(&V) -> Option<Arc<M>>,
-) {
+fn refresh<V: PartialEq>(entry: &mut Entry<V>, view: V, encode: impl FnOnce(&V) -> Option<Bytes>) {
     if entry.view == view {
         return;
     }
@@ -405,9 +397,10 @@ impl Drop for Guard {
     }
 }
 
-impl<M> PolicyWatch<M> {
-    /// The current answer, marking it seen; `None` if the target is unknown.
-    pub fn current(&mut self) -> Option<Arc<M>> {
+impl PolicyWatch {
+    /// The current answer as a gRPC frame, marking it seen; `None` if the
+    /// target is unknown.
+    pub fn current(&mut self) -> Option<Bytes> {
         self.rx.borrow_and_update().clone()
     }
 }

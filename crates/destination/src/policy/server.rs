@@ -3,27 +3,23 @@
 //! A Watch stream sends the subscription's latest message whenever it
 //! changes. It has no task and no queue: the response body polls the shared
 //! answer when the client has room, so a slow reader gets whatever is latest
-//! then, and one that never reads holds only its stream's state.
+//! then, and one that never reads holds only its stream's state. Answers
+//! are whole gRPC frames encoded once per change and shared by every stream
+//! (`grpc.rs` serves them by hand; tonic's generated server would encode
+//! each again per stream, in an 8 KiB buffer of its own).
 
 use super::{PolicyMetrics, PolicyStore, PolicyWatch};
 use crate::{authority, index::Target, resource::ObjectKey};
 use ballast_admin::MemoryBudget;
+use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use linkerd2_proxy_api::{
-    inbound::{
-        self,
-        inbound_server_policies_server::{InboundServerPolicies, InboundServerPoliciesServer},
-        PortSpec,
-    },
-    outbound::{
-        self,
-        outbound_policies_server::{OutboundPolicies, OutboundPoliciesServer},
-        traffic_spec, TrafficSpec,
-    },
+    inbound::PortSpec,
+    outbound::{traffic_spec, TrafficSpec},
 };
 use std::{net::SocketAddr, pin::Pin, sync::Arc};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 /// Concurrent policy Watch streams (both APIs) before new ones are refused
 /// with `RESOURCE_EXHAUSTED`. A proxy holds one per outbound target and one
@@ -40,7 +36,9 @@ pub struct PolicyService {
     memory: MemoryBudget,
 }
 
-type WatchStream<M> = Pin<Box<dyn Stream<Item = Result<M, Status>> + Send>>;
+/// A Watch stream's messages, each one whole gRPC frame shared with every
+/// other stream on its subscription.
+pub type FrameStream = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send>>;
 
 impl PolicyService {
     pub fn new(
@@ -59,13 +57,53 @@ impl PolicyService {
         }
     }
 
-    pub fn outbound_server(&self) -> OutboundPoliciesServer<Self> {
-        OutboundPoliciesServer::new(self.clone()).max_decoding_message_size(self.max_request_bytes)
+    /// `OutboundPolicies` as a tower service for tonic's router.
+    pub fn outbound_server(&self) -> super::grpc::OutboundGrpc {
+        super::grpc::OutboundGrpc::new(self.clone())
     }
 
-    pub fn inbound_server(&self) -> InboundServerPoliciesServer<Self> {
-        InboundServerPoliciesServer::new(self.clone())
-            .max_decoding_message_size(self.max_request_bytes)
+    /// `InboundServerPolicies` as a tower service for tonic's router.
+    pub fn inbound_server(&self) -> super::grpc::InboundGrpc {
+        super::grpc::InboundGrpc::new(self.clone())
+    }
+
+    /// Largest request message accepted.
+    pub fn max_request_bytes(&self) -> usize {
+        self.max_request_bytes
+    }
+
+    /// `OutboundPolicies.Get`: the current answer as a gRPC frame.
+    pub fn get(&self, spec: TrafficSpec) -> Result<Bytes, Status> {
+        let target = self.outbound_target(spec)?;
+        self.policy
+            .watch_outbound(target)
+            .current()
+            .ok_or_else(|| Status::not_found("no such service"))
+    }
+
+    /// `OutboundPolicies.Watch`: the answers as gRPC frames.
+    pub fn watch(&self, spec: TrafficSpec) -> Result<FrameStream, Status> {
+        let target = self.outbound_target(spec)?;
+        let permit = self.permit("OutboundPolicies.Watch")?;
+        let watch = self.policy.watch_outbound(target);
+        self.stream(watch, "outbound", permit)
+    }
+
+    /// `InboundServerPolicies.GetPort`: the current answer as a gRPC frame.
+    pub fn get_port(&self, spec: &PortSpec) -> Result<Bytes, Status> {
+        let (pod, port) = inbound_key(spec)?;
+        self.policy
+            .watch_inbound(pod, port)
+            .current()
+            .ok_or_else(|| Status::not_found("no such pod"))
+    }
+
+    /// `InboundServerPolicies.WatchPort`: the answers as gRPC frames.
+    pub fn watch_port(&self, spec: &PortSpec) -> Result<FrameStream, Status> {
+        let (pod, port) = inbound_key(spec)?;
+        let permit = self.permit("InboundServerPolicies.WatchPort")?;
+        let watch = self.policy.watch_inbound(pod, port);
+        self.stream(watch, "inbound", permit)
     }
 
     fn permit(&self, api: &'static str) -> Result<OwnedSemaphorePermit, Status> {
@@ -98,12 +136,12 @@ impl PolicyService {
 
     /// A stream of the watch's answers, first the current one; it ends
     /// with NOT_FOUND when the target goes, or cleanly at shutdown.
-    fn stream<M: Clone + Send + Sync + 'static>(
+    fn stream(
         &self,
-        watch: PolicyWatch<M>,
+        watch: PolicyWatch,
         api: &'static str,
         permit: OwnedSemaphorePermit,
-    ) -> Result<WatchStream<M>, Status> {
+    ) -> Result<FrameStream, Status> {
         let PolicyWatch {
             mut rx,
             shed,
@@ -146,7 +184,7 @@ impl PolicyService {
             tokio_stream::wrappers::WatchStream::from_changes(rx).scan(false, |gone, answer| {
                 let item = match (*gone, answer) {
                     (true, _) => None,
-                    (false, Some(msg)) => Some(Ok((*msg).clone())),
+                    (false, Some(frame)) => Some(Ok(frame)),
                     (false, None) => {
                         *gone = true;
                         Some(Err(Status::not_found("target no longer exists")))
@@ -154,7 +192,7 @@ impl PolicyService {
                 };
                 futures_util::future::ready(item)
             });
-        let s = futures_util::stream::once(futures_util::future::ready(Ok((*first).clone())))
+        let s = futures_util::stream::once(futures_util::future::ready(Ok(first)))
             .chain(changes)
             .take_until(stopped)
             .chain(shed_status)
@@ -211,57 +249,6 @@ fn inbound_key(spec: &PortSpec) -> Result<(ObjectKey, u16), Status> {
         .filter(|p| *p != 0)
         .ok_or_else(|| Status::invalid_argument("port must be in 1..=65535"))?;
     Ok((pod, port))
-}
-
-#[tonic::async_trait]
-impl OutboundPolicies for PolicyService {
-    async fn get(
-        &self,
-        req: Request<TrafficSpec>,
-    ) -> Result<Response<outbound::OutboundPolicy>, Status> {
-        let target = self.outbound_target(req.into_inner())?;
-        let mut watch = self.policy.watch_outbound(target);
-        let msg = watch
-            .current()
-            .ok_or_else(|| Status::not_found("no such service"))?;
-        Ok(Response::new((*msg).clone()))
-    }
-
-    type WatchStream = WatchStream<outbound::OutboundPolicy>;
-
-    async fn watch(
-        &self,
-        req: Request<TrafficSpec>,
-    ) -> Result<Response<Self::WatchStream>, Status> {
-        let target = self.outbound_target(req.into_inner())?;
-        let permit = self.permit("OutboundPolicies.Watch")?;
-        let watch = self.policy.watch_outbound(target);
-        self.stream(watch, "outbound", permit).map(Response::new)
-    }
-}
-
-#[tonic::async_trait]
-impl InboundServerPolicies for PolicyService {
-    async fn get_port(&self, req: Request<PortSpec>) -> Result<Response<inbound::Server>, Status> {
-        let (pod, port) = inbound_key(req.get_ref())?;
-        let mut watch = self.policy.watch_inbound(pod, port);
-        let msg = watch
-            .current()
-            .ok_or_else(|| Status::not_found("no such pod"))?;
-        Ok(Response::new((*msg).clone()))
-    }
-
-    type WatchPortStream = WatchStream<inbound::Server>;
-
-    async fn watch_port(
-        &self,
-        req: Request<PortSpec>,
-    ) -> Result<Response<Self::WatchPortStream>, Status> {
-        let (pod, port) = inbound_key(req.get_ref())?;
-        let permit = self.permit("InboundServerPolicies.WatchPort")?;
-        let watch = self.policy.watch_inbound(pod, port);
-        self.stream(watch, "inbound", permit).map(Response::new)
-    }
 }
 
 #[cfg(test)]

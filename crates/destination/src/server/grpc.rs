@@ -16,7 +16,8 @@ use tonic::{codec::Streaming, server::NamedService, Status};
 
 const GET: &str = "/io.linkerd.proxy.destination.Destination/Get";
 const GET_PROFILE: &str = "/io.linkerd.proxy.destination.Destination/GetProfile";
-/// Room to decode a request; a `GetDestination` is a path and a token.
+/// Room to decode a request; a `GetDestination` is a path and a token, a
+/// policy request a target and a workload.
 const REQUEST_BUFFER_BYTES: usize = 1024;
 
 /// Linkerd's Destination API (`Get`, `GetProfile`) as a tower service for
@@ -58,7 +59,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for DestinationGrpc {
         let service = self.service.clone();
         Box::pin(async move {
             let max = service.config.max_request_bytes;
-            let request = match decode(req, max).await {
+            let request: GetDestination = match decode(req, max).await {
                 Ok(r) => r,
                 Err(status) => return Ok(status.into_http()),
             };
@@ -72,14 +73,15 @@ impl tower::Service<http::Request<tonic::body::Body>> for DestinationGrpc {
     }
 }
 
-/// The one request message of a server-streaming call.
-async fn decode(
+/// The one request message of a call (unary or server-streaming).
+pub(crate) async fn decode<M: prost::Message + Default + Send + 'static>(
     req: http::Request<tonic::body::Body>,
     max_request_bytes: usize,
-) -> Result<GetDestination, Status> {
-    let decoder = tonic_prost::ProstDecoder::<GetDestination>::new(
-        tonic::codec::BufferSettings::new(REQUEST_BUFFER_BYTES, REQUEST_BUFFER_BYTES),
-    );
+) -> Result<M, Status> {
+    let decoder = tonic_prost::ProstDecoder::<M>::new(tonic::codec::BufferSettings::new(
+        REQUEST_BUFFER_BYTES,
+        REQUEST_BUFFER_BYTES,
+    ));
     // No compression is offered: a compressed request is refused by the
     // decoder, by name.
     let mut stream =
@@ -93,7 +95,12 @@ async fn decode(
 fn response<V: PartialEq + Send + Sync + 'static>(
     body: StreamBody<V>,
 ) -> http::Response<tonic::body::Body> {
-    let mut res = http::Response::new(tonic::body::Body::new(body));
+    grpc_response(tonic::body::Body::new(body))
+}
+
+/// A gRPC response around `body` (its messages and trailers).
+pub(crate) fn grpc_response(body: tonic::body::Body) -> http::Response<tonic::body::Body> {
+    let mut res = http::Response::new(body);
     res.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     res

@@ -17,10 +17,11 @@ mod translate;
 mod updates;
 
 pub use grpc::DestinationGrpc;
+pub(crate) use grpc::{decode, grpc_response};
 pub use translate::{
     default_retry_budget, weighted_addr, MeshConfig, DEFAULT_PROXY_INBOUND_PORT, DEFAULT_WEIGHT,
 };
-pub use updates::{EndpointsEncoder, ProfileEncoder, MAX_ADDRS_PER_UPDATE};
+pub use updates::{frame, EndpointsEncoder, ProfileEncoder, MAX_ADDRS_PER_UPDATE};
 
 use crate::{
     authority,

@@ -343,9 +343,7 @@ async fn bad_requests_are_refused_by_name() {
 async fn the_closing_step_closes_the_costliest_streams_first() {
     use crate::policy::{PolicyConfig, PolicyMetrics, PolicyService, PolicyStore};
     use futures_util::StreamExt;
-    use linkerd2_proxy_api::outbound::{
-        outbound_policies_server::OutboundPolicies, traffic_spec, TrafficSpec,
-    };
+    use linkerd2_proxy_api::outbound::{traffic_spec, TrafficSpec};
 
     let s = setup(64);
     let budget = ballast_admin::MemoryBudget::unstarted(Some(64 << 20));
@@ -362,15 +360,13 @@ async fn the_closing_step_closes_the_costliest_streams_first() {
         s.stop.subscribe(),
     );
     let mut watch = policy_service
-        .watch(tonic::Request::new(TrafficSpec {
+        .watch(TrafficSpec {
             source_workload: "ns:client".into(),
             target: Some(traffic_spec::Target::Authority(
                 "web.ns.svc.cluster.local:80".into(),
             )),
-        }))
-        .await
-        .expect("a policy stream")
-        .into_inner();
+        })
+        .expect("a policy stream");
     watch.next().await.expect("a first answer").expect("ok");
     // Twenty streams share the service's subscription; one watches an
     // address alone.
