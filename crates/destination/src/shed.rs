@@ -22,9 +22,10 @@ use tokio::sync::watch;
 /// state, the body and its cursor), as measured: bench/RESULTS.md, 3.2 KB
 /// allocated per open stream.
 pub const DESTINATION_STREAM_BYTES: usize = 3 * 1024;
-/// What one policy Watch stream holds on its own (tonic's generated server
-/// with its encode buffer), as measured: bench/RESULTS.md, about 11 KB.
-pub const POLICY_STREAM_BYTES: usize = 11 * 1024;
+/// What one policy Watch stream holds on its own (the HTTP/2 stream, its
+/// body and its watch of the shared frame), as measured: bench/RESULTS.md,
+/// 3.8-4.1 KB allocated per open stream.
+pub const POLICY_STREAM_BYTES: usize = 4 * 1024;
 /// The share of open streams closed in one round (at least one stream).
 pub const SHED_PERCENT: usize = 5;
 /// Time between rounds, for freed memory to show in the next reading.
