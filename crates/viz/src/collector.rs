@@ -840,10 +840,9 @@ mod tests {
         assert_eq!(count(&metrics, "connect_error"), bad.len() as u64);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn pods_past_the_limit_are_not_scraped_and_are_counted() {
-        let names = ["a", "b", "c", "d", "e"];
-        let pods: Vec<(&str, Behaviour)> = names
+    /// Pods that answer at once.
+    fn answering<'a>(names: &[&'a str]) -> Vec<(&'a str, Behaviour)> {
+        names
             .iter()
             .map(|n| {
                 (
@@ -853,8 +852,13 @@ mod tests {
                     },
                 )
             })
-            .collect();
-        let fake = Fake::new(&pods);
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pods_past_the_limit_are_not_scraped_and_are_counted() {
+        let names = ["a", "b", "c", "d", "e"];
+        let fake = Fake::new(&answering(&names));
         let config = CollectorConfig {
             max_pods: 3,
             ..CollectorConfig::default()
@@ -871,18 +875,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn under_memory_pressure_new_pods_are_refused_and_at_the_limit_some_let_go() {
         let names = ["a", "b", "c", "d", "e"];
-        let pods: Vec<(&str, Behaviour)> = names
-            .iter()
-            .map(|n| {
-                (
-                    *n,
-                    Behaviour::Answer {
-                        after: Duration::ZERO,
-                    },
-                )
-            })
-            .collect();
-        let fake = Fake::new(&pods);
+        let fake = Fake::new(&answering(&names));
         let memory = MemoryBudget::unstarted(Some(64 << 20));
         let config = CollectorConfig {
             interval: Duration::from_secs(1),

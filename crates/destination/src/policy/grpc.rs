@@ -12,52 +12,88 @@ use linkerd2_proxy_api::{inbound::PortSpec, outbound::TrafficSpec};
 use std::{
     convert::Infallible,
     future::Future,
+    marker::PhantomData,
     pin::Pin,
     task::{Context, Poll},
 };
 use tonic::{server::NamedService, Status};
 
-const OUTBOUND_GET: &str = "/io.linkerd.proxy.outbound.OutboundPolicies/Get";
-const OUTBOUND_WATCH: &str = "/io.linkerd.proxy.outbound.OutboundPolicies/Watch";
-const INBOUND_GET: &str = "/io.linkerd.proxy.inbound.InboundServerPolicies/GetPort";
-const INBOUND_WATCH: &str = "/io.linkerd.proxy.inbound.InboundServerPolicies/WatchPort";
-
 type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, Infallible>> + Send>>;
 
-/// Linkerd's `OutboundPolicies` (`Get`, `Watch`) for tonic's router.
-#[derive(Clone)]
-pub struct OutboundGrpc {
-    service: PolicyService,
+/// One of the two policy APIs: its name, its two methods' paths, its
+/// request, and how the service answers each method.
+pub trait PolicyApi: Send + Sync + 'static {
+    const NAME: &'static str;
+    const GET: &'static str;
+    const WATCH: &'static str;
+    type Request: prost::Message + Default + Send + 'static;
+    fn get(service: &PolicyService, req: Self::Request) -> Result<Bytes, Status>;
+    fn watch(service: &PolicyService, req: Self::Request) -> Result<FrameStream, Status>;
 }
 
-/// Linkerd's `InboundServerPolicies` (`GetPort`, `WatchPort`) for tonic's
-/// router.
-#[derive(Clone)]
-pub struct InboundGrpc {
-    service: PolicyService,
-}
+/// `OutboundPolicies` (`Get`, `Watch`).
+pub enum Outbound {}
 
-impl OutboundGrpc {
-    pub fn new(service: PolicyService) -> Self {
-        Self { service }
-    }
-}
+/// `InboundServerPolicies` (`GetPort`, `WatchPort`).
+pub enum Inbound {}
 
-impl InboundGrpc {
-    pub fn new(service: PolicyService) -> Self {
-        Self { service }
-    }
-}
-
-impl NamedService for OutboundGrpc {
+impl PolicyApi for Outbound {
     const NAME: &'static str = "io.linkerd.proxy.outbound.OutboundPolicies";
+    const GET: &'static str = "/io.linkerd.proxy.outbound.OutboundPolicies/Get";
+    const WATCH: &'static str = "/io.linkerd.proxy.outbound.OutboundPolicies/Watch";
+    type Request = TrafficSpec;
+    fn get(service: &PolicyService, req: TrafficSpec) -> Result<Bytes, Status> {
+        service.get(req)
+    }
+    fn watch(service: &PolicyService, req: TrafficSpec) -> Result<FrameStream, Status> {
+        service.watch(req)
+    }
 }
 
-impl NamedService for InboundGrpc {
+impl PolicyApi for Inbound {
     const NAME: &'static str = "io.linkerd.proxy.inbound.InboundServerPolicies";
+    const GET: &'static str = "/io.linkerd.proxy.inbound.InboundServerPolicies/GetPort";
+    const WATCH: &'static str = "/io.linkerd.proxy.inbound.InboundServerPolicies/WatchPort";
+    type Request = PortSpec;
+    fn get(service: &PolicyService, req: PortSpec) -> Result<Bytes, Status> {
+        service.get_port(&req)
+    }
+    fn watch(service: &PolicyService, req: PortSpec) -> Result<FrameStream, Status> {
+        service.watch_port(&req)
+    }
 }
 
-impl tower::Service<http::Request<tonic::body::Body>> for OutboundGrpc {
+/// One policy API as a tower service for tonic's router.
+pub struct PolicyGrpc<A> {
+    service: PolicyService,
+    api: PhantomData<fn() -> A>,
+}
+
+/// Linkerd's `OutboundPolicies` for tonic's router.
+pub type OutboundGrpc = PolicyGrpc<Outbound>;
+/// Linkerd's `InboundServerPolicies` for tonic's router.
+pub type InboundGrpc = PolicyGrpc<Inbound>;
+
+impl<A> PolicyGrpc<A> {
+    pub fn new(service: PolicyService) -> Self {
+        Self {
+            service,
+            api: PhantomData,
+        }
+    }
+}
+
+impl<A> Clone for PolicyGrpc<A> {
+    fn clone(&self) -> Self {
+        Self::new(self.service.clone())
+    }
+}
+
+impl<A: PolicyApi> NamedService for PolicyGrpc<A> {
+    const NAME: &'static str = A::NAME;
+}
+
+impl<A: PolicyApi> tower::Service<http::Request<tonic::body::Body>> for PolicyGrpc<A> {
     type Response = http::Response<tonic::body::Body>;
     type Error = Infallible;
     type Future = BoxFuture<Self::Response>;
@@ -67,58 +103,27 @@ impl tower::Service<http::Request<tonic::body::Body>> for OutboundGrpc {
     }
 
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        let watch = match req.uri().path() {
-            OUTBOUND_GET => false,
-            OUTBOUND_WATCH => true,
-            _ => return unimplemented(),
+        let path = req.uri().path();
+        let watch = if path == A::WATCH {
+            true
+        } else if path == A::GET {
+            false
+        } else {
+            return Box::pin(async { Ok(Status::unimplemented("no such method").into_http()) });
         };
         let service = self.service.clone();
         Box::pin(async move {
-            let spec: TrafficSpec = match decode(req, service.max_request_bytes()).await {
+            let spec: A::Request = match decode(req, service.max_request_bytes()).await {
                 Ok(spec) => spec,
                 Err(status) => return Ok(status.into_http()),
             };
             Ok(if watch {
-                answer_stream(service.watch(spec))
+                answer_stream(A::watch(&service, spec))
             } else {
-                answer_once(service.get(spec))
+                answer_once(A::get(&service, spec))
             })
         })
     }
-}
-
-impl tower::Service<http::Request<tonic::body::Body>> for InboundGrpc {
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<Self::Response>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        let watch = match req.uri().path() {
-            INBOUND_GET => false,
-            INBOUND_WATCH => true,
-            _ => return unimplemented(),
-        };
-        let service = self.service.clone();
-        Box::pin(async move {
-            let spec: PortSpec = match decode(req, service.max_request_bytes()).await {
-                Ok(spec) => spec,
-                Err(status) => return Ok(status.into_http()),
-            };
-            Ok(if watch {
-                answer_stream(service.watch_port(&spec))
-            } else {
-                answer_once(service.get_port(&spec))
-            })
-        })
-    }
-}
-
-fn unimplemented() -> BoxFuture<http::Response<tonic::body::Body>> {
-    Box::pin(async { Ok(Status::unimplemented("no such method").into_http()) })
 }
 
 fn answer_once(answer: Result<Bytes, Status>) -> http::Response<tonic::body::Body> {
