@@ -8,13 +8,27 @@ use std::sync::Arc;
 ///
 /// Cloning is cheap; clones ask the same check.
 #[derive(Clone)]
-pub struct Readiness(Arc<dyn Fn() -> bool + Send + Sync>);
+pub struct Readiness(Arc<dyn Fn() -> bool + Send + Sync>, Option<Detail>);
+
+/// A line `/ready` adds to its answer when there is something to say.
+type Detail = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 impl Readiness {
     /// Ready whenever `check` returns `true`. `check` runs on the admin
     /// server's task for every `/ready` request, so it must not block.
     pub fn from_fn(check: impl Fn() -> bool + Send + Sync + 'static) -> Self {
-        Self(Arc::new(check))
+        Self(Arc::new(check), None)
+    }
+
+    /// `/ready` also says what `detail` returns, when it returns a line
+    /// (the status is still the check's).
+    pub fn with_detail(self, detail: impl Fn() -> Option<String> + Send + Sync + 'static) -> Self {
+        Self(self.0, Some(Arc::new(detail)))
+    }
+
+    /// The line to add to the answer, if any.
+    pub fn detail(&self) -> Option<String> {
+        self.1.as_ref().and_then(|d| d())
     }
 
     /// Ready while `flag` is `true`; flip the flag to change the answer.
@@ -35,7 +49,7 @@ impl Readiness {
 
 impl From<Arc<dyn Fn() -> bool + Send + Sync>> for Readiness {
     fn from(check: Arc<dyn Fn() -> bool + Send + Sync>) -> Self {
-        Self(check)
+        Self(check, None)
     }
 }
 

@@ -363,8 +363,18 @@ impl AdminService {
             shutdown.is_some(),
         ) {
             Route::Live => text(StatusCode::OK, "live\n"),
-            Route::Ready if self.state.readiness.is_ready() => text(StatusCode::OK, "ready\n"),
-            Route::Ready => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
+            Route::Ready => {
+                let readiness = &self.state.readiness;
+                let (status, answer) = if readiness.is_ready() {
+                    (StatusCode::OK, "ready\n")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+                };
+                match readiness.detail() {
+                    Some(detail) => text_owned(status, format!("{answer}{detail}\n")),
+                    None => text(status, answer),
+                }
+            }
             Route::Metrics => self.metrics(),
             Route::Shutdown => {
                 tracing::info!(%peer, "POST /shutdown received; shutting down");
@@ -414,7 +424,11 @@ impl AdminService {
 }
 
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    text_owned(status, Bytes::from_static(body.as_bytes()))
+}
+
+fn text_owned(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body.into()));
     *response.status_mut() = status;
     response
         .headers_mut()

@@ -409,6 +409,9 @@ pub struct Config {
     pub mesh: Option<std::sync::Arc<crate::identity::MeshTls>>,
     /// The Tap API's settings; `None` without a tap listener.
     pub tap: Option<TapConfig>,
+    /// The snapshot's book, read at start (`--snapshot-path`); `None`
+    /// keeps no snapshot.
+    pub snapshot: Option<std::sync::Arc<crate::discovery::snapshot::Book>>,
 }
 
 /// Parses a comma-separated port list (`25,587,6379`); empty is none.

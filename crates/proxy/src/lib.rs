@@ -43,7 +43,7 @@ use listen::{accept_loop, Connections, Listener};
 use memory::MemoryLimit;
 use own_listeners::OwnListeners;
 use pipeline::Pipeline;
-use std::{future::Future, net::SocketAddr, sync::Arc};
+use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 use tokio::{net::TcpListener, sync::watch};
 
 /// The proxy's bound listeners.
@@ -86,6 +86,15 @@ pub async fn serve(
     }
     let own = Arc::new(OwnListeners::new(own));
     let control = ControlPlane::new(config.control.clone(), metrics.clone())?;
+    let control = match &config.snapshot {
+        Some(book) => control.with_book(book.clone()),
+        None => control,
+    };
+    let snapshot_writer = config.snapshot.as_ref().map(|book| {
+        let connected = control.clone();
+        book.spawn_writer(move || connected.is_connected())
+    });
+    let (final_snapshot, connected) = (config.snapshot.clone(), control.clone());
     let discovery = Discovery::new(
         control,
         config.outbound.max_endpoints_per_target,
@@ -221,5 +230,16 @@ pub async fn serve(
         tracing::info!("shutdown grace passed with connections still open; closing them");
     }
     sweeper.abort();
+    if let (Some(book), Some(writer)) = (final_snapshot, snapshot_writer) {
+        writer.abort();
+        // What the controller said last, for the next start.
+        let flushed = book.flush(connected.is_connected());
+        if tokio::time::timeout(Duration::from_secs(1), flushed)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the snapshot was not written within 1s at shutdown");
+        }
+    }
     Ok(())
 }

@@ -168,6 +168,35 @@ pub struct Args {
     #[arg(long, env = "BALLAST_PROXY_STALE_ENDPOINTS_GRACE", default_value = "60m", value_parser = TIMEOUT)]
     stale_endpoints_grace: Duration,
 
+    /// Keep what the controller last said (endpoints with their identities,
+    /// profiles, outbound and inbound policies) in this file, so a proxy
+    /// restarted while the controller is away starts from it: each watch the
+    /// file knows waits --snapshot-wait for the controller, then serves the
+    /// file's answer until the controller's replaces it (see
+    /// discovery_snapshot_serving and /ready). Entries older than
+    /// --stale-endpoints-grace are neither written nor used; another pod's,
+    /// damaged or cut-short files are ignored with one warning. Its directory
+    /// must exist (injection mounts an emptyDir there). Off unless given.
+    #[arg(long, env = "BALLAST_PROXY_SNAPSHOT_PATH")]
+    snapshot_path: Option<PathBuf>,
+
+    /// Changes are written to --snapshot-path at most this often (inbound
+    /// policy changes are written before they take effect, at most every 100ms).
+    #[arg(long, env = "BALLAST_PROXY_SNAPSHOT_INTERVAL", default_value = "5s", value_parser = BACKOFF)]
+    snapshot_interval: Duration,
+
+    /// How long a watch the snapshot knows waits for the controller's first
+    /// answer before serving the snapshot's; at most --profile-timeout.
+    #[arg(long, env = "BALLAST_PROXY_SNAPSHOT_WAIT", default_value = "250ms", value_parser = TIMEOUT)]
+    snapshot_wait: Duration,
+
+    /// The snapshot file's bound in bytes; entries past it are left out
+    /// (inbound policies first kept, then outbound policies, profiles,
+    /// endpoints, the newest first), counted in discovery_snapshot_left_out.
+    #[arg(long, env = "BALLAST_PROXY_SNAPSHOT_MAX_BYTES", default_value = "8MiB",
+          value_parser = bytes::<usize>(64 * KIB, 256 * MIB))]
+    snapshot_max_bytes: usize,
+
     /// Connections open at once per listener; more are closed at accept.
     #[arg(long, env = "BALLAST_PROXY_MAX_CONNECTIONS", default_value_t = defaults::DEFAULT_MAX_CONNECTIONS,
           value_parser = count(1, MANY))]
@@ -514,6 +543,12 @@ impl Args {
             self.connect_backoff_min,
             "--connect-backoff-max",
             self.connect_backoff_max,
+        )?;
+        ballast_flags::ordered(
+            "--snapshot-wait",
+            self.snapshot_wait,
+            "--profile-timeout",
+            self.profile_timeout,
         )
     }
 }
@@ -571,6 +606,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // not when jemalloc next decays (it would wait for traffic).
     ballast_admin::release_unused_memory();
     let mesh = identity(&args, &mut registry)?;
+    let snapshot = snapshot(&args, &metrics)?;
     let tap_config = tap_config(&args, mesh.is_some())?;
     let tap = tap.map(|listener| {
         let metrics = ballast_proxy::tap::TapMetrics::default();
@@ -585,6 +621,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             Readiness::from_fn(move || store.is_ready())
         }
         None => Readiness::from_flag(Arc::new(AtomicBool::new(true))),
+    };
+    let ready = match &snapshot {
+        Some(book) => {
+            let book = book.clone();
+            ready.with_detail(move || book.readiness_detail())
+        }
+        None => ready,
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let admin_addr = admin.local_addr()?;
@@ -674,6 +717,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         shutdown_grace: args.shutdown_grace,
         mesh,
         tap: tap_config,
+        snapshot,
     };
     let listeners = ballast_proxy::Listeners {
         outbound,
@@ -692,6 +736,38 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let _ = stop_tx.send(true);
     let _ = admin_task.await;
     result.map_err(|e| anyhow::anyhow!(e))
+}
+
+/// The snapshot's book, read from --snapshot-path; `None` without it.
+fn snapshot(
+    args: &Args,
+    metrics: &Arc<ballast_proxy::Metrics>,
+) -> anyhow::Result<Option<Arc<ballast_proxy::discovery::snapshot::Book>>> {
+    use ballast_proxy::discovery::{snapshot, workload_json};
+    let Some(path) = &args.snapshot_path else {
+        return Ok(None);
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    if !dir.is_dir() {
+        anyhow::bail!(
+            "--snapshot-path {}: directory {} does not exist",
+            path.display(),
+            dir.display()
+        );
+    }
+    let config = snapshot::SnapshotConfig {
+        path: path.clone(),
+        interval: args.snapshot_interval,
+        wait: args.snapshot_wait,
+        max_bytes: args.snapshot_max_bytes,
+        grace: args.stale_endpoints_grace,
+        max_entries: args.max_targets,
+        workload: workload_json(&args.pod_namespace, &args.pod_name),
+    };
+    Ok(Some(snapshot::Book::load(config, metrics.clone())))
 }
 
 /// The proxy's identity from its flags, started; `None` with --identity-disabled.

@@ -176,6 +176,9 @@ pub struct ControlPlane {
     connected: Arc<AtomicBool>,
     pub(crate) config: Arc<ControlConfig>,
     pub(crate) metrics: Arc<Metrics>,
+    /// The snapshot's book (`--snapshot-path`): what watches record and
+    /// start from.
+    pub(crate) book: Option<Arc<super::snapshot::Book>>,
 }
 
 impl ControlPlane {
@@ -214,7 +217,25 @@ impl ControlPlane {
             connected: Arc::new(AtomicBool::new(false)),
             config: Arc::new(config),
             metrics,
+            book: None,
         })
+    }
+
+    /// Watches record what the controller says in `book`, and start from it
+    /// when the controller is silent.
+    pub fn with_book(mut self, book: Arc<super::snapshot::Book>) -> Self {
+        self.book = Some(book);
+        self
+    }
+
+    /// The book's message for a watch of `kind` on `key`, with the book.
+    pub(crate) fn restored(
+        &self,
+        kind: super::snapshot::Kind,
+        key: &str,
+    ) -> Option<(Arc<super::snapshot::Book>, super::snapshot::Restored)> {
+        let book = self.book.as_ref()?;
+        Some((book.clone(), book.restored(kind, key)?))
     }
 
     pub(crate) fn channel(&self) -> Channel {
@@ -224,7 +245,7 @@ impl ControlPlane {
     /// A message arrived: the controller is there; restart the schedule.
     /// Whether the last stream to the controller delivered and none failed
     /// since.
-    pub(crate) fn is_connected(&self) -> bool {
+    pub fn is_connected(&self) -> bool {
         self.connected.load(Ordering::Relaxed)
     }
 

@@ -34,6 +34,8 @@ pub struct DiscoveryMetrics {
     /// Messages from the controller refused for exceeding
     /// `--control-max-message-bytes`, by RPC.
     pub control_messages_too_large_total: Family<StreamLabels, Counter>,
+    /// The snapshot file (`--snapshot-path`).
+    pub snapshot: super::snapshot::SnapshotMetrics,
 }
 
 impl DiscoveryMetrics {
@@ -84,5 +86,6 @@ impl DiscoveryMetrics {
             "Messages from the destination controller refused for exceeding --control-max-message-bytes",
             self.control_messages_too_large_total.clone(),
         );
+        self.snapshot.register(r);
     }
 }

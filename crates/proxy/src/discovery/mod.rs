@@ -14,6 +14,7 @@ mod policy;
 mod profile;
 mod resolve;
 mod server_policy;
+pub mod snapshot;
 mod stream;
 
 pub use control::ControlPlane;

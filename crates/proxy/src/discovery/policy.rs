@@ -7,11 +7,16 @@
 //! other failure keeps the last policy and opens the stream again after the
 //! control plane's backoff ([`super::stream::follow`]).
 
-use super::{control::ControlPlane, stream, AbortOnDrop, Endpoint};
+use super::{
+    control::ControlPlane,
+    snapshot::{self, Held, Kind},
+    stream, AbortOnDrop, Endpoint,
+};
 use linkerd2_proxy_api::{
     destination::WeightedAddr,
     outbound::{outbound_policies_client::OutboundPoliciesClient, OutboundPolicy, TrafficSpec},
 };
+use prost::Message;
 use std::{
     fmt::Display,
     sync::{
@@ -80,8 +85,12 @@ impl<T: Send + Sync + 'static> PolicyWatch<T> {
         control.metrics.outbound_policy.watches.inc();
         let open = OpenWatch(control.metrics.clone());
         let target = describe(&spec);
+        let key: Arc<str> = Arc::from(snapshot_key(&spec));
+        let restored = control.restored(Kind::Outbound, &key);
         let task = tokio::spawn(async move {
-            let status = stream::follow(
+            let alive = Arc::new(());
+            let serving = std::sync::Mutex::new(None);
+            let follow = stream::follow(
                 &control,
                 "outbound_policy",
                 |channel| {
@@ -93,17 +102,46 @@ impl<T: Send + Sync + 'static> PolicyWatch<T> {
                             .await
                     }
                 },
-                |message: OutboundPolicy, _| match convert(message) {
-                    Ok(policy) => {
-                        tx.send_replace(PolicyState::Known(Arc::new(policy)));
-                    }
-                    Err(error) => {
-                        let error: String = error.to_string().chars().take(256).collect();
-                        tracing::warn!(%target, %error, "refused an outbound policy; keeping the last one");
+                |message: OutboundPolicy, _| {
+                    snapshot::answered(&serving);
+                    let encoded = control.book.as_ref().map(|_| message.encode_to_vec());
+                    match convert(message) {
+                        Ok(policy) => {
+                            if let (Some(book), Some(encoded)) = (&control.book, encoded) {
+                                book.record(
+                                    Kind::Outbound,
+                                    &key,
+                                    Held::Encoded(encoded.into()),
+                                    &alive,
+                                );
+                            }
+                            tx.send_replace(PolicyState::Known(Arc::new(policy)));
+                        }
+                        Err(error) => {
+                            let error: String = error.to_string().chars().take(256).collect();
+                            tracing::warn!(%target, %error, "refused an outbound policy; keeping the last one");
+                        }
                     }
                 },
-            )
-            .await;
+            );
+            let from_snapshot = snapshot::serve_after_wait(
+                restored,
+                Kind::Outbound,
+                &serving,
+                || matches!(*tx.borrow(), PolicyState::Pending),
+                |message| match OutboundPolicy::decode(message).map(convert) {
+                    Ok(Ok(policy)) => {
+                        tx.send_replace(PolicyState::Known(Arc::new(policy)));
+                        true
+                    }
+                    _ => false,
+                },
+            );
+            let status = tokio::select! {
+                status = follow => status,
+                never = from_snapshot => match never {},
+            };
+            drop(serving);
             tracing::debug!(%target, code = ?status.code(), "no outbound policy: routing without one");
             tx.send_replace(PolicyState::Fallback);
         });
@@ -160,6 +198,21 @@ impl<T> PolicyWatch<T> {
     pub fn changes(&self) -> watch::Receiver<PolicyState<T>> {
         self.rx.clone()
     }
+}
+
+/// A target as the snapshot names it: its whole spec, so two specs never
+/// share an entry.
+fn snapshot_key(spec: &TrafficSpec) -> String {
+    use linkerd2_proxy_api::outbound::traffic_spec::Target;
+    let target = match &spec.target {
+        Some(Target::Authority(a)) => format!("authority:{a}"),
+        Some(Target::Addr(a)) => match std::net::SocketAddr::try_from(*a) {
+            Ok(a) => format!("addr:{a}"),
+            Err(_) => "addr:invalid".into(),
+        },
+        None => "none".into(),
+    };
+    format!("{target} from {}", spec.source_workload)
 }
 
 /// A short description of a target, for logs.

@@ -1,10 +1,15 @@
 //! `GetProfile`: what an address is (a service's cluster IP, a pod, or
 //! neither) and whether its port is opaque, as a latest-value watch.
 
-use super::{control::ControlPlane, stream, AbortOnDrop, Endpoint};
+use super::{
+    control::ControlPlane,
+    snapshot::{self, Held, Kind},
+    stream, AbortOnDrop, Endpoint,
+};
 use linkerd2_proxy_api::destination::{
     destination_client::DestinationClient, DestinationProfile, GetDestination,
 };
+use prost::Message;
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 use tokio::sync::watch;
 
@@ -51,6 +56,17 @@ impl Profile {
     }
 }
 
+/// Publishes `profile` unless it is the one already published.
+fn publish(tx: &watch::Sender<Option<Arc<Profile>>>, profile: Profile) {
+    tx.send_if_modified(|current| {
+        if current.as_deref() == Some(&profile) {
+            return false;
+        }
+        *current = Some(Arc::new(profile));
+        true
+    });
+}
+
 /// The profile of one address, kept current while this handle lives.
 #[derive(Clone, Debug)]
 pub struct ProfileWatch {
@@ -67,8 +83,12 @@ impl ProfileWatch {
             context_token: control.config.context_token.clone(),
         };
         let max_message = control.config.max_message_bytes;
+        let key: Arc<str> = Arc::from(addr.to_string());
+        let restored = control.restored(Kind::Profile, &key);
         let task = tokio::spawn(async move {
-            let status = stream::follow(
+            let alive = Arc::new(());
+            let serving = std::sync::Mutex::new(None);
+            let follow = stream::follow(
                 &control,
                 "get_profile",
                 |channel| {
@@ -81,17 +101,32 @@ impl ProfileWatch {
                     }
                 },
                 |profile: DestinationProfile, _| {
-                    let profile = Profile::from_wire(profile);
-                    tx.send_if_modified(|current| {
-                        if current.as_deref() == Some(&profile) {
-                            return false;
-                        }
-                        *current = Some(Arc::new(profile));
-                        true
-                    });
+                    snapshot::answered(&serving);
+                    if let Some(book) = &control.book {
+                        let held = Held::Encoded(profile.encode_to_vec().into());
+                        book.record(Kind::Profile, &key, held, &alive);
+                    }
+                    publish(&tx, Profile::from_wire(profile));
                 },
-            )
-            .await;
+            );
+            let from_snapshot = snapshot::serve_after_wait(
+                restored,
+                Kind::Profile,
+                &serving,
+                || tx.borrow().is_none(),
+                |message| match DestinationProfile::decode(message) {
+                    Ok(profile) => {
+                        publish(&tx, Profile::from_wire(profile));
+                        true
+                    }
+                    Err(_) => false,
+                },
+            );
+            let status = tokio::select! {
+                status = follow => status,
+                never = from_snapshot => match never {},
+            };
+            drop(serving);
             tracing::debug!(%addr, code = ?status.code(), "the controller has no profile for this address");
             // A final answer: route without a profile.
             tx.send_replace(Some(Arc::new(Profile {

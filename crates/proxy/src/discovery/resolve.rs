@@ -1,13 +1,15 @@
 //! `Get`: the endpoints of one target, as a latest-value watch.
 
+use super::snapshot::{self, Held, Kind};
 use super::{
     control::ControlPlane, stream, AbortOnDrop, Endpoint, EndpointSet, LastKnown, SetState,
 };
 use crate::metrics::{empty_label, DstWorkload, WorkloadLabels};
 use linkerd2_proxy_api::destination::{
     destination_client::DestinationClient, protocol_hint, tls_identity, update, GetDestination,
-    Update, WeightedAddr,
+    NoEndpoints, ProtocolHint, TlsIdentity, Update, WeightedAddr, WeightedAddrSet,
 };
+use prost::Message;
 use std::{collections::BTreeMap, collections::HashMap, net::SocketAddr, sync::Arc};
 use tokio::sync::watch;
 
@@ -195,6 +197,69 @@ pub(super) fn tls_identity(addr: &WeightedAddr) -> Option<ballast_meshtls::Ident
     }
 }
 
+/// An endpoint as the controller would send it: [`endpoint`] reads it back
+/// as the same endpoint (the snapshot keeps endpoints this way).
+fn to_wire(e: &Endpoint) -> WeightedAddr {
+    let mut labels = HashMap::new();
+    let w = &e.workload.0;
+    for (k, v) in [
+        ("namespace", &e.namespace),
+        ("service", &e.service),
+        ("pod", &e.pod),
+        ("deployment", &w.dst_deployment),
+        ("statefulset", &w.dst_statefulset),
+        ("daemonset", &w.dst_daemonset),
+        ("replicaset", &w.dst_replicaset),
+        ("k8s_job", &w.dst_k8s_job),
+        ("serviceaccount", &w.dst_serviceaccount),
+        ("pod_template_hash", &w.dst_pod_template_hash),
+    ] {
+        if !v.is_empty() {
+            labels.insert(k.to_string(), v.to_string());
+        }
+    }
+    let hint = (e.h2_hint || e.opaque_port.is_some()).then(|| ProtocolHint {
+        protocol: e
+            .h2_hint
+            .then_some(protocol_hint::Protocol::H2(protocol_hint::H2 {})),
+        opaque_transport: e.opaque_port.map(|p| protocol_hint::OpaqueTransport {
+            inbound_port: u32::from(p),
+        }),
+    });
+    WeightedAddr {
+        addr: Some(e.addr.into()),
+        weight: e.weight,
+        metric_labels: labels,
+        tls_identity: e.identity.as_ref().map(|i| TlsIdentity {
+            strategy: Some(tls_identity::Strategy::DnsLikeIdentity(
+                tls_identity::DnsLikeIdentity {
+                    name: i.as_str().to_string(),
+                },
+            )),
+            server_name: None,
+        }),
+        protocol_hint: hint,
+        ..Default::default()
+    }
+}
+
+/// A set as one update that, first on a stream, makes the same set again;
+/// `None` for a set the controller has not given.
+pub(super) fn set_update(set: &EndpointSet) -> Option<Update> {
+    let update = match set.state {
+        SetState::Known if !set.endpoints.is_empty() => update::Update::Add(WeightedAddrSet {
+            addrs: set.endpoints.iter().map(to_wire).collect(),
+            metric_labels: HashMap::new(),
+        }),
+        SetState::Known => update::Update::NoEndpoints(NoEndpoints { exists: true }),
+        SetState::DoesNotExist => update::Update::NoEndpoints(NoEndpoints { exists: false }),
+        SetState::Pending | SetState::Invalid(_) => return None,
+    };
+    Some(Update {
+        update: Some(update),
+    })
+}
+
 /// A target's endpoints, kept current by a background stream that lives as
 /// long as this handle (and its clones).
 #[derive(Clone, Debug)]
@@ -211,6 +276,12 @@ impl Resolution {
         last_known: Arc<LastKnown>,
     ) -> Self {
         let seed = last_known.open(authority);
+        // Nothing in memory: the snapshot's set, if the controller stays
+        // silent for the wait.
+        let restored = match seed {
+            Some(_) => None,
+            None => control.restored(Kind::Endpoints, authority),
+        };
         let mut state = match &seed {
             Some(set) => ResolveState::seeded(max_endpoints, set),
             None => ResolveState::new(max_endpoints),
@@ -223,13 +294,15 @@ impl Resolution {
             metrics.discovery.resolutions.inc();
             let _gauge = ResolutionGauge(metrics.clone());
             let _in_use = InUse(last_known.clone(), key.clone());
+            let alive = Arc::new(());
+            let serving = std::sync::Mutex::new(None);
             let request = GetDestination {
                 scheme: "k8s".into(),
                 path: path.clone(),
                 context_token: control.config.context_token.clone(),
             };
             let max_message = control.config.max_message_bytes;
-            let status = stream::follow(
+            let follow = stream::follow(
                 &control,
                 "get",
                 |channel| {
@@ -242,16 +315,28 @@ impl Resolution {
                     }
                 },
                 |update: Update, reset| {
+                    snapshot::answered(&serving);
                     let dropped = state.dropped;
                     if state.apply(update, reset) {
                         let set = Arc::new(state.snapshot());
                         last_known.heard(&key, Some(set.clone()));
+                        if let Some(book) = &control.book {
+                            book.record(
+                                Kind::Endpoints,
+                                &key,
+                                Held::Endpoints(set.clone()),
+                                &alive,
+                            );
+                        }
                         tx.send_replace(set);
                     } else {
                         last_known.heard(&key, None);
                     }
                     if state.dropped > dropped {
-                        metrics.discovery.endpoints_dropped_total.inc_by(state.dropped - dropped);
+                        metrics
+                            .discovery
+                            .endpoints_dropped_total
+                            .inc_by(state.dropped - dropped);
                         tracing::warn!(
                             authority = %path,
                             dropped = state.dropped - dropped,
@@ -260,8 +345,27 @@ impl Resolution {
                         );
                     }
                 },
-            )
-            .await;
+            );
+            let from_snapshot = snapshot::serve_after_wait(
+                restored,
+                Kind::Endpoints,
+                &serving,
+                || tx.borrow().state == SetState::Pending,
+                |message| {
+                    let Ok(update) = Update::decode(message) else {
+                        return false;
+                    };
+                    let mut restored = ResolveState::new(max_endpoints);
+                    restored.apply(update, true);
+                    tx.send_replace(Arc::new(restored.snapshot()));
+                    true
+                },
+            );
+            let status = tokio::select! {
+                status = follow => status,
+                never = from_snapshot => match never {},
+            };
+            drop(serving);
             tracing::warn!(authority = %path, code = ?status.code(), "the controller refused this target");
             let reason: String = status.message().chars().take(128).collect();
             state.fail(&reason);
@@ -499,6 +603,55 @@ mod tests {
         // Updating a known endpoint at the bound is not a drop.
         s.apply(add(&["10.0.0.1:80"]), false);
         assert_eq!(s.dropped, 1);
+    }
+
+    #[test]
+    fn a_set_written_as_one_update_reads_back_the_same() {
+        let mut u = add(&["10.0.0.1:80", "10.0.0.2:8080"]);
+        if let Some(update::Update::Add(set)) = &mut u.update {
+            let a = &mut set.addrs[0];
+            a.weight = 7;
+            for (k, v) in [
+                ("deployment", "web"),
+                ("serviceaccount", "web-sa"),
+                ("k8s_job", "j"),
+            ] {
+                a.metric_labels.insert(k.to_string(), v.to_string());
+            }
+            a.tls_identity = Some(TlsIdentity {
+                strategy: Some(tls_identity::Strategy::DnsLikeIdentity(
+                    tls_identity::DnsLikeIdentity {
+                        name: "web.shop.serviceaccount.identity.ballast.cluster.local".into(),
+                    },
+                )),
+                server_name: None,
+            });
+            a.protocol_hint = Some(ProtocolHint {
+                protocol: Some(protocol_hint::Protocol::H2(protocol_hint::H2 {})),
+                opaque_transport: Some(protocol_hint::OpaqueTransport { inbound_port: 4143 }),
+            });
+        }
+        let mut s = ResolveState::new(10);
+        s.apply(u, true);
+        let set = s.snapshot();
+        assert!(set.endpoints[0].identity.is_some() && set.endpoints[0].h2_hint);
+        let mut again = ResolveState::new(10);
+        again.apply(set_update(&set).expect("a known set"), true);
+        assert_eq!(again.snapshot(), set);
+
+        for (state, want) in [
+            (SetState::Known, SetState::Known),
+            (SetState::DoesNotExist, SetState::DoesNotExist),
+        ] {
+            let empty = EndpointSet {
+                state,
+                endpoints: Vec::new(),
+            };
+            let mut again = ResolveState::new(10);
+            again.apply(set_update(&empty).expect("said"), true);
+            assert_eq!(again.snapshot().state, want);
+        }
+        assert!(set_update(&EndpointSet::pending()).is_none());
     }
 
     #[test]

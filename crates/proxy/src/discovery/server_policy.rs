@@ -4,10 +4,15 @@
 //! the last answer. The translation of a `Server` is the caller's: this
 //! module knows nothing of what a policy means.
 
-use super::{control::ControlPlane, stream, AbortOnDrop};
+use super::{
+    control::ControlPlane,
+    snapshot::{self, Held, Kind},
+    stream, AbortOnDrop,
+};
 use linkerd2_proxy_api::inbound::{
     inbound_server_policies_client::InboundServerPoliciesClient, PortSpec, Server,
 };
+use prost::Message;
 use std::sync::Arc;
 use tokio::sync::watch;
 use tonic::Code;
@@ -80,8 +85,16 @@ impl<T: Send + Sync + 'static> PortPolicyWatch<T> {
             port: u32::from(port),
         };
         let max_message = control.config.max_message_bytes;
+        let key: Arc<str> = Arc::from(port.to_string());
+        let restored = control.restored(Kind::Inbound, &key);
         let task = tokio::spawn(async move {
-            let status = stream::follow(
+            let alive = Arc::new(());
+            let serving = std::sync::Mutex::new(None);
+            // The newest message not yet in force: with a snapshot, each is
+            // written to it before it takes effect (a restarted proxy never
+            // starts from a policy wider than the one that was in force).
+            let (latest_tx, mut latest_rx) = watch::channel::<Option<Server>>(None);
+            let follow = stream::follow(
                 &control,
                 "watch_port",
                 |channel| {
@@ -94,10 +107,56 @@ impl<T: Send + Sync + 'static> PortPolicyWatch<T> {
                     }
                 },
                 |server: Server, _| {
-                    tx.send_replace(PortAnswer::Known(translate(server)));
+                    latest_tx.send_replace(Some(server));
                 },
-            )
-            .await;
+            );
+            let book = control.book.clone();
+            let apply = |server: Server| {
+                let (book, serving, key, alive, tx, translate) =
+                    (&book, &serving, &key, &alive, &tx, &translate);
+                async move {
+                    if let Some(book) = book {
+                        let held = Held::Encoded(server.encode_to_vec().into());
+                        book.record_durably(Kind::Inbound, key, held, alive).await;
+                    }
+                    snapshot::answered(serving);
+                    tx.send_replace(PortAnswer::Known(translate(server)));
+                }
+            };
+            let in_force = async {
+                while latest_rx.changed().await.is_ok() {
+                    let next = latest_rx.borrow_and_update().clone();
+                    if let Some(server) = next {
+                        apply(server).await;
+                    }
+                }
+                std::future::pending::<std::convert::Infallible>().await
+            };
+            let from_snapshot = snapshot::serve_after_wait(
+                restored,
+                Kind::Inbound,
+                &serving,
+                || matches!(*tx.borrow(), PortAnswer::Pending),
+                |message| match Server::decode(message) {
+                    Ok(server) => {
+                        tx.send_replace(PortAnswer::Known(translate(server)));
+                        true
+                    }
+                    Err(_) => false,
+                },
+            );
+            let status = tokio::select! {
+                status = follow => status,
+                never = in_force => match never {},
+                never = from_snapshot => match never {},
+            };
+            // The last message takes effect before the final status (its
+            // turn may have been cut short).
+            let last = latest_rx.borrow().clone();
+            if let Some(server) = last {
+                apply(server).await;
+            }
+            drop(serving);
             tracing::debug!(port, code = ?status.code(), message = status.message(), "the controller gave a final answer for an inbound port's policy");
             tx.send_modify(|a| {
                 let last = std::mem::replace(a, PortAnswer::Pending);
