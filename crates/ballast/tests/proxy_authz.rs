@@ -121,6 +121,11 @@ impl FakePolicyController {
     fn set(&self, server: api::Server) {
         self.policies.server.send_replace(Some(server));
     }
+
+    /// No longer listens (streams already open may linger).
+    fn stop(&self) {
+        self.task.abort();
+    }
 }
 
 impl Drop for FakePolicyController {
@@ -269,7 +274,14 @@ enum PolicyFrom {
 struct World {
     _tmp: tempfile::TempDir,
     _ca: IdentityCa,
-    _controller: Controller,
+    controller: Option<Controller>,
+    controller_addr: SocketAddr,
+    /// Each proxy's flags, to start it again.
+    server_args: Vec<String>,
+    web_args: Vec<String>,
+    db_args: Vec<String>,
+    /// Where each proxy's snapshot is kept (`Snapshots::Kept`).
+    snapshots: std::path::PathBuf,
     policy: FakePolicyController,
     server: Proxy,
     web: Proxy,
@@ -280,8 +292,37 @@ struct World {
     db_tcp: SocketAddr,
 }
 
+/// Whether the proxies keep snapshots. With them, the server's default
+/// policy admits everyone: only its snapshot keeps db out once it restarts
+/// without a controller.
+#[derive(Clone, Copy, PartialEq)]
+enum Snapshots {
+    None,
+    Kept,
+}
+
 async fn world(from: PolicyFrom) -> World {
+    world_with(from, Snapshots::None).await
+}
+
+async fn world_with(from: PolicyFrom, snapshots: Snapshots) -> World {
     let tmp = tempfile::tempdir().unwrap();
+    let snapshot_dir = tmp.path().join("snapshots");
+    std::fs::create_dir_all(&snapshot_dir).unwrap();
+    let snapshot_flags = |name: &str| -> Vec<String> {
+        if snapshots == Snapshots::None {
+            return Vec::new();
+        }
+        vec![
+            "--snapshot-path".into(),
+            snapshot_dir
+                .join(format!("{name}.snapshot"))
+                .display()
+                .to_string(),
+            "--snapshot-interval".into(),
+            "200ms".into(),
+        ]
+    };
     let pki = Pki::generate(&tmp.path().join("pki")).await;
     let tokens = tmp.path().join("tokens");
     std::fs::create_dir_all(&tokens).unwrap();
@@ -347,6 +388,7 @@ async fn world(from: PolicyFrom) -> World {
     };
     let mut server_flags = flags("api");
     let port = app.port().to_string();
+    server_flags.extend(snapshot_flags("api"));
     server_flags.extend(
         [
             "--inbound-forward-port",
@@ -354,7 +396,10 @@ async fn world(from: PolicyFrom) -> World {
             "--pod-name",
             "api-1",
             "--default-inbound-policy",
-            "deny",
+            match snapshots {
+                Snapshots::None => "deny",
+                Snapshots::Kept => "all-unauthenticated",
+            },
             // A busy machine may be slow to answer the first watch.
             "--profile-timeout",
             "5s",
@@ -370,32 +415,40 @@ async fn world(from: PolicyFrom) -> World {
         Some(c) => c,
         None => Controller::start(&cluster, &[]).await,
     };
-    let client = |sa: &'static str| {
+    let client_args = |sa: &'static str| {
         let mut f = flags(sa);
+        f.extend(snapshot_flags(sa));
         f.extend([
             "--outbound-tcp".to_string(),
             format!("127.0.0.1:0={}", authority("api", 80)),
         ]);
-        let grpc = controller.grpc;
-        async move {
-            let args: Vec<&str> = f.iter().map(String::as_str).collect();
-            Proxy::start(grpc, &args).await
-        }
+        f
     };
-    let web = client("web").await;
-    let db = client("db").await;
+    let (web_args, db_args) = (client_args("web"), client_args("db"));
+    let web = start_with(controller.grpc, &web_args).await;
+    let db = start_with(controller.grpc, &db_args).await;
     World {
         web_tcp: web.tcp_routes[0],
         db_tcp: db.tcp_routes[0],
         _tmp: tmp,
         _ca: ca,
-        _controller: controller,
+        controller_addr: controller.grpc,
+        controller: Some(controller),
+        server_args: server_flags,
+        web_args,
+        db_args,
+        snapshots: snapshot_dir,
         policy,
         server,
         web,
         db,
         app,
     }
+}
+
+async fn start_with(destination: SocketAddr, args: &[String]) -> Proxy {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Proxy::start(destination, &args).await
 }
 
 /// The MeshTLSAuthentication the controller-backed world's policy requires.
@@ -621,4 +674,96 @@ async fn the_controller_denies_by_default_and_admits_the_identity_a_policy_names
     let ok = settles(&w.db, "db allowed after the change", StatusCode::OK).await;
     assert_eq!(ok.text(), format!("client={db_id}"));
     settles(&w.web, "web denied after the change", StatusCode::FORBIDDEN).await;
+}
+
+/// Whether the file at `path` holds `needle` (a snapshot's keys and
+/// messages are stored as the controller sent them).
+fn holds(path: &Path, needle: &str) -> bool {
+    std::fs::read(path).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+}
+
+fn kill(proxy: &Proxy) {
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", &proxy.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "SIGKILL the proxy");
+}
+
+/// Issue 25's third part at process level: every proxy killed and started
+/// again while no controller answers. The clients still reach api over
+/// mutual TLS from their snapshots (without them: no endpoints, 503), and
+/// the server still refuses db from its snapshot, although its default
+/// policy would admit it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxies_restarted_while_the_controller_is_down_route_and_deny_from_their_snapshots() {
+    let web_id = identity("web", NS);
+    let mut w = world_with(
+        PolicyFrom::Fake(Box::new(allowing(&[web_id.as_str()], false))),
+        Snapshots::Kept,
+    )
+    .await;
+    settles(&w.web, "web allowed", StatusCode::OK).await;
+    settles(&w.db, "db denied", StatusCode::FORBIDDEN).await;
+    let api = identity("api", NS);
+    let target = authority("api", 80);
+    let files = |name: &str| w.snapshots.join(format!("{name}.snapshot"));
+    // The target's name is in its policy's entry, the identity only in its
+    // endpoints'.
+    eventually("every proxy's snapshot holds what it uses", || async {
+        (holds(&files("web"), &target)
+            && holds(&files("web"), api.as_str())
+            && holds(&files("db"), &target)
+            && holds(&files("db"), api.as_str())
+            && holds(&files("api"), "chosen-clients"))
+        .then_some(())
+    })
+    .await;
+
+    // The controllers go away, then every proxy dies without a chance to
+    // write anything more.
+    w.policy.stop();
+    drop(w.controller.take());
+    for p in [&w.server, &w.web, &w.db] {
+        kill(p);
+    }
+    let server_args: Vec<&str> = w.server_args.iter().map(String::as_str).collect();
+    w.server = Proxy::start_on(w.policy.addr, w.server.inbound, &server_args).await;
+    let control = w.controller_addr;
+    w.web = start_with(control, &w.web_args).await;
+    w.db = start_with(control, &w.db_args).await;
+
+    let ok = settles(&w.web, "web served from its snapshot", StatusCode::OK).await;
+    assert_eq!(ok.text(), format!("client={web_id}"), "mutual TLS as api");
+    // db is never admitted: until the server's snapshot answers, its
+    // connections wait for the policy; then it denies.
+    let denied = eventually("db denied from the server's snapshot", || async {
+        let answer = get(&w.db).await?;
+        assert_ne!(answer.status, StatusCode::OK, "db admitted: {answer:?}");
+        (answer.status == StatusCode::FORBIDDEN).then_some(answer)
+    })
+    .await;
+    assert_eq!(denied.header("l5d-proxy-error"), Some("unauthorized"));
+    for _ in 0..5 {
+        let again = get(&w.db).await.expect("an answer");
+        assert_eq!(again.status, StatusCode::FORBIDDEN, "{again:?}");
+    }
+
+    let served = |m: &support::metrics::Metrics, kind: &str| {
+        m.sum("discovery_snapshot_served_total", &[("kind", kind)])
+    };
+    let server = w.server.metrics().await;
+    assert!(served(&server, "inbound_policy") >= 1.0, "{}", server.text);
+    let web = w.web.metrics().await;
+    assert!(served(&web, "endpoints") >= 1.0, "{}", web.text);
+    assert!(
+        web.sum("discovery_snapshot_serving", &[]) >= 1.0,
+        "{}",
+        web.text
+    );
+    let ready = support::proxy::get(w.web.admin, "admin", "/ready")
+        .await
+        .expect("/ready");
+    assert_eq!(ready.status, StatusCode::OK);
+    assert!(ready.text().contains("snapshot"), "{}", ready.text());
 }

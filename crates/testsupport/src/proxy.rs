@@ -152,11 +152,22 @@ impl Proxy {
     /// Starts `ballast proxy --destination-addr DESTINATION` on OS-picked
     /// loopback ports, with `extra` flags after them, and waits for /ready.
     pub async fn start(destination: SocketAddr, extra: &[&str]) -> Proxy {
+        Self::start_on(
+            destination,
+            "127.0.0.1:0".parse().expect("an address"),
+            extra,
+        )
+        .await
+    }
+
+    /// As [`Proxy::start`], its inbound listener on `inbound` (a proxy
+    /// restarted where its peers knew it).
+    pub async fn start_on(destination: SocketAddr, inbound: SocketAddr, extra: &[&str]) -> Proxy {
         let mut cmd = Command::new(ballast_bin());
         cmd.arg("proxy")
             .args(["--destination-addr", &destination.to_string()])
             .args(["--outbound-addr", "127.0.0.1:0"])
-            .args(["--inbound-addr", "127.0.0.1:0"])
+            .args(["--inbound-addr", &inbound.to_string()])
             .args(["--admin-addr", "127.0.0.1:0"])
             .args(extra);
         if !extra
