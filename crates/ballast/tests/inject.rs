@@ -304,6 +304,23 @@ fn annotations_reach_the_sidecar_and_its_flags_parse_with_the_real_parsers() {
         proxy_args.contains(&"--pod-owner=deployment/web".to_string()),
         "{proxy_args:?}"
     );
+    // The snapshot file is in the pod's volume, which the proxy mounts.
+    assert!(
+        proxy_args
+            .contains(&"--snapshot-path=/var/run/ballast/snapshot/proxy.snapshot".to_string()),
+        "{proxy_args:?}"
+    );
+    assert!(
+        proxy["volumeMounts"]
+            .as_array()
+            .expect("mounts")
+            .iter()
+            .any(|m| {
+                m["name"] == "ballast-proxy-snapshot"
+                    && m["mountPath"] == "/var/run/ballast/snapshot"
+            }),
+        "{proxy}"
+    );
     ProxyCli::try_parse_from(
         std::iter::once("ballast-proxy".to_string()).chain(proxy_args.clone()),
     )

@@ -15,6 +15,21 @@ use ballast_controlplane::pod::{ADMIN_PORT_NAME, OTHER_MESH_CONTAINERS, TAP_PORT
 pub use ballast_controlplane::pod::{INIT_CONTAINER, PROXY_CONTAINER};
 /// The volume holding iptables' lock file (`/run` of the init container).
 pub const XTABLES_LOCK_VOLUME: &str = "ballast-xtables-lock";
+/// The volume the proxy keeps its snapshot of the controller's answers in:
+/// an emptyDir, so that a restarted proxy container finds what its
+/// predecessor wrote (it lives as long as the pod).
+pub const SNAPSHOT_VOLUME: &str = "ballast-proxy-snapshot";
+/// Where the snapshot volume is mounted in the proxy.
+pub const SNAPSHOT_DIR: &str = "/var/run/ballast/snapshot";
+/// The proxy's environment variable naming its snapshot file (its
+/// `--snapshot-path`).
+pub const SNAPSHOT_PATH_ENV: &str = "BALLAST_PROXY_SNAPSHOT_PATH";
+/// The snapshot's file name in [`SNAPSHOT_DIR`].
+const SNAPSHOT_FILE: &str = "proxy.snapshot";
+/// The snapshot volume's bound (past it kubelet evicts the pod): room for
+/// the file and the copy that replaces it at the proxy's default
+/// `--snapshot-max-bytes` (8 MiB).
+const SNAPSHOT_SIZE_LIMIT: &str = "32Mi";
 /// The volume of the trust anchors ConfigMap (identity on).
 pub const TRUST_ANCHORS_VOLUME: &str = "ballast-identity-trust-roots";
 /// The proxy's environment variable holding inline trust anchors (PEM).
@@ -298,6 +313,10 @@ pub fn inject_pod_owned(
     list_mut(spec, "containers").insert(0, proxy);
     let volumes = list_mut(spec, "volumes");
     volumes.push(json!({"name": XTABLES_LOCK_VOLUME, "emptyDir": {}}));
+    volumes.push(json!({
+        "name": SNAPSHOT_VOLUME,
+        "emptyDir": {"sizeLimit": SNAPSHOT_SIZE_LIMIT},
+    }));
     if !config.identity_disabled {
         if let (None, Some(config_map)) =
             (&config.trust_anchors_pem, &config.trust_anchors_config_map)
@@ -356,6 +375,7 @@ pub fn uninject_pod(pod: &mut Value) -> Result<Outcome, InjectError> {
         "volumes",
         &[
             XTABLES_LOCK_VOLUME,
+            SNAPSHOT_VOLUME,
             TRUST_ANCHORS_VOLUME,
             IDENTITY_TOKEN_VOLUME,
         ],
@@ -394,6 +414,7 @@ fn conflicts(spec: &Value) -> Result<(), InjectError> {
     for (list, name) in [
         ("initContainers", INIT_CONTAINER),
         ("volumes", XTABLES_LOCK_VOLUME),
+        ("volumes", SNAPSHOT_VOLUME),
         ("volumes", TRUST_ANCHORS_VOLUME),
         ("volumes", IDENTITY_TOKEN_VOLUME),
     ] {
@@ -673,7 +694,9 @@ impl Settings {
             // The Tap API, for `ballast viz` (mutual TLS for its identity).
             format!("--tap-addr=0.0.0.0:{}", config.tap_port),
         ];
-        let mut mounts = Vec::new();
+        // What the controller last said, kept across the proxy container's
+        // restarts: a proxy restarted while the controller is away routes on it.
+        let mut mounts = vec![json!({"name": SNAPSHOT_VOLUME, "mountPath": SNAPSHOT_DIR})];
         if config.identity_disabled {
             args.push("--identity-disabled".into());
         } else {
@@ -731,6 +754,8 @@ impl Settings {
         if let Some(owner) = owner {
             env.push(json!({"name": "BALLAST_PROXY_POD_OWNER", "value": owner.to_string()}));
         }
+        let snapshot = format!("{SNAPSHOT_DIR}/{SNAPSHOT_FILE}");
+        env.push(json!({"name": SNAPSHOT_PATH_ENV, "value": snapshot}));
         if let (false, Some(pem)) = (config.identity_disabled, &config.trust_anchors_pem) {
             env.push(json!({"name": TRUST_ANCHORS_PEM_ENV, "value": pem}));
         }
@@ -781,9 +806,7 @@ impl Settings {
                 "capabilities": {"drop": ["ALL"]},
             },
         });
-        if !mounts.is_empty() {
-            proxy["volumeMounts"] = mounts.into();
-        }
+        proxy["volumeMounts"] = mounts.into();
         if self.await_ready {
             // Kubelet starts the next container only once this hook returns:
             // the app's first connections find a ready proxy (Linkerd's
@@ -868,7 +891,16 @@ mod tests {
         assert_eq!(
             volumes,
             // The anchors travel inline: no ConfigMap the pod's namespace lacks.
-            ["data", XTABLES_LOCK_VOLUME, IDENTITY_TOKEN_VOLUME]
+            [
+                "data",
+                XTABLES_LOCK_VOLUME,
+                SNAPSHOT_VOLUME,
+                IDENTITY_TOKEN_VOLUME
+            ]
+        );
+        assert_eq!(
+            p["spec"]["volumes"][2],
+            json!({"name": "ballast-proxy-snapshot", "emptyDir": {"sizeLimit": "32Mi"}})
         );
         assert_eq!(
             p["metadata"]["annotations"]["linkerd.io/proxy-version"],
@@ -884,6 +916,18 @@ mod tests {
             .iter()
             .any(|e| e["name"] == "BALLAST_PROXY_POD_OWNER" && e["value"] == "deployment/web"));
         assert!(env.iter().any(|e| e["name"] == TRUST_ANCHORS_PEM_ENV));
+        // The snapshot file lives in the pod's volume, not the container.
+        assert!(env
+            .iter()
+            .any(|e| e["name"] == "BALLAST_PROXY_SNAPSHOT_PATH"
+                && e["value"] == "/var/run/ballast/snapshot/proxy.snapshot"));
+        assert_eq!(
+            proxy["volumeMounts"],
+            json!([
+                {"name": SNAPSHOT_VOLUME, "mountPath": "/var/run/ballast/snapshot"},
+                {"name": IDENTITY_TOKEN_VOLUME, "mountPath": IDENTITY_TOKEN_DIR, "readOnly": true},
+            ])
+        );
         // The controllers are dialled verifying the identities the
         // installed control plane (namespace ballast) serves.
         for arg in [
@@ -963,7 +1007,7 @@ mod tests {
     }
 
     #[test]
-    fn identity_disabled_mounts_nothing() {
+    fn identity_disabled_mounts_only_the_snapshot() {
         let config = Config {
             identity_disabled: true,
             ..crate::config::test_config()
@@ -973,8 +1017,18 @@ mod tests {
         let proxy = container(&p, "containers", PROXY_CONTAINER);
         assert!(args(proxy).contains(&"--identity-disabled"));
         assert!(!args(proxy).iter().any(|a| a.starts_with("--identity-addr")));
-        assert!(proxy.get("volumeMounts").is_none());
-        assert_eq!(p["spec"]["volumes"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            proxy["volumeMounts"],
+            json!([{"name": SNAPSHOT_VOLUME, "mountPath": SNAPSHOT_DIR}])
+        );
+        // Without identity, the snapshot still serves a restarted proxy.
+        let volumes: Vec<&str> = p["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v["name"].as_str())
+            .collect();
+        assert_eq!(volumes, [XTABLES_LOCK_VOLUME, SNAPSHOT_VOLUME]);
         assert_eq!(
             p["metadata"]["annotations"]["linkerd.io/identity-mode"],
             "disabled"
@@ -1230,6 +1284,7 @@ mod tests {
             json!({"metadata": {"labels": "x"}, "spec": {"containers": []}}),
             json!({"metadata": [], "spec": {"containers": []}}),
             json!({"spec": {"containers": [], "initContainers": [{"name": INIT_CONTAINER}]}}),
+            json!({"spec": {"containers": [], "volumes": [{"name": SNAPSHOT_VOLUME, "emptyDir": {}}]}}),
         ] {
             let mut p = bad.clone();
             assert!(
