@@ -57,7 +57,8 @@ idle() {
 }
 plain=$(idle identity-off --identity-disabled)
 meshed=$(idle identity-on --identity-trust-anchors "$dir/pki/ca.crt" --identity-addr 127.0.0.1:9 \
-  --identity-token-file "$dir/token" --pod-namespace bench --pod-service-account web)
+  --identity-token-file "$dir/token" --pod-namespace bench --pod-service-account web \
+  --snapshot-path "$dir/proxy.snapshot")
 worst=$((plain > meshed ? plain : meshed))
 if [ "$worst" -gt "$budget" ]; then
   echo "idle gate: FAILED: the idle proxy holds $worst KiB, over the budget of $budget KiB (bench/idle/budget)" >&2

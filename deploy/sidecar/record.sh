@@ -32,7 +32,8 @@ idle plain --identity-disabled
 "$BALLAST" identity generate --out "$dir/pki" >/dev/null 2>&1
 printf tok >"$dir/token"
 idle identity --identity-trust-anchors "$dir/pki/ca.crt" --identity-addr 127.0.0.1:9 \
-  --identity-token-file "$dir/token" --pod-namespace bench --pod-service-account web
+  --identity-token-file "$dir/token" --pod-namespace bench --pod-service-account web \
+  --snapshot-path "$dir/proxy.snapshot"
 KEEP=$dir BALLAST=$BALLAST PROXY=$PROXY TARGETS="ballast mtls" bench/callgrind/run.sh 100 300 >/dev/null
 
 # Function names, where first seen: `fn=` or `cfn=` (a callee), with an ID

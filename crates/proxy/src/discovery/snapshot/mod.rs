@@ -98,6 +98,10 @@ pub struct Book {
     written: watch::Sender<u64>,
     /// When the file read at start was written.
     loaded_written: Option<SystemTime>,
+    /// Held by the blocking thread that writes the file (not by the task
+    /// that waits on it, which may be aborted): one write at a time, and
+    /// none over a newer one (the generation the file covers).
+    file: Arc<Mutex<u64>>,
     metrics: Arc<Metrics>,
 }
 
@@ -112,7 +116,8 @@ impl Book {
         let mut loaded_written = None;
         match read(&config) {
             Ok(None) => tracing::info!(path = %config.path.display(), "no snapshot yet"),
-            Ok(Some((written, read))) => {
+            Ok(Some((written, read, len))) => {
+                snapshot.bytes.set(i64::try_from(len).unwrap_or(i64::MAX));
                 let total = read.len();
                 let mut fresh: Vec<file::Entry> = read
                     .into_iter()
@@ -167,6 +172,7 @@ impl Book {
             urgent: AtomicBool::new(false),
             written: watch::channel(0).0,
             loaded_written,
+            file: Arc::default(),
             metrics,
         })
     }
@@ -330,10 +336,25 @@ impl Book {
         let (body, left_out) = self.body(connected, SystemTime::now());
         let bytes = file::encode(&body);
         let len = bytes.len();
-        let path = self.config.path.clone();
-        let result = tokio::task::spawn_blocking(move || write_atomically(&path, &bytes))
-            .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+        let (path, file) = (self.config.path.clone(), self.file.clone());
+        let result = tokio::task::spawn_blocking(move || {
+            let mut covered = file.lock().unwrap_or_else(|e| e.into_inner());
+            if generation < *covered {
+                return Ok(());
+            }
+            let written = write_atomically(&path, &bytes);
+            match &written {
+                Ok(()) => *covered = generation,
+                // An older file could hold a wider inbound policy than the
+                // one now in force: none is better.
+                Err(_) => {
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+            written
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
         let snapshot = &self.metrics.discovery.snapshot;
         snapshot.left_out_total.inc_by(left_out);
         match result {
@@ -349,9 +370,6 @@ impl Book {
                     .writes_total
                     .get_or_create(&ResultLabels { result: "error" })
                     .inc();
-                // An older file could hold a wider inbound policy than the
-                // one now in force: none is better.
-                let _ = std::fs::remove_file(&self.config.path);
                 tracing::warn!(path = %self.config.path.display(), %error, "cannot write the snapshot; removed it");
             }
         }
@@ -419,8 +437,11 @@ fn age(now: SystemTime, then: SystemTime) -> Duration {
     now.duration_since(then).unwrap_or(Duration::ZERO)
 }
 
+/// A snapshot read back: when it was written, its entries, its size.
+type Read = (SystemTime, Vec<file::Entry>, usize);
+
 /// The snapshot at `config.path`: `None` when there is none.
-fn read(config: &SnapshotConfig) -> Result<Option<(SystemTime, Vec<file::Entry>)>, file::Refused> {
+fn read(config: &SnapshotConfig) -> Result<Option<Read>, file::Refused> {
     let meta = match std::fs::metadata(&config.path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -431,7 +452,8 @@ fn read(config: &SnapshotConfig) -> Result<Option<(SystemTime, Vec<file::Entry>)
     }
     let bytes = std::fs::read(&config.path)
         .map_err(|e| file::Refused::Corrupt(format!("unreadable: {e}")))?;
-    file::decode(&bytes, &config.workload).map(Some)
+    file::decode(&bytes, &config.workload)
+        .map(|(written, entries)| Some((written, entries, bytes.len())))
 }
 
 /// Writes `bytes` to `path` so that a reader sees the old file or the new
@@ -735,7 +757,7 @@ mod tests {
         }
         book.record(Kind::Inbound, &Arc::from("8080"), message(99), &alive);
         book.flush(true).await;
-        let (_, entries) = read(&c).expect("readable").expect("written");
+        let (_, entries, _) = read(&c).expect("readable").expect("written");
         assert_eq!(entries[0].kind, Kind::Inbound, "{entries:?}");
         assert!(entries.len() < 21);
         assert_eq!(
