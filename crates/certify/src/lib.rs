@@ -105,6 +105,9 @@ pub enum CertifyError {
     Token { path: String, reason: String },
     #[error("the identity service refused: {0}")]
     Refused(String),
+    /// Refused for load, with the service's retry hint (at least this long).
+    #[error("the identity service is busy: {0}")]
+    Busy(String, Duration),
     #[error("the identity service is unreachable: {0}")]
     Unreachable(String),
     #[error("bad certificate from the identity service: {0}")]
@@ -119,6 +122,7 @@ impl CertifyError {
         match self {
             Self::Token { .. } => "token",
             Self::Refused(_) => "refused",
+            Self::Busy(..) => "busy",
             Self::Unreachable(_) => "unreachable",
             Self::Response(_) => "bad_response",
             Self::Local(_) => "local",
@@ -204,16 +208,7 @@ pub async fn certify_once(
     let rsp = tokio::time::timeout(config.request_timeout, client.certify(req))
         .await
         .map_err(|_| CertifyError::Unreachable("no answer within the request timeout".into()))?
-        .map_err(|s| {
-            let msg: String = s.message().chars().take(256).collect();
-            match s.code() {
-                // No answer from the service (or it cannot answer yet).
-                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown => {
-                    CertifyError::Unreachable(format!("{:?}: {msg}", s.code()))
-                }
-                code => CertifyError::Refused(format!("{code:?}: {msg}")),
-            }
-        })?
+        .map_err(|s| status_error(&s))?
         .into_inner();
     if rsp.valid_until.is_none() {
         return Err(CertifyError::Response("no valid_until".into()));
@@ -226,6 +221,42 @@ pub async fn certify_once(
             .map(CertificateDer::from),
     );
     key.accept(config.roots.clone(), chain)
+}
+
+/// What a failed Certify call's status means for the next attempt.
+fn status_error(s: &tonic::Status) -> CertifyError {
+    let msg: String = s.message().chars().take(256).collect();
+    let hint = s
+        .metadata()
+        .get(ballast_backoff::RETRY_PUSHBACK_KEY)
+        .and_then(|v| v.to_str().ok());
+    match s.code() {
+        // No answer from the service (or it cannot answer yet).
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown => {
+            CertifyError::Unreachable(format!("{:?}: {msg}", s.code()))
+        }
+        tonic::Code::ResourceExhausted if hint.is_some() => CertifyError::Busy(
+            format!("{:?}: {msg}", s.code()),
+            ballast_backoff::with_pushback(Duration::ZERO, hint),
+        ),
+        code => CertifyError::Refused(format!("{code:?}: {msg}")),
+    }
+}
+
+/// The wait after a failed attempt: the schedule's `step`, at least the
+/// service's hint when it gave one, but never so long that the current
+/// certificate could expire before the next attempt ([`retry_in`]).
+pub fn failure_wait(
+    step: Duration,
+    error: &CertifyError,
+    now: SystemTime,
+    not_after: Option<SystemTime>,
+) -> Duration {
+    let step = match error {
+        CertifyError::Busy(_, hint) => step.max(*hint),
+        _ => step,
+    };
+    retry_in(step, now, not_after)
 }
 
 /// A lazily connected channel to a control-plane service at `addr`
@@ -403,8 +434,9 @@ pub async fn run(
             }
             Err(e) => {
                 let current = store.get();
-                let wait = retry_in(
+                let wait = failure_wait(
                     backoff.next_delay(),
+                    e,
                     SystemTime::now(),
                     current.as_ref().map(|c| c.not_after),
                 );
@@ -461,6 +493,41 @@ mod tests {
             retry_in(Duration::from_millis(200), now, past),
             Duration::from_millis(200)
         );
+    }
+
+    #[test]
+    fn a_busy_service_is_left_alone_as_long_as_it_asks_unless_the_certificate_expires_first() {
+        let busy = {
+            let mut s = tonic::Status::resource_exhausted("memory");
+            s.metadata_mut()
+                .insert(ballast_backoff::RETRY_PUSHBACK_KEY, "5000".parse().unwrap());
+            s
+        };
+        let error = status_error(&busy);
+        assert_eq!(error.reason(), "busy");
+        let step = Duration::from_millis(200);
+        let now = SystemTime::now();
+        assert_eq!(
+            failure_wait(step, &error, now, None),
+            Duration::from_secs(5)
+        );
+        let hours = Some(now + Duration::from_secs(7200));
+        assert_eq!(
+            failure_wait(step, &error, now, hours),
+            Duration::from_secs(5)
+        );
+        // Eight seconds left: a quarter of it, whatever the hint.
+        let soon = Some(now + Duration::from_secs(8));
+        assert_eq!(
+            failure_wait(step, &error, now, soon),
+            Duration::from_secs(2)
+        );
+        // Without a hint, the schedule alone.
+        let plain = status_error(&tonic::Status::resource_exhausted("rate"));
+        assert_eq!(plain.reason(), "refused");
+        assert_eq!(failure_wait(step, &plain, now, None), step);
+        let away = status_error(&tonic::Status::unavailable("down"));
+        assert_eq!(away.reason(), "unreachable");
     }
 
     #[test]

@@ -20,21 +20,14 @@ fn is_too_large(status: &Status) -> bool {
         && status.message().contains("too large")
 }
 
-/// The longest retry hint honoured: a controller asking for more is waited
-/// on this long.
-pub(crate) const MAX_PUSHBACK: Duration = Duration::from_secs(60);
-
 /// How long to wait before opening the stream again: the backoff's step,
 /// or longer when the controller said so (gRPC's `grpc-retry-pushback-ms`,
 /// which Ballast's controller sends when it refuses a stream for memory).
-/// A hint that is not a whole number of milliseconds is ignored.
 fn retry_delay(backoff: Duration, status: Option<&Status>) -> Duration {
     let hint = status
-        .and_then(|s| s.metadata().get("grpc-retry-pushback-ms"))
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(|ms| Duration::from_millis(ms).min(MAX_PUSHBACK));
-    hint.map_or(backoff, |hint| hint.max(backoff))
+        .and_then(|s| s.metadata().get(ballast_backoff::RETRY_PUSHBACK_KEY))
+        .and_then(|v| v.to_str().ok());
+    ballast_backoff::with_pushback(backoff, hint)
 }
 
 /// Decrements the open-streams gauge however the stream ends (the task may
@@ -155,7 +148,10 @@ mod tests {
         );
         // A hint shorter than the backoff does not hurry it.
         assert_eq!(retry_delay(step, Some(&hinted("10"))), step);
-        assert_eq!(retry_delay(step, Some(&hinted("999999999"))), MAX_PUSHBACK);
+        assert_eq!(
+            retry_delay(step, Some(&hinted("999999999"))),
+            ballast_backoff::MAX_PUSHBACK
+        );
         for junk in ["-1", "1.5", "soon", ""] {
             assert_eq!(retry_delay(step, Some(&hinted(junk))), step, "{junk:?}");
         }
