@@ -175,6 +175,26 @@ impl Backoff {
     }
 }
 
+/// gRPC's retry hint: a server that refuses for load says how long to stay
+/// away, in whole milliseconds (Ballast's controllers send it when they
+/// refuse for memory).
+pub const RETRY_PUSHBACK_KEY: &str = "grpc-retry-pushback-ms";
+
+/// The longest hint honoured: a server asking for more is waited on this
+/// long.
+pub const MAX_PUSHBACK: Duration = Duration::from_secs(60);
+
+/// The wait before the next attempt: the schedule's `step`, or the server's
+/// `hint` (the value of [`RETRY_PUSHBACK_KEY`]) when that is longer, at most
+/// [`MAX_PUSHBACK`]. A hint that is not a whole number of milliseconds is
+/// ignored.
+pub fn with_pushback(step: Duration, hint: Option<&str>) -> Duration {
+    let hint = hint
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|ms| Duration::from_millis(ms).min(MAX_PUSHBACK));
+    hint.map_or(step, |hint| hint.max(step))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,24 +292,4 @@ mod tests {
         assert_eq!(c.max_attempts_within(Duration::ZERO), 1);
         assert_eq!(c.max_attempts_within(ms(400)), 2);
     }
-}
-
-/// gRPC's retry hint: a server that refuses for load says how long to stay
-/// away, in whole milliseconds (Ballast's controllers send it when they
-/// refuse for memory).
-pub const RETRY_PUSHBACK_KEY: &str = "grpc-retry-pushback-ms";
-
-/// The longest hint honoured: a server asking for more is waited on this
-/// long.
-pub const MAX_PUSHBACK: Duration = Duration::from_secs(60);
-
-/// The wait before the next attempt: the schedule's `step`, or the server's
-/// `hint` (the value of [`RETRY_PUSHBACK_KEY`]) when that is longer, at most
-/// [`MAX_PUSHBACK`]. A hint that is not a whole number of milliseconds is
-/// ignored.
-pub fn with_pushback(step: Duration, hint: Option<&str>) -> Duration {
-    let hint = hint
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(|ms| Duration::from_millis(ms).min(MAX_PUSHBACK));
-    hint.map_or(step, |hint| hint.max(step))
 }
