@@ -257,6 +257,19 @@ fn flags_that_cannot_work_together_are_usage_errors_naming_both() {
         ),
         (
             &[
+                "proxy",
+                "--identity-disabled",
+                "--snapshot-path",
+                "/nonexistent/proxy.snapshot",
+                "--snapshot-wait",
+                "2s",
+                "--profile-timeout",
+                "1s",
+            ][..],
+            ["--snapshot-wait (2s)", "--profile-timeout (1s)"],
+        ),
+        (
+            &[
                 "viz",
                 "--manifests",
                 "/nonexistent",

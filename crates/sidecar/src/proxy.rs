@@ -544,6 +544,9 @@ impl Args {
             "--connect-backoff-max",
             self.connect_backoff_max,
         )?;
+        if self.snapshot_path.is_none() {
+            return Ok(());
+        }
         ballast_flags::ordered(
             "--snapshot-wait",
             self.snapshot_wait,

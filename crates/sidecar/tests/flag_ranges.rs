@@ -86,6 +86,12 @@ fn ballast_proxy_refuses_values_that_would_start_silently_wrong() {
             "--inbound-opaque-ports",
         ),
         (&["--cluster-networks", ""][..], "--cluster-networks"),
+        (
+            &["--snapshot-max-bytes", "1KiB"][..],
+            "--snapshot-max-bytes",
+        ),
+        (&["--snapshot-interval", "0s"][..], "--snapshot-interval"),
+        (&["--snapshot-wait", "2d"][..], "--snapshot-wait"),
         (&["--log-format", "xml"][..], "--log-format"),
         (&["--log", "ballast=loud"][..], "--log"),
         (
