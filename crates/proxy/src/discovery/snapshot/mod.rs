@@ -333,14 +333,18 @@ impl Book {
     /// Writes the book whole; wakes those waiting on what it covers.
     async fn write(self: &Arc<Self>, connected: bool) {
         let generation = self.generation.load(Ordering::Acquire);
-        let (body, left_out) = self.body(connected, SystemTime::now());
-        let bytes = file::encode(&body);
-        let len = bytes.len();
+        let now = SystemTime::now();
+        let taken = self.take(connected, now);
+        let (workload, max_bytes) = (self.config.workload.clone(), self.config.max_bytes);
         let (path, file) = (self.config.path.clone(), self.file.clone());
+        // Encoding thousands of endpoint sets takes milliseconds: off the
+        // runtime's threads, with the file's write.
         let result = tokio::task::spawn_blocking(move || {
+            let (body, left_out) = body(taken, workload, max_bytes, now);
+            let bytes = file::encode(&body);
             let mut covered = file.lock().unwrap_or_else(|e| e.into_inner());
             if generation < *covered {
-                return Ok(());
+                return Ok((bytes.len(), left_out));
             }
             let written = write_atomically(&path, &bytes);
             match &written {
@@ -351,14 +355,14 @@ impl Book {
                     let _ = std::fs::remove_file(&path);
                 }
             }
-            written
+            written.map(|()| (bytes.len(), left_out))
         })
         .await
         .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
         let snapshot = &self.metrics.discovery.snapshot;
-        snapshot.left_out_total.inc_by(left_out);
         match result {
-            Ok(()) => {
+            Ok((len, left_out)) => {
+                snapshot.left_out_total.inc_by(left_out);
                 snapshot
                     .writes_total
                     .get_or_create(&ResultLabels { result: "ok" })
@@ -382,55 +386,66 @@ impl Book {
         });
     }
 
-    /// The file's body: entries within the grace (the rest forgotten), by
-    /// kind in [`Kind::ALL`]'s order, the newest first, while they fit.
-    /// Returns it and how many entries did not fit.
-    fn body(&self, connected: bool, now: SystemTime) -> (file::Body, u64) {
-        let mut taken: Vec<(Kind, Arc<str>, SystemTime, Held)> = {
-            let mut entries = self.lock();
-            entries.retain(|_, r| {
-                if connected && r.confirmed && r.alive.strong_count() > 0 {
-                    r.heard = now;
-                }
-                age(now, r.heard) <= self.config.grace
-            });
-            entries
-                .iter()
-                .map(|((kind, key), r)| (*kind, key.clone(), r.heard, r.held.clone()))
-                .collect()
-        };
-        taken.sort_by(|a, b| a.0.cmp(&b.0).then(b.2.cmp(&a.2)));
-        let mut body = file::Body {
-            workload: self.config.workload.clone(),
-            written_unix_ms: file::unix_ms(now),
-            entries: Vec::new(),
-        };
-        let mut size = file::file_len(prost::Message::encoded_len(&body));
-        let mut left_out = 0u64;
-        for (kind, key, heard, held) in taken {
-            let message = match held {
-                Held::Encoded(b) => b,
-                Held::Endpoints(set) => match super::resolve::set_update(&set) {
-                    Some(update) => Bytes::from(prost::Message::encode_to_vec(&update)),
-                    None => continue,
-                },
-            };
-            let entry = file::WireEntry {
-                kind: kind as u32,
-                key: key.to_string(),
-                heard_unix_ms: file::unix_ms(heard),
-                message,
-            };
-            let len = prost::encoding::message::encoded_len(3, &entry);
-            if size + len > self.config.max_bytes {
-                left_out += 1;
-                continue;
+    /// What the file will hold: entries within the grace (the rest
+    /// forgotten), entries in use refreshed while the controller is
+    /// connected. Cheap: handles, not copies.
+    fn take(&self, connected: bool, now: SystemTime) -> Vec<Taken> {
+        let mut entries = self.lock();
+        entries.retain(|_, r| {
+            if connected && r.confirmed && r.alive.strong_count() > 0 {
+                r.heard = now;
             }
-            size += len;
-            body.entries.push(entry);
-        }
-        (body, left_out)
+            age(now, r.heard) <= self.config.grace
+        });
+        entries
+            .iter()
+            .map(|((kind, key), r)| (*kind, key.clone(), r.heard, r.held.clone()))
+            .collect()
     }
+}
+
+/// An entry on its way to the file.
+type Taken = (Kind, Arc<str>, SystemTime, Held);
+
+/// The file's body: by kind in [`Kind::ALL`]'s order, the newest first,
+/// while they fit in `max_bytes`. Returns it and how many entries did not fit.
+fn body(
+    mut taken: Vec<Taken>,
+    workload: String,
+    max_bytes: usize,
+    now: SystemTime,
+) -> (file::Body, u64) {
+    taken.sort_by(|a, b| a.0.cmp(&b.0).then(b.2.cmp(&a.2)));
+    let mut body = file::Body {
+        workload,
+        written_unix_ms: file::unix_ms(now),
+        entries: Vec::new(),
+    };
+    let mut size = file::file_len(prost::Message::encoded_len(&body));
+    let mut left_out = 0u64;
+    for (kind, key, heard, held) in taken {
+        let message = match held {
+            Held::Encoded(b) => b,
+            Held::Endpoints(set) => match super::resolve::set_update(&set) {
+                Some(update) => Bytes::from(prost::Message::encode_to_vec(&update)),
+                None => continue,
+            },
+        };
+        let entry = file::WireEntry {
+            kind: kind as u32,
+            key: key.to_string(),
+            heard_unix_ms: file::unix_ms(heard),
+            message,
+        };
+        let len = prost::encoding::message::encoded_len(3, &entry);
+        if size + len > max_bytes {
+            left_out += 1;
+            continue;
+        }
+        size += len;
+        body.entries.push(entry);
+    }
+    (body, left_out)
 }
 
 fn age(now: SystemTime, then: SystemTime) -> Duration {
