@@ -66,6 +66,33 @@ pub struct WorkloadLabels {
     pub dst_pod_template_hash: Arc<str>,
 }
 
+/// A destination's labels under the keys the controller sends them by
+/// (`namespace`, `service`, `pod`, `deployment`, ..., `serviceaccount`,
+/// `pod_template_hash`), empty ones left out: tap events name them so, and
+/// the snapshot writes endpoints back as the controller sent them.
+pub fn controller_labels<'a>(
+    namespace: &'a Arc<str>,
+    service: &'a Arc<str>,
+    pod: &'a Arc<str>,
+    workload: &'a DstWorkload,
+) -> impl Iterator<Item = (&'static str, &'a Arc<str>)> {
+    let w = &workload.0;
+    [
+        ("namespace", namespace),
+        ("service", service),
+        ("pod", pod),
+        ("deployment", &w.dst_deployment),
+        ("statefulset", &w.dst_statefulset),
+        ("daemonset", &w.dst_daemonset),
+        ("replicaset", &w.dst_replicaset),
+        ("k8s_job", &w.dst_k8s_job),
+        ("serviceaccount", &w.dst_serviceaccount),
+        ("pod_template_hash", &w.dst_pod_template_hash),
+    ]
+    .into_iter()
+    .filter(|(_, v)| !v.is_empty())
+}
+
 impl DstWorkload {
     /// No workload known: every label empty, made once.
     pub fn none() -> Self {

@@ -200,24 +200,9 @@ pub(super) fn tls_identity(addr: &WeightedAddr) -> Option<ballast_meshtls::Ident
 /// An endpoint as the controller would send it: [`endpoint`] reads it back
 /// as the same endpoint (the snapshot keeps endpoints this way).
 fn to_wire(e: &Endpoint) -> WeightedAddr {
-    let mut labels = HashMap::new();
-    let w = &e.workload.0;
-    for (k, v) in [
-        ("namespace", &e.namespace),
-        ("service", &e.service),
-        ("pod", &e.pod),
-        ("deployment", &w.dst_deployment),
-        ("statefulset", &w.dst_statefulset),
-        ("daemonset", &w.dst_daemonset),
-        ("replicaset", &w.dst_replicaset),
-        ("k8s_job", &w.dst_k8s_job),
-        ("serviceaccount", &w.dst_serviceaccount),
-        ("pod_template_hash", &w.dst_pod_template_hash),
-    ] {
-        if !v.is_empty() {
-            labels.insert(k.to_string(), v.to_string());
-        }
-    }
+    let labels = crate::metrics::controller_labels(&e.namespace, &e.service, &e.pod, &e.workload)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     let hint = (e.h2_hint || e.opaque_port.is_some()).then(|| ProtocolHint {
         protocol: e
             .h2_hint

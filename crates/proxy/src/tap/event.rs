@@ -119,23 +119,9 @@ pub fn headers<'a>(
 /// (`namespace`, `service`, `pod`, `deployment`, ..., `serviceaccount`);
 /// empty ones left out.
 pub fn dst_labels(l: &DstLabels) -> Vec<(&'static str, Arc<str>)> {
-    let w = &l.workload.0;
-    [
-        ("namespace", &l.dst_namespace),
-        ("service", &l.dst_service),
-        ("pod", &l.dst_pod),
-        ("deployment", &w.dst_deployment),
-        ("statefulset", &w.dst_statefulset),
-        ("daemonset", &w.dst_daemonset),
-        ("replicaset", &w.dst_replicaset),
-        ("k8s_job", &w.dst_k8s_job),
-        ("serviceaccount", &w.dst_serviceaccount),
-        ("pod_template_hash", &w.dst_pod_template_hash),
-    ]
-    .into_iter()
-    .filter(|(_, v)| !v.is_empty())
-    .map(|(k, v)| (k, v.clone()))
-    .collect()
+    crate::metrics::controller_labels(&l.dst_namespace, &l.dst_service, &l.dst_pod, &l.workload)
+        .map(|(k, v)| (k, v.clone()))
+        .collect()
 }
 
 /// Endpoint metadata: `labels` and the connection's TLS, as Linkerd's tap
