@@ -462,22 +462,7 @@ async fn an_authorization_policy_admits_only_the_named_identity() {
         .collect();
     let policy_at = Instant::now();
     cluster
-        .create_all(vec![
-            json!({"apiVersion": "policy.linkerd.io/v1alpha1", "kind": "MeshTLSAuthentication",
-                   "metadata": {"name": "web-only", "namespace": NS},
-                   "spec": {"identities": [identity("web")]}}),
-            json!({"apiVersion": "policy.linkerd.io/v1alpha1", "kind": "AuthorizationPolicy",
-                   "metadata": {"name": "voting-from-web", "namespace": NS},
-                   "spec": {"targetRef": {"group": "policy.linkerd.io", "kind": "Server",
-                                          "name": "voting-http"},
-                            "requiredAuthenticationRefs": [{
-                                "group": "policy.linkerd.io", "kind": "MeshTLSAuthentication",
-                                "name": "web-only"}]}}),
-            json!({"apiVersion": "policy.linkerd.io/v1beta3", "kind": "Server",
-                   "metadata": {"name": "voting-http", "namespace": NS},
-                   "spec": {"podSelector": {"matchLabels": {"app": "voting"}},
-                            "port": 8080, "proxyProtocol": "HTTP/1"}}),
-        ])
+        .create_all(cluster::only_identity_to(NS, "voting", &identity("web")))
         .await;
 
     // The meshed intruder gets 403 from voting's proxy, from some request on.

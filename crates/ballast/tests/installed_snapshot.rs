@@ -200,22 +200,7 @@ async fn a_proxy_restarted_while_the_controller_is_away_routes_and_denies_from_i
     let web_mark = line_count(&cluster, "web");
     let policy_at = Instant::now();
     cluster
-        .create_all(vec![
-            json!({"apiVersion": "policy.linkerd.io/v1alpha1", "kind": "MeshTLSAuthentication",
-                   "metadata": {"name": "web-only", "namespace": NS},
-                   "spec": {"identities": [identity("web")]}}),
-            json!({"apiVersion": "policy.linkerd.io/v1alpha1", "kind": "AuthorizationPolicy",
-                   "metadata": {"name": "emoji-from-web", "namespace": NS},
-                   "spec": {"targetRef": {"group": "policy.linkerd.io", "kind": "Server",
-                                          "name": "emoji-http"},
-                            "requiredAuthenticationRefs": [{
-                                "group": "policy.linkerd.io", "kind": "MeshTLSAuthentication",
-                                "name": "web-only"}]}}),
-            json!({"apiVersion": "policy.linkerd.io/v1beta3", "kind": "Server",
-                   "metadata": {"name": "emoji-http", "namespace": NS},
-                   "spec": {"podSelector": {"matchLabels": {"app": "emoji"}},
-                            "port": 8080, "proxyProtocol": "HTTP/1"}}),
-        ])
+        .create_all(cluster::only_identity_to(NS, "emoji", &identity("web")))
         .await;
     let was_denied = cluster
         .wait_for_log(NS, "stranger", "caller", Duration::from_secs(90), |log| {

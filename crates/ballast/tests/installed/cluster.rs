@@ -16,7 +16,7 @@ use ballast_testkit::{
     cluster::{controllers::Controllers, ImageSpec, Images, Kubelet, Node},
     ApiServer,
 };
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// Why this machine cannot run these tests, if it cannot.
 pub fn missing_tools() -> Option<String> {
@@ -389,7 +389,6 @@ impl ClusterBox {
 /// name on 8080, with its ServiceAccount and a Service `name` (port 80 to
 /// 8080), as the objects to create.
 pub fn backend_objects(namespace: &str, name: &str) -> Vec<Value> {
-    use serde_json::json;
     vec![
         json!({"apiVersion": "v1", "kind": "ServiceAccount",
                "metadata": {"name": name, "namespace": namespace}}),
@@ -408,6 +407,31 @@ pub fn backend_objects(namespace: &str, name: &str) -> Vec<Value> {
     ]
 }
 
+/// Inbound policy admitting one mesh identity to port 8080 of `app`'s pods in
+/// `namespace`: a MeshTLSAuthentication `web-only`, an AuthorizationPolicy
+/// `APP-from-web` and a Server `APP-http`, in that order (authentication
+/// and authorization first, the Server last, so no moment has a Server
+/// without its authorization).
+pub fn only_identity_to(namespace: &str, app: &str, identity: &str) -> Vec<Value> {
+    let server = format!("{app}-http");
+    vec![
+        json!({"apiVersion": "policy.linkerd.io/v1alpha1", "kind": "MeshTLSAuthentication",
+               "metadata": {"name": "web-only", "namespace": namespace},
+               "spec": {"identities": [identity]}}),
+        json!({"apiVersion": "policy.linkerd.io/v1alpha1", "kind": "AuthorizationPolicy",
+               "metadata": {"name": format!("{app}-from-web"), "namespace": namespace},
+               "spec": {"targetRef": {"group": "policy.linkerd.io", "kind": "Server",
+                                      "name": server},
+                        "requiredAuthenticationRefs": [{
+                            "group": "policy.linkerd.io", "kind": "MeshTLSAuthentication",
+                            "name": "web-only"}]}}),
+        json!({"apiVersion": "policy.linkerd.io/v1beta3", "kind": "Server",
+               "metadata": {"name": server, "namespace": namespace},
+               "spec": {"podSelector": {"matchLabels": {"app": app}},
+                        "port": 8080, "proxyProtocol": "HTTP/1"}}),
+    ]
+}
+
 /// A Deployment `name` in `namespace` (service account `name`, created with
 /// it) whose container `caller` (`tools:latest`) runs `sh -c SCRIPT`; its pod
 /// template carries `pod_annotations` (a JSON object).
@@ -417,7 +441,6 @@ pub fn caller_objects(
     script: &str,
     pod_annotations: Value,
 ) -> Vec<Value> {
-    use serde_json::json;
     vec![
         json!({"apiVersion": "v1", "kind": "ServiceAccount",
                "metadata": {"name": name, "namespace": namespace}}),
