@@ -10,7 +10,8 @@
 //! `--snapshot-interval`, within `--snapshot-max-bytes` (inbound policies
 //! first). An inbound policy is written before it takes effect (at most one
 //! write per [`URGENT_SPACING`]): a snapshot never holds a policy wider than
-//! the one in force, and a failed write removes the file.
+//! the one in force, and a failed write removes the file (as does a write
+//! not done within [`DURABLE_WAIT`]: the policy then takes effect anyway).
 //!
 //! On start, a watch whose key the book holds waits `--snapshot-wait` for
 //! the controller, then serves the book's message as if the controller had
@@ -38,6 +39,10 @@ use tokio::sync::{watch, Notify};
 
 /// The least time between two writes when an inbound policy waits on them.
 pub const URGENT_SPACING: Duration = Duration::from_millis(100);
+
+/// The longest an inbound policy waits for its write before it takes effect
+/// anyway (and the file is removed).
+pub const DURABLE_WAIT: Duration = Duration::from_secs(1);
 
 /// Where and how the snapshot is kept.
 #[derive(Clone, Debug)]
@@ -248,7 +253,16 @@ impl Book {
         let mut written = self.written.subscribe();
         // The writer lives as long as the book's owner; if it is gone, the
         // proxy is stopping.
-        let _ = written.wait_for(|w| *w >= generation).await;
+        let covered = written.wait_for(|w| *w >= generation);
+        if tokio::time::timeout(DURABLE_WAIT, covered).await.is_err() {
+            // A stuck disk must not hold back a policy (it may revoke
+            // access); the file, which may now be wider, goes instead.
+            tracing::warn!(path = %self.config.path.display(), "the snapshot was not written within 1s; removing it and applying the inbound policy");
+            let path = self.config.path.clone();
+            drop(tokio::task::spawn_blocking(move || {
+                std::fs::remove_file(path)
+            }));
+        }
     }
 
     /// A watch of `kind` now serves the book's answer: counted, and shown
@@ -757,6 +771,20 @@ mod tests {
         assert_eq!(writes(&metrics, "error"), 1);
         assert!(!c.path.exists(), "the older policy is not left behind");
         writer.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_inbound_policy_waits_a_second_at_most_for_a_stuck_writer() {
+        let dir = Dir::new("stuck");
+        let c = config(&dir);
+        std::fs::write(&c.path, b"an older snapshot").expect("write");
+        let (book, _) = book(c.clone());
+        // No writer task: nothing will ever be written.
+        let started = tokio::time::Instant::now();
+        book.record_durably(Kind::Inbound, &Arc::from("8080"), message(1), &Arc::new(()))
+            .await;
+        assert_eq!(started.elapsed(), DURABLE_WAIT);
+        until(|| !c.path.exists()).await;
     }
 
     #[tokio::test(start_paused = true)]
