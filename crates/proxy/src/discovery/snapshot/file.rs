@@ -38,6 +38,11 @@ impl Kind {
         Kind::Endpoints,
     ];
 
+    /// Its place in [`Kind::ALL`].
+    pub fn index(self) -> usize {
+        self as usize - 1
+    }
+
     fn from_wire(v: u32) -> Option<Self> {
         Self::ALL.into_iter().find(|k| *k as u32 == v)
     }

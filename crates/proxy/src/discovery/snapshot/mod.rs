@@ -84,6 +84,41 @@ struct Recorded {
 
 type Key = (Kind, Arc<str>);
 
+/// The book's entries, with how many there are of each kind (the bound is
+/// checked per record without a scan).
+#[derive(Debug, Default)]
+struct Entries {
+    map: HashMap<Key, Recorded>,
+    per_kind: [usize; Kind::ALL.len()],
+}
+
+impl Entries {
+    fn insert(&mut self, key: Key, r: Recorded) {
+        let kind = key.0;
+        if self.map.insert(key, r).is_none() {
+            self.per_kind[kind.index()] += 1;
+        }
+    }
+
+    fn remove(&mut self, key: &Key) {
+        if self.map.remove(key).is_some() {
+            self.per_kind[key.0.index()] -= 1;
+        }
+    }
+
+    /// Keeps the entries `keep` says to keep.
+    fn retain(&mut self, mut keep: impl FnMut(&mut Recorded) -> bool) {
+        let per_kind = &mut self.per_kind;
+        self.map.retain(|(kind, _), r| {
+            let kept = keep(r);
+            if !kept {
+                per_kind[kind.index()] -= 1;
+            }
+            kept
+        });
+    }
+}
+
 /// A message the book holds for a watch opening now.
 #[derive(Clone, Debug)]
 pub struct Restored {
@@ -95,7 +130,7 @@ pub struct Restored {
 #[derive(Debug)]
 pub struct Book {
     config: SnapshotConfig,
-    entries: Mutex<HashMap<Key, Recorded>>,
+    entries: Mutex<Entries>,
     /// Bumped by every record; a write covers the generation it read.
     generation: AtomicU64,
     dirty: Notify,
@@ -117,7 +152,7 @@ impl Book {
     pub fn load(config: SnapshotConfig, metrics: Arc<Metrics>) -> Arc<Self> {
         let now = SystemTime::now();
         let snapshot = &metrics.discovery.snapshot;
-        let mut entries = HashMap::new();
+        let mut entries = Entries::default();
         let mut loaded_written = None;
         match read(&config) {
             Ok(None) => tracing::info!(path = %config.path.display(), "no snapshot yet"),
@@ -150,8 +185,8 @@ impl Book {
                 tracing::info!(
                     path = %config.path.display(),
                     written_seconds_ago = age(now, written).as_secs(),
-                    entries = entries.len(),
-                    past_the_grace = total - entries.len(),
+                    entries = entries.map.len(),
+                    past_the_grace = total - entries.map.len(),
                     "read the snapshot"
                 );
                 loaded_written = Some(written);
@@ -168,7 +203,7 @@ impl Book {
         }
         snapshot
             .restored_entries
-            .set(i64::try_from(entries.len()).unwrap_or(i64::MAX));
+            .set(i64::try_from(entries.map.len()).unwrap_or(i64::MAX));
         Arc::new(Self {
             config,
             entries: Mutex::new(entries),
@@ -182,7 +217,7 @@ impl Book {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Recorded>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -197,7 +232,7 @@ impl Book {
     pub fn restored(&self, kind: Kind, key: &str) -> Option<Restored> {
         let now = SystemTime::now();
         let entries = self.lock();
-        let r = entries.get(&(kind, Arc::from(key)))?;
+        let r = entries.map.get(&(kind, Arc::from(key)))?;
         let Held::Encoded(message) = &r.held else {
             return None;
         };
@@ -215,17 +250,17 @@ impl Book {
         {
             let mut entries = self.lock();
             let k = (kind, key.clone());
-            if !entries.contains_key(&k) {
-                let of_kind = entries.keys().filter(|(k, _)| *k == kind).count();
-                if of_kind >= self.config.max_entries {
-                    let oldest = entries
-                        .iter()
-                        .filter(|((k, _), _)| *k == kind)
-                        .min_by_key(|(_, r)| r.heard)
-                        .map(|(k, _)| k.clone());
-                    if let Some(oldest) = oldest {
-                        entries.remove(&oldest);
-                    }
+            if !entries.map.contains_key(&k)
+                && entries.per_kind[kind.index()] >= self.config.max_entries
+            {
+                let oldest = entries
+                    .map
+                    .iter()
+                    .filter(|((k, _), _)| *k == kind)
+                    .min_by_key(|(_, r)| r.heard)
+                    .map(|(k, _)| k.clone());
+                if let Some(oldest) = oldest {
+                    entries.remove(&oldest);
                 }
             }
             entries.insert(
@@ -405,13 +440,14 @@ impl Book {
     /// connected. Cheap: handles, not copies.
     fn take(&self, connected: bool, now: SystemTime) -> Vec<Taken> {
         let mut entries = self.lock();
-        entries.retain(|_, r| {
+        entries.retain(|r| {
             if connected && r.confirmed && r.alive.strong_count() > 0 {
                 r.heard = now;
             }
             age(now, r.heard) <= self.config.grace
         });
         entries
+            .map
             .iter()
             .map(|((kind, key), r)| (*kind, key.clone(), r.heard, r.held.clone()))
             .collect()
@@ -785,6 +821,28 @@ mod tests {
             .await;
         assert_eq!(started.elapsed(), DURABLE_WAIT);
         until(|| !c.path.exists()).await;
+    }
+
+    #[test]
+    fn each_kind_keeps_at_most_its_bound_the_least_recently_heard_going_first() {
+        let dir = Dir::new("per-kind");
+        let mut c = config(&dir);
+        c.max_entries = 2;
+        let (book, _) = book(c);
+        let alive = Arc::new(());
+        book.record(Kind::Inbound, &Arc::from("8080"), message(0), &alive);
+        for i in 0..3u8 {
+            let key: Arc<str> = Arc::from(format!("10.0.0.{i}:80"));
+            book.record(Kind::Profile, &key, message(i), &alive);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let entries = book.lock();
+        assert_eq!(entries.per_kind[Kind::Profile.index()], 2);
+        assert_eq!(entries.per_kind[Kind::Inbound.index()], 1);
+        assert!(!entries
+            .map
+            .contains_key(&(Kind::Profile, Arc::from("10.0.0.0:80"))));
+        assert_eq!(entries.map.len(), 3);
     }
 
     #[tokio::test(start_paused = true)]
