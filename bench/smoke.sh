@@ -20,7 +20,7 @@
 # given (SKIP_BUILD=1: nothing).
 # Usage (from anywhere): [BALLAST=PATH] [PROXY=PATH] [SKIP_BUILD=1] bench/smoke.sh [NAME...]
 #   NAME: run only these (index-memory tls-floor destination-bench kube-bench
-#   policy-bench proxy-bench mtls-bench tap-bench viz-bench).
+#   policy-bench scale-bench proxy-bench mtls-bench tap-bench viz-bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,7 +30,7 @@ export RUST_BACKTRACE=0
 BIN=target/debug
 SMOKE_TIMEOUT=${SMOKE_TIMEOUT:-600}
 
-known=" index-memory tls-floor destination-bench kube-bench policy-bench proxy-bench mtls-bench tap-bench viz-bench "
+known=" index-memory tls-floor destination-bench kube-bench policy-bench scale-bench proxy-bench mtls-bench tap-bench viz-bench "
 for name in "$@"; do
   if [[ "$known" != *" $name "* ]]; then
     echo "bench/smoke.sh: unknown bench binary $name (known:$known)" >&2
@@ -119,6 +119,13 @@ run kube-bench --ballast "$BALLAST" --pods 20 --page-size 5
 # with 0, 10 and 100 routes.
 run policy-bench --ballast "$BALLAST" --services 3 --routes-per-service 2 --watchers 3 \
   --rounds 1 --rate 50 --seconds 1
+
+# One controller at a small scale: 200 pods in 40 Services, 10 HTTPRoutes;
+# 500 proxies (50 on the hot Service) open 2,000 streams of the four APIs
+# over 20 connections; 3 changes to the hot Service, then 3 more beside 2
+# CPU hogs.
+run scale-bench --ballast "$BALLAST" --pods 200 --services 40 --routes 10 --proxies 500 \
+  --rounds 3 --busy 2
 
 # Every target (direct, ballast, ballast-2hop, haproxy, haproxy-2hop), one
 # round: 1 s of oha at 50/s, 1 s of wrk on 2 connections, 10 idle

@@ -1,17 +1,20 @@
 //! Kubernetes source benchmark (not a test).
 //!
-//! Serves PODS pods (10 per service) from testkit's API server emulation,
-//! starts `ballast destination --kubeconfig` on it, and reports API requests
-//! per start, time to ready, RSS and RSS per pod, then forces a relist (410
-//! Gone) and reports the peak RSS during it against the steady state. The same
-//! cluster is also written as manifests and loaded by the manifests source,
-//! side by side.
+//! Serves PODS pods in SERVICES services (10 per service by default) and
+//! ROUTES HTTPRoutes (each with a Service as its parentRef, a weighted split
+//! over it and a Service of its namespace) from testkit's API server
+//! emulation, starts `ballast destination --kubeconfig` on it, and reports
+//! API requests per start (LISTs, their pages and WATCHes, kind by kind),
+//! time to ready, RSS and RSS per pod, then forces a relist (410 Gone) and
+//! reports the peak RSS during it against the steady state. The same cluster
+//! is also written as manifests and loaded by the manifests source, side by
+//! side.
 //!
 //! It fails when a controller did not serve: one that exited, fewer watches
 //! than the kinds it reads (`WATCHED_RESOURCES`), no LIST or WATCH, no
 //! relist after the 410, an RSS read as zero.
 
-use ballast_bench::{pod, rss, service, start};
+use ballast_bench::{allocated, pod_of, rss, service, start};
 use ballast_source_kube::WATCHED_RESOURCES;
 use ballast_testkit::ApiServer;
 use serde_json::json;
@@ -20,11 +23,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-const USAGE: &str = "Usage: kube-bench [--ballast PATH] [--pods N] [--page-size N]";
+const USAGE: &str =
+    "Usage: kube-bench [--ballast PATH] [--pods N] [--services N (default: PODS / 10)] \
+[--routes N] [--page-size N]";
 
 struct Opts {
     ballast: PathBuf,
     pods: usize,
+    /// None: one per 10 pods.
+    services: Option<usize>,
+    routes: usize,
     page_size: u32,
 }
 
@@ -32,6 +40,8 @@ fn opts() -> anyhow::Result<Opts> {
     let mut o = Opts {
         ballast: PathBuf::from("target/release/ballast"),
         pods: 10_000,
+        services: None,
+        routes: 0,
         page_size: 500,
     };
     let mut args = ballast_bench::flags(USAGE);
@@ -39,6 +49,8 @@ fn opts() -> anyhow::Result<Opts> {
         match flag.as_str() {
             "--ballast" => o.ballast = args.value()?.into(),
             "--pods" => o.pods = args.parse()?,
+            "--services" => o.services = Some(args.parse()?),
+            "--routes" => o.routes = args.parse()?,
             "--page-size" => o.page_size = args.parse()?,
             other => return Err(args.unknown(other)),
         }
@@ -46,10 +58,67 @@ fn opts() -> anyhow::Result<Opts> {
     Ok(o)
 }
 
-fn manifests(dir: &Path, pods: usize) -> anyhow::Result<()> {
-    for s in 0..pods / 10 {
+/// The generated cluster's shape: services, pods per service, routes.
+#[derive(Clone, Copy)]
+struct Shape {
+    services: usize,
+    per_service: usize,
+    routes: usize,
+}
+
+impl Shape {
+    fn pods(&self) -> usize {
+        self.services * self.per_service
+    }
+
+    /// The parent Service of route `r` (spread evenly, service 0 first).
+    fn route_parent(&self, r: usize) -> usize {
+        r * self.services / self.routes.max(1)
+    }
+}
+
+/// HTTPRoute `r`, as the API server returns it (scale-bench's and
+/// policy-bench's shape): a path and header match, a weighted split over its
+/// parent Service and one of the same namespace, a timeout.
+fn route(shape: &Shape, r: usize) -> serde_json::Value {
+    let s = shape.route_parent(r);
+    let other = (s + 10) % shape.services;
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": format!("svc-{s}-route"), "namespace": format!("ns-{}", s % 10),
+                     "creationTimestamp": "2026-11-01T10:00:00Z", "generation": 1},
+        "spec": {
+            "parentRefs": [{"group": "core", "kind": "Service", "name": format!("svc-{s}"), "port": 80}],
+            "rules": [{
+                "matches": [{"path": {"type": "PathPrefix", "value": "/api"},
+                             "headers": [{"name": "x-tenant", "value": format!("t{s}")}]}],
+                "backendRefs": [{"name": format!("svc-{s}"), "port": 80, "weight": 90},
+                                {"name": format!("svc-{other}"), "port": 80, "weight": 10}],
+                "timeouts": {"request": "2s"},
+            }],
+        },
+    })
+}
+
+/// The group of a request's path: `/api/v1/...` is the core group (``),
+/// `/apis/GROUP/VERSION/...` is GROUP.
+fn group_of(path: &str) -> &str {
+    match path.strip_prefix("/apis/") {
+        Some(rest) => rest.split('/').next().unwrap_or(""),
+        None => "",
+    }
+}
+
+fn manifests(dir: &Path, shape: &Shape) -> anyhow::Result<()> {
+    let per = shape.per_service;
+    for s in 0..shape.services {
         let mut docs = vec![service(s)];
-        docs.extend((s * 10..s * 10 + 10).map(pod));
+        docs.extend((s * per..s * per + per).map(|n| pod_of(n, per)));
+        docs.extend(
+            (0..shape.routes)
+                .filter(|r| shape.route_parent(*r) == s)
+                .map(|r| route(shape, r)),
+        );
         let text = docs
             .iter()
             .map(|d| serde_json::to_string(d).unwrap_or_default())
@@ -68,18 +137,34 @@ async fn main() -> anyhow::Result<()> {
         "{} not found: build it with `cargo build --release -p ballast`",
         o.ballast.display()
     );
-    anyhow::ensure!(o.pods >= 10, "--pods must be at least 10 (10 per service)");
+    let services = o.services.unwrap_or(o.pods / 10);
+    anyhow::ensure!(
+        services >= 1 && o.pods >= services,
+        "--pods must be at least --services (10 by default: 10 per service)"
+    );
+    anyhow::ensure!(
+        o.routes <= services,
+        "--routes: at most one per service ({services})"
+    );
     anyhow::ensure!(o.page_size >= 1, "--page-size must be at least 1");
+    let shape = Shape {
+        services,
+        per_service: o.pods / services,
+        routes: o.routes,
+    };
     // The controller opens one watch per kind it reads.
     let watched = WATCHED_RESOURCES.len();
     let api = ApiServer::start().await;
     let tmp = tempfile::tempdir()?;
     let kubeconfig = api.write_kubeconfig(tmp.path()).display().to_string();
-    for s in 0..o.pods / 10 {
+    for s in 0..shape.services {
         api.apply(service(s));
     }
-    for n in 0..o.pods {
-        api.apply(pod(n));
+    for n in 0..shape.pods() {
+        api.apply(pod_of(n, shape.per_service));
+    }
+    for r in 0..shape.routes {
+        api.apply(route(&shape, r));
     }
     let empty_api = ApiServer::start().await;
     let empty_dir = tempfile::tempdir()?;
@@ -104,15 +189,42 @@ async fn main() -> anyhow::Result<()> {
         "the controller opened {} watches, not {watched} (one per kind), within 60 s",
         api.open_watches()
     );
-    let per_start = api.requests().len() - before;
-    let lists: usize = ["pods", "services", "endpointslices"]
+    let started: Vec<_> = api.requests().split_off(before);
+    let per_start = started.len();
+    // Kind by kind: LISTs begun (no `continue`), LIST requests (pages),
+    // WATCHes, objects served.
+    let per_kind: Vec<(String, usize, usize, usize, usize)> = WATCHED_RESOURCES
         .iter()
-        .map(|k| api.count("list", k))
-        .sum();
-    let watches: usize = ["pods", "services", "endpointslices"]
-        .iter()
-        .map(|k| api.count("watch", k))
-        .sum();
+        .map(|&(group, _, plural)| {
+            let of = |verb: &'static str| {
+                started.iter().filter(move |r| {
+                    r.verb == verb
+                        && r.resource.as_deref() == Some(plural)
+                        && group_of(&r.path) == group
+                })
+            };
+            let objects = if group == "policy.linkerd.io" && plural == "httproutes" {
+                // None generated (testkit counts by plural: Gateway API's).
+                0
+            } else {
+                api.objects(plural)
+            };
+            let name = if group.is_empty() {
+                plural.to_string()
+            } else {
+                format!("{plural}.{group}")
+            };
+            (
+                name,
+                of("list").filter(|r| r.param("continue").is_none()).count(),
+                of("list").count(),
+                of("watch").count(),
+                objects,
+            )
+        })
+        .collect();
+    let lists: usize = per_kind.iter().map(|k| k.2).sum();
+    let watches: usize = per_kind.iter().map(|k| k.3).sum();
     anyhow::ensure!(
         lists > 0 && watches > 0,
         "the controller read nothing from the API server ({lists} LIST, {watches} WATCH)"
@@ -122,6 +234,16 @@ async fn main() -> anyhow::Result<()> {
     let full_pid = full.pid();
     let (empty_rss, _) = rss(empty_pid);
     let (steady, hwm_load) = rss(full_pid);
+    let (empty_alloc, steady_alloc) = (allocated(&empty.admin).await, allocated(&full.admin).await);
+    // What the index holds: the routes counted valid, every kind loaded.
+    let (_, page) = ballast_bench::http_get(&full.admin, "/metrics").await;
+    let index: Vec<String> = page
+        .lines()
+        .filter(|l| {
+            l.starts_with("destination_index_objects{") || l.starts_with("policy_invalid_routes")
+        })
+        .map(str::to_string)
+        .collect();
 
     // A relist: history lost while the watches are cut. The peak is measured
     // from here: writing 5 to clear_refs resets VmHWM (Linux).
@@ -131,7 +253,7 @@ async fn main() -> anyhow::Result<()> {
     api.cut_watches();
     // One change while the watches are down, so that their last
     // resourceVersion is older than what remains of history.
-    let mut changed = pod(0);
+    let mut changed = pod_of(0, shape.per_service);
     changed["metadata"]["labels"]["bench"] = json!("relist");
     api.apply(changed);
     api.expire_history();
@@ -171,7 +293,7 @@ async fn main() -> anyhow::Result<()> {
 
     // The manifests source on the same cluster.
     let dir = tempfile::tempdir()?;
-    manifests(dir.path(), o.pods)?;
+    manifests(dir.path(), &shape)?;
     let empty_m = tempfile::tempdir()?;
     let m_args = |d: &Path| vec!["--manifests".to_string(), d.display().to_string()];
     let (mut m_empty, _) = start(&o.ballast, &m_args(empty_m.path())).await?;
@@ -190,13 +312,15 @@ async fn main() -> anyhow::Result<()> {
     let per_pod = |full: u64, empty: u64| {
         format!(
             "{:.2} KB",
-            full.saturating_sub(empty) as f64 * 1.024 / o.pods as f64
+            full.saturating_sub(empty) as f64 * 1.024 / shape.pods() as f64
         )
     };
     println!(
-        "{} pods in {} services, LIST page size {}",
-        o.pods,
-        o.pods / 10,
+        "{} pods in {} services ({} each), {} HTTPRoutes, LIST page size {}",
+        shape.pods(),
+        shape.services,
+        shape.per_service,
+        shape.routes,
         o.page_size
     );
     println!();
@@ -214,6 +338,11 @@ async fn main() -> anyhow::Result<()> {
         mb(m_empty_rss)
     );
     println!("| RSS after load | {} | {} |", mb(steady), mb(m_rss));
+    println!(
+        "| allocated (jemalloc), empty / after load | {} / {} | |",
+        mb(empty_alloc),
+        mb(steady_alloc)
+    );
     println!(
         "| RSS growth per pod | {} | {} |",
         per_pod(steady, empty_rss),
@@ -240,5 +369,17 @@ async fn main() -> anyhow::Result<()> {
         mb(steady),
         hwm_relist as f64 / steady.max(1) as f64
     );
+    println!();
+    println!("API requests of one start, kind by kind (a LIST is its first page and the pages its `continue` tokens asked for):");
+    println!();
+    println!("| kind | objects | LISTs | LIST requests (pages) | WATCHes |");
+    println!("|---|---|---|---|---|");
+    for (name, lists, pages, watches, objects) in &per_kind {
+        println!("| {name} | {objects} | {lists} | {pages} | {watches} |");
+    }
+    let other = per_start - lists - watches;
+    println!("| (other requests: discovery, version) | | | {other} | |");
+    println!();
+    println!("The controller's index after load: {}", index.join("; "));
     Ok(())
 }

@@ -277,7 +277,13 @@ pub fn rss(pid: u32) -> (u64, u64) {
 /// Pod `n` of a generated cluster (10 per service, 10 namespaces), shaped as
 /// the API server returns it: managedFields, images, env, volumes, statuses.
 pub fn pod(n: usize) -> serde_json::Value {
-    let svc = n / 10;
+    pod_of(n, 10)
+}
+
+/// Pod `n` of a generated cluster of `per_service` pods per service (pod
+/// `n` in service `n / per_service`), shaped as [`pod`].
+pub fn pod_of(n: usize, per_service: usize) -> serde_json::Value {
+    let svc = n / per_service.max(1);
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
