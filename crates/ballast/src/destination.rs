@@ -145,6 +145,14 @@ pub struct Args {
     #[arg(long, env = "BALLAST_DESTINATION_STREAM_SEND_WAIT", default_value = "1s", value_parser = TIMEOUT)]
     stream_send_wait: Duration,
 
+    /// Open client connections per listener (--addr, --policy-addr); a
+    /// connection past it is closed at once and counted
+    /// (grpc_server_connections_refused_total), so that its proxy backs off
+    /// and may reach another replica.
+    #[arg(long, env = "BALLAST_DESTINATION_MAX_CONNECTIONS", default_value_t = ballast_meshtls::server::DEFAULT_MAX_CONNECTIONS,
+          value_parser = count(1, MANY))]
+    max_connections: usize,
+
     /// Concurrent Get and GetProfile streams; past it new streams get RESOURCE_EXHAUSTED.
     #[arg(long, env = "BALLAST_DESTINATION_MAX_STREAMS", default_value_t = server::DEFAULT_MAX_STREAMS,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
@@ -372,6 +380,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         stream_queue: args.stream_queue as usize,
         stream_send_wait: args.stream_send_wait,
         max_streams: args.max_streams as usize,
+        max_connections: args.max_connections,
         http2_max_concurrent_streams: args.http2_max_concurrent_streams,
         http2_max_local_error_resets: args.http2_max_local_error_resets,
         http2_max_pending_accept_resets: args.http2_max_pending_accept_resets,

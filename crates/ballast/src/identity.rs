@@ -157,7 +157,8 @@ pub struct Args {
           value_parser = count(1, MANY))]
     max_handshakes: usize,
 
-    /// Open client connections; beyond it, new ones wait in the listen backlog.
+    /// Open client connections; a connection past it is closed at once and
+    /// counted (grpc_server_connections_refused_total).
     #[arg(long, env = "BALLAST_IDENTITY_MAX_CONNECTIONS", default_value_t = tls_server::DEFAULT_MAX_CONNECTIONS,
           value_parser = count(1, MANY))]
     max_connections: usize,

@@ -316,3 +316,48 @@ async fn twice_the_default_stream_limit_at_once_is_refused_not_cut() {
     drop(raw);
     assert_alive(case, &c).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_past_max_connections_is_closed_at_once_and_counted() {
+    use tokio::io::AsyncReadExt;
+    let (_cluster, c) = controller(&["--max-connections", "2"]).await;
+    // Two clients hold the two places, each with a stream open.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let channel = Channel::from_shared(format!("http://{}", c.grpc))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect");
+        let mut client = DestinationClient::new(channel);
+        let mut updates = client.get(req(WEB)).await.expect("Get").into_inner();
+        let _first = next(&mut updates).await;
+        held.push((client, updates));
+    }
+    assert_eq!(c.metric("grpc_server_connections_open").await, Some(2.0));
+
+    // The third is closed unanswered, at once rather than after a timeout.
+    let mut third = tokio::net::TcpStream::connect(c.grpc)
+        .await
+        .expect("connect");
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(DEADLINE, third.read(&mut byte))
+        .await
+        .expect("the connection past the bound was left open");
+    assert!(
+        matches!(read, Ok(0) | Err(_)),
+        "the connection past the bound was answered: {read:?}"
+    );
+    assert_eq!(
+        c.metric("grpc_server_connections_refused_total").await,
+        Some(1.0)
+    );
+
+    // Once a client leaves, a new connection is served again.
+    held.pop();
+    support::eventually("a new connection served after one left", async || {
+        served(c.grpc).await.is_ok()
+    })
+    .await;
+    assert_alive("max connections", &c).await;
+}

@@ -2,7 +2,9 @@
 //! connection's first byte decides (a TLS handshake record, or anything
 //! else), so proxies that dial with TLS and local clients that do not both
 //! reach it. Handshakes are bounded in time and number; connections in
-//! number.
+//! number: one past the bound is accepted and closed at once, counted, so
+//! that its client backs off and may reach another replica instead of
+//! waiting unanswered in the listen backlog.
 
 use crate::io::MaybeTls;
 use ballast_serve::{accept::Acceptor, GaugeGuard};
@@ -87,6 +89,8 @@ pub struct ServeStats {
     pub accepted: Family<AcceptLabels, Counter>,
     pub open: Gauge,
     pub errors: Family<ErrorLabels, Counter>,
+    /// Connections closed at once because the connection bound was reached.
+    pub refused: Counter,
 }
 
 impl ServeStats {
@@ -100,6 +104,11 @@ impl ServeStats {
             "grpc_server_connections_open",
             "Connections open (bounded by the connection limit, 10,000 by default)",
             self.open.clone(),
+        );
+        r.register(
+            "grpc_server_connections_refused",
+            "Connections closed at once, unanswered, because the connection limit was reached",
+            self.refused.clone(),
         );
         r.register(
             "grpc_server_tls_errors",
@@ -187,14 +196,18 @@ pub fn incoming(
     let mut accepting = Acceptor::new("grpc", listener);
     tokio::spawn(async move {
         loop {
-            // At the connection bound, stop accepting: the kernel's backlog
-            // holds the rest.
-            let Ok(permit) = conns.clone().acquire_owned().await else {
-                return;
-            };
             let (stream, remote) = tokio::select! {
                 accepted = accepting.accept() => accepted,
                 _ = tx.closed() => return,
+            };
+            // Past the connection bound, close at once: a client left in the
+            // backlog would wait for its handshake's timeout, while one that
+            // is closed retries with back-off, maybe on another replica.
+            let Ok(permit) = conns.clone().try_acquire_owned() else {
+                stats.refused.inc();
+                tracing::debug!(%remote, "connection limit reached; closed");
+                drop(stream);
+                continue;
             };
             let _ = stream.set_nodelay(true);
             if let Some(k) = limits.keepalive {
@@ -260,4 +273,57 @@ async fn start(stream: TcpStream, acceptor: Option<tokio_rustls::TlsAcceptor>) -
         return Ok(MaybeTls::Plain(stream));
     }
     Ok(MaybeTls::Tls(Box::new(acceptor.accept(stream).await?)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt;
+    use tokio::io::AsyncReadExt;
+
+    /// Reads until the server closes; `true` if it did within the deadline.
+    async fn closed_by_server(client: &mut TcpStream) -> bool {
+        let mut byte = [0u8; 1];
+        matches!(
+            tokio::time::timeout(Duration::from_secs(10), client.read(&mut byte)).await,
+            Ok(Ok(0)) | Ok(Err(_))
+        )
+    }
+
+    #[tokio::test]
+    async fn a_connection_past_the_bound_is_closed_at_once_and_counted() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let stats = Arc::new(ServeStats::default());
+        let limits = ServeLimits {
+            max_connections: 1,
+            ..Default::default()
+        };
+        let mut incoming = Box::pin(incoming(listener, None, limits, stats.clone()));
+
+        let _first = TcpStream::connect(addr).await.expect("connect");
+        let served = incoming
+            .next()
+            .await
+            .expect("a connection")
+            .expect("served");
+        assert_eq!(stats.open.get(), 1);
+
+        let mut second = TcpStream::connect(addr).await.expect("connect");
+        assert!(
+            closed_by_server(&mut second).await,
+            "the connection past the bound was not closed"
+        );
+        assert_eq!(stats.refused.get(), 1);
+
+        // Once the first ends, the next is served again.
+        drop(served);
+        let _third = TcpStream::connect(addr).await.expect("connect");
+        let again = tokio::time::timeout(Duration::from_secs(10), incoming.next())
+            .await
+            .expect("served within the deadline")
+            .expect("a connection");
+        assert!(again.is_ok());
+        assert_eq!(stats.refused.get(), 1);
+    }
 }
