@@ -78,6 +78,16 @@ impl LastKnown {
         }
     }
 
+    /// `authority` is served `set` from the snapshot file, which the
+    /// controller last confirmed `age` ago: its staleness counts from then.
+    pub fn restored(&self, authority: &str, set: Arc<EndpointSet>, age: Duration) {
+        if let Some(e) = self.lock().get_mut(authority) {
+            let then = Instant::now().checked_sub(age).unwrap_or(e.heard);
+            e.heard = e.heard.min(then);
+            e.set = set;
+        }
+    }
+
     fn evict_one(entries: &mut HashMap<Arc<str>, Entry>) {
         let oldest = entries
             .iter()
@@ -122,6 +132,24 @@ mod tests {
             state: SetState::Known,
             endpoints: vec![Endpoint::bare(([10, 0, 0, 1], port).into())],
         })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_set_served_from_the_snapshot_is_as_stale_as_the_snapshot() {
+        let memory = LastKnown::new(10, Duration::from_secs(3600));
+        let web: Arc<str> = Arc::from("web.shop.svc.cluster.local:80");
+        // Some uptime, so that the snapshot's age reaches back before this
+        // process started resolving.
+        tokio::time::advance(Duration::from_secs(900)).await;
+        assert_eq!(memory.open(&web), None);
+        memory.restored(&web, known(80), Duration::from_secs(600));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(memory.sweep(false), Duration::from_secs(605));
+        // A second resolution of it starts from that set, within the grace.
+        assert_eq!(memory.open(&web), Some(known(80)));
+        // The controller answers: current again.
+        memory.heard(&web, None);
+        assert_eq!(memory.sweep(false), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]

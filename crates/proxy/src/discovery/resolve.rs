@@ -10,7 +10,9 @@ use linkerd2_proxy_api::destination::{
     NoEndpoints, ProtocolHint, TlsIdentity, Update, WeightedAddr, WeightedAddrSet,
 };
 use prost::Message;
-use std::{collections::BTreeMap, collections::HashMap, net::SocketAddr, sync::Arc};
+use std::{
+    collections::BTreeMap, collections::HashMap, net::SocketAddr, sync::Arc, time::Duration,
+};
 use tokio::sync::watch;
 
 /// The endpoint set being built from a stream of updates. Pure: no IO.
@@ -267,6 +269,7 @@ impl Resolution {
             Some(_) => None,
             None => control.restored(Kind::Endpoints, authority),
         };
+        let restored_age = restored.as_ref().map_or(Duration::ZERO, |(_, r)| r.age);
         let mut state = match &seed {
             Some(set) => ResolveState::seeded(max_endpoints, set),
             None => ResolveState::new(max_endpoints),
@@ -342,7 +345,9 @@ impl Resolution {
                     };
                     let mut restored = ResolveState::new(max_endpoints);
                     restored.apply(update, true);
-                    tx.send_replace(Arc::new(restored.snapshot()));
+                    let set = Arc::new(restored.snapshot());
+                    last_known.restored(&key, set.clone(), restored_age);
+                    tx.send_replace(set);
                     true
                 },
             );
