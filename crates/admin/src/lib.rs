@@ -42,7 +42,8 @@ mod server;
 
 pub use budget::{MemoryBudget, Pressure};
 pub use memory::{
-    register_memory_metrics, release_unused_memory, spawn_memory_sampler, MEMORY_SAMPLE_INTERVAL,
+    compact_thread_allocations, register_memory_metrics, release_unused_memory,
+    spawn_memory_sampler, MEMORY_SAMPLE_INTERVAL,
 };
 pub use process::{register_build_info, register_process_metrics};
 pub use readiness::Readiness;

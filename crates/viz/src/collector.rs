@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ballast_serve::GaugeGuard;
 use ballast_vizcore::api::ResourceRef;
-use ballast_vizcore::expo::{self, Limits, Page};
+use ballast_vizcore::expo::{self, Limits, Page, PageParser};
 use ballast_vizcore::mesh::Mesh;
 use ballast_vizcore::targets::PodTarget;
 use bytes::Bytes;
@@ -41,8 +41,10 @@ pub const DEFAULT_SCRAPE_CONCURRENCY: usize = 64;
 pub const DEFAULT_MAX_PAGE_BYTES: usize = 8 * 1024 * 1024;
 pub const DEFAULT_MAX_PODS: usize = 10_000;
 pub const DEFAULT_MAX_BACKOFF_INTERVALS: u32 = 30;
-/// Pages up to this size are parsed on the scrape's own task; larger ones
-/// on the blocking pool, so a big page never stalls a runtime worker. The
+/// Pages fetched whole (a [`Fetch`] without its own [`Fetch::fetch_page`])
+/// up to this size are parsed on the scrape's own task; larger ones on the
+/// blocking pool, so a big page never stalls a runtime worker. ([`HttpFetch`]
+/// parses each read buffer, [`SCRAPE_READ_BUFFER_BYTES`], as it comes.) The
 /// parser reads ~108 MB/s (release build, a 430 KB page of a proxy with 30
 /// destinations: 4 ms), so the inline case holds a worker 2.5 ms at most,
 /// less than a hop to the blocking pool costs for the usual 10-100 KiB page.
@@ -147,20 +149,82 @@ impl ScrapeError {
 
 pub type FetchFuture = Pin<Box<dyn Future<Output = Result<Bytes, FetchError>> + Send>>;
 
+/// A page fetched and parsed: the body's bytes read (also when the page
+/// was cut at the bound, or did not parse), and the page.
+pub type PageFuture = Pin<Box<dyn Future<Output = (usize, Result<Page, ScrapeError>)> + Send>>;
+
+/// The size of a scrape's read buffer: what a scrape holds of its page
+/// while the parser reads it (hyper's own buffer grows to about 400 KiB,
+/// and the page was held whole besides).
+pub const SCRAPE_READ_BUFFER_BYTES: usize = 16 * 1024;
+
 /// How one pod's page is fetched: an HTTP GET of its proxy's `/metrics`
 /// ([`HttpFetch`]), or a fake in tests. The collector bounds its time.
 pub trait Fetch: Send + Sync + 'static {
     fn fetch(&self, target: &PodTarget, max_bytes: usize) -> FetchFuture;
+
+    /// The page, parsed. By default [`Fetch::fetch`] then [`parse`];
+    /// [`HttpFetch`] parses the body as it arrives.
+    fn fetch_page(&self, target: &PodTarget, max_bytes: usize, limits: Limits) -> PageFuture {
+        let body = self.fetch(target, max_bytes);
+        let admin_port = target.admin_port;
+        Box::pin(async move {
+            match body.await {
+                Ok(body) => (body.len(), parse(body, limits, admin_port).await),
+                Err(error) => (read_of(&error), Err(error.into())),
+            }
+        })
+    }
+}
+
+/// Bytes a failed fetch read (a page cut at the bound).
+fn read_of(error: &FetchError) -> usize {
+    match error {
+        FetchError::TooLarge { read, .. } => *read,
+        _ => 0,
+    }
 }
 
 /// `GET http://IP:ADMIN_PORT/metrics`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HttpFetch;
 
+/// A page parsed as its body arrives.
+struct Parsing(PageParser);
+
+impl scrape::BodySink for Parsing {
+    fn data(&mut self, piece: &[u8]) {
+        self.0.feed(piece);
+    }
+}
+
 impl Fetch for HttpFetch {
     fn fetch(&self, target: &PodTarget, max_bytes: usize) -> FetchFuture {
         let addr = SocketAddr::new(target.ip, target.admin_port);
         Box::pin(async move { scrape::get(addr, &addr.to_string(), "/metrics", max_bytes).await })
+    }
+
+    fn fetch_page(&self, target: &PodTarget, max_bytes: usize, limits: Limits) -> PageFuture {
+        let addr = SocketAddr::new(target.ip, target.admin_port);
+        let admin_port = target.admin_port;
+        Box::pin(async move {
+            let mut parsing = Parsing(PageParser::new(limits, Some(admin_port)));
+            let read = scrape::get_into(
+                addr,
+                &addr.to_string(),
+                "/metrics",
+                max_bytes,
+                Some(SCRAPE_READ_BUFFER_BYTES),
+                &mut parsing,
+            )
+            .await;
+            match read {
+                // A page that does not parse is still one whose bytes were
+                // read whole: a page over the bound is `too_large` first.
+                Ok(read) => (read, parsing.0.finish().map_err(ScrapeError::from)),
+                Err(error) => (read_of(&error), Err(error.into())),
+            }
+        })
     }
 }
 
@@ -183,6 +247,69 @@ struct PodState {
     answered: bool,
 }
 
+/// Each scraped pod's [`PodState`], sorted by namespace and name: two
+/// short strings and 16 bytes a pod, no table, found by a binary search.
+#[derive(Debug, Default)]
+struct Schedules {
+    list: Vec<(Box<str>, Box<str>, PodState)>,
+}
+
+impl Schedules {
+    fn find(&self, pod: &ResourceRef) -> Option<usize> {
+        self.list
+            .binary_search_by(|(ns, name, _)| {
+                (&**ns, &**name).cmp(&(pod.namespace.as_str(), pod.name.as_str()))
+            })
+            .ok()
+    }
+
+    fn get(&self, pod: &ResourceRef) -> Option<&PodState> {
+        self.find(pod).map(|i| &self.list[i].2)
+    }
+
+    fn get_mut(&mut self, pod: &ResourceRef) -> Option<&mut PodState> {
+        self.find(pod).map(|i| &mut self.list[i].2)
+    }
+
+    fn contains(&self, pod: &ResourceRef) -> bool {
+        self.find(pod).is_some()
+    }
+
+    fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    fn values(&self) -> impl Iterator<Item = &PodState> {
+        self.list.iter().map(|(_, _, s)| s)
+    }
+
+    /// The pods of `targets`, with what is known of each; the others are
+    /// forgotten with their backoff.
+    fn renew(&mut self, targets: &[PodTarget]) {
+        let same = targets.len() == self.list.len()
+            && targets.iter().zip(&self.list).all(|(t, (ns, name, _))| {
+                t.pod.namespace.as_str() == &**ns && t.pod.name.as_str() == &**name
+            });
+        if same {
+            return;
+        }
+        let mut list: Vec<(Box<str>, Box<str>, PodState)> = targets
+            .iter()
+            .map(|t| {
+                let state = self.get(&t.pod).copied().unwrap_or_default();
+                (
+                    t.pod.namespace.as_str().into(),
+                    t.pod.name.as_str().into(),
+                    state,
+                )
+            })
+            .collect();
+        list.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        list.dedup_by(|a, b| (&a.0, &a.1) == (&b.0, &b.1));
+        self.list = list;
+    }
+}
+
 /// The collector, shared with the server (the mesh and readiness).
 pub struct Collector {
     config: CollectorConfig,
@@ -192,7 +319,7 @@ pub struct Collector {
     metrics: VizMetrics,
     clock: Clock,
     ready: Arc<AtomicBool>,
-    pods: HashMap<ResourceRef, PodState>,
+    pods: Schedules,
     /// Cycles run so far; backoffs count in cycles.
     cycle: u64,
 }
@@ -225,7 +352,7 @@ impl Collector {
             metrics,
             clock,
             ready: Arc::new(AtomicBool::new(false)),
-            pods: HashMap::new(),
+            pods: Schedules::default(),
             cycle: 0,
         }
     }
@@ -286,12 +413,7 @@ impl Collector {
         lock(&self.mesh).begin_cycle(&snapshot);
         snapshot.meshed.truncate(self.config.max_pods);
         // Pods gone from the index are forgotten with their backoff.
-        let mut pods = HashMap::with_capacity(snapshot.meshed.len());
-        for target in &snapshot.meshed {
-            let state = self.pods.remove(&target.pod).unwrap_or_default();
-            pods.insert(target.pod.clone(), state);
-        }
-        self.pods = pods;
+        self.pods.renew(&snapshot.meshed);
 
         match &self.source {
             Source::Scrape(fetch) => {
@@ -311,6 +433,12 @@ impl Collector {
             mesh.end_cycle(at, took.as_secs_f64() * 1000.0);
             mesh.heap_bytes()
         };
+        // What the cycle needed and no longer does (its read buffers and
+        // parses, the snapshot, the cycle's sums) goes back to the kernel
+        // now, not over the allocator's decay time: between cycles the
+        // process holds what it keeps.
+        drop(snapshot);
+        ballast_admin::release_unused_memory();
         self.metrics
             .mesh_heap_bytes
             .set(i64::try_from(heap).unwrap_or(i64::MAX));
@@ -343,7 +471,7 @@ impl Collector {
             return;
         }
         let listed = meshed.len();
-        meshed.retain(|t| self.pods.contains_key(&t.pod));
+        meshed.retain(|t| self.pods.contains(&t.pod));
         memory.refused("scrape", (listed - meshed.len()) as u64);
         if pressure == Pressure::Closing {
             let known = meshed.len().min(self.config.max_pods);
@@ -482,7 +610,8 @@ impl Collector {
 }
 
 /// Fetches and parses one pod's page within the timeout; the parse happens
-/// here, on the scrape's task, never under the mesh's lock.
+/// here, on the scrape's task (as the body arrives, a read buffer at a
+/// time, with [`HttpFetch`]), never under the mesh's lock.
 async fn scrape_one(
     fetch: Arc<dyn Fetch>,
     pod: ResourceRef,
@@ -492,23 +621,21 @@ async fn scrape_one(
     _in_flight: GaugeGuard,
 ) -> (ResourceRef, Result<Page, ScrapeError>) {
     let started = Instant::now();
-    let fetched =
-        tokio::time::timeout(config.timeout, fetch.fetch(&target, config.max_page_bytes)).await;
+    let fetched = tokio::time::timeout(
+        config.timeout,
+        fetch.fetch_page(&target, config.max_page_bytes, config.limits),
+    )
+    .await;
     metrics
         .scrape_duration
         .observe(started.elapsed().as_secs_f64());
-    let body = match fetched {
-        Err(_) => return (pod, Err(ScrapeError::Timeout(config.timeout))),
-        Ok(Err(error)) => {
-            if let FetchError::TooLarge { read, .. } = &error {
-                metrics.scrape_bytes.inc_by(*read as u64);
-            }
-            return (pod, Err(error.into()));
+    match fetched {
+        Err(_) => (pod, Err(ScrapeError::Timeout(config.timeout))),
+        Ok((read, page)) => {
+            metrics.scrape_bytes.inc_by(read as u64);
+            (pod, page)
         }
-        Ok(Ok(body)) => body,
-    };
-    metrics.scrape_bytes.inc_by(body.len() as u64);
-    (pod, parse(body, config.limits, target.admin_port).await)
+    }
 }
 
 /// Parses `body`, the page of a proxy whose admin port is `admin_port`:
@@ -568,6 +695,35 @@ mod tests {
             tap_port: 4190,
             service_account: "default".into(),
         }
+    }
+
+    #[test]
+    fn schedules_keep_each_pods_state_while_it_stays_and_find_it_by_name() {
+        let mut s = Schedules::default();
+        let targets: Vec<PodTarget> = ["c", "a", "b"].iter().map(|n| pod(n)).collect();
+        s.renew(&targets);
+        assert_eq!(s.len(), 3);
+        let names: Vec<&str> = s.list.iter().map(|(_, n, _)| &**n).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        s.get_mut(&pod("b").pod).expect("b").failures = 4;
+        assert!(!s.contains(&pod("d").pod));
+        let other_ns = ResourceRef {
+            namespace: "other".into(),
+            ..pod("b").pod
+        };
+        assert!(s.get(&other_ns).is_none());
+        // The same pods again: nothing is made anew.
+        let before = s.list.as_ptr();
+        let sorted: Vec<PodTarget> = ["a", "b", "c"].iter().map(|n| pod(n)).collect();
+        s.renew(&sorted);
+        assert_eq!(s.list.as_ptr(), before);
+        // One gone, one new: the state of those that stay is kept.
+        s.renew(&[pod("b"), pod("d")]);
+        assert_eq!(s.len(), 2);
+        assert_eq!(s.get(&pod("b").pod).map(|p| p.failures), Some(4));
+        assert_eq!(s.get(&pod("d").pod).map(|p| p.failures), Some(0));
+        assert!(s.get(&pod("a").pod).is_none());
+        assert_eq!(s.values().map(|p| p.failures).sum::<u32>(), 4);
     }
 
     /// How each fake pod answers.

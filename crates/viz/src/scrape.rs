@@ -10,8 +10,10 @@
 //! The body is read frame by frame and the read stops once it passes the
 //! bound: a larger page is an error and its connection is dropped, so one
 //! request never holds more than `max_bytes` plus one read buffer (hyper's,
-//! about 400 KiB). The caller bounds the time (the whole request, connect
-//! included, is one future to put under `tokio::time::timeout`).
+//! about 400 KiB). [`get_into`] hands each frame on as it comes (a proxy's
+//! page goes to the parser that way, through a small read buffer, and is
+//! never held whole). The caller bounds the time (the whole request,
+//! connect included, is one future to put under `tokio::time::timeout`).
 
 use std::net::SocketAddr;
 use std::pin::pin;
@@ -56,6 +58,29 @@ impl FetchError {
     }
 }
 
+/// Where a GET's body goes as it arrives.
+pub trait BodySink: Send {
+    /// The body's length as the server declared it (never over the bound),
+    /// when it did; before any data.
+    fn declared(&mut self, _len: Option<u64>) {}
+    /// The next piece of the body.
+    fn data(&mut self, piece: &[u8]);
+}
+
+/// A body kept whole.
+struct Whole(BytesMut);
+
+impl BodySink for Whole {
+    fn declared(&mut self, len: Option<u64>) {
+        self.0
+            .reserve(len.map_or(16 * 1024, |n| usize::try_from(n).unwrap_or(0)));
+    }
+
+    fn data(&mut self, piece: &[u8]) {
+        self.0.extend_from_slice(piece);
+    }
+}
+
 /// `GET path_and_query` from `addr` (with `Host: host`), reading at most
 /// `max_bytes` of body. Anything but `200` is an error. No timeout of its own.
 pub async fn get(
@@ -64,12 +89,33 @@ pub async fn get(
     path_and_query: &str,
     max_bytes: usize,
 ) -> Result<Bytes, FetchError> {
+    let mut whole = Whole(BytesMut::new());
+    get_into(addr, host, path_and_query, max_bytes, None, &mut whole).await?;
+    Ok(whole.0.freeze())
+}
+
+/// [`get`], the body handed to `sink` piece by piece as it arrives instead
+/// of kept: the request holds its read buffer and nothing of the page.
+/// `read_buffer`: its size (hyper's own grows up to about 400 KiB when
+/// `None`). Returns the body's length.
+pub async fn get_into(
+    addr: SocketAddr,
+    host: &str,
+    path_and_query: &str,
+    max_bytes: usize,
+    read_buffer: Option<usize>,
+    sink: &mut dyn BodySink,
+) -> Result<usize, FetchError> {
     let stream = TcpStream::connect(addr)
         .await
         .map_err(FetchError::Connect)?;
     // Small requests, one each: no Nagle delay on the request line.
     let _ = stream.set_nodelay(true);
-    let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
+    let mut builder = hyper::client::conn::http1::Builder::new();
+    if let Some(size) = read_buffer {
+        builder.read_buf_exact_size(Some(size));
+    }
+    let (mut sender, connection) = builder
         .handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
         .await
         .map_err(FetchError::Http)?;
@@ -100,22 +146,25 @@ pub async fn get(
                 read: 0,
             });
         }
-        let capacity = declared.map_or(16 * 1024, |n| n as usize);
-        let mut body = BytesMut::with_capacity(capacity);
+        sink.declared(declared);
+        let mut read = 0usize;
         let mut incoming = response.into_body();
         while let Some(frame) = incoming.frame().await {
             let frame = frame.map_err(FetchError::Http)?;
             if let Ok(data) = frame.into_data() {
-                if body.len() + data.len() > max_bytes {
+                if read + data.len() > max_bytes {
                     return Err(FetchError::TooLarge {
                         max: max_bytes,
-                        read: body.len() + data.len(),
+                        read: read + data.len(),
                     });
                 }
-                body.extend_from_slice(&data);
+                read += data.len();
+                // Handed on and dropped at once: the read buffer is free
+                // again for the next piece.
+                sink.data(&data);
             }
         }
-        Ok(body.freeze())
+        Ok(read)
     };
 
     // The connection is driven here, not on a task of its own: when this

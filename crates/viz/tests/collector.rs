@@ -386,3 +386,84 @@ up{{namespace=\"shop\",pod=\"web-1\",instance=\"10.0.0.3:4191\",job=\"linkerd-pr
     assert_eq!(pods(&metrics, "ok"), 1);
     assert_eq!(pods(&metrics, "unreachable"), 2);
 }
+
+/// Serves `answer` (status line, headers, body) to every connection.
+async fn serve(answer: Vec<u8>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let answer = Arc::new(answer);
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let mut head = vec![0u8; 16 * 1024];
+                let _ = s.read(&mut head).await;
+                let _ = s.write_all(&answer).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_page_parsed_as_it_arrives_is_the_page_parsed_whole() {
+    use ballast_viz::collector::{Fetch, ScrapeError, SCRAPE_READ_BUFFER_BYTES};
+    use ballast_vizcore::expo;
+    use std::fmt::Write;
+    // Many read buffers of series, some lines cut between them.
+    let mut body = String::new();
+    for i in 0..3_000u64 {
+        let _ = writeln!(
+            body,
+            "response_total{{direction=\"outbound\",dst_namespace=\"ns\",dst_service=\"svc-{i}\",classification=\"success\"}} {}",
+            i + 1
+        );
+        let _ = writeln!(
+            body,
+            "response_latency_ms_bucket{{le=\"{}.0\",direction=\"inbound\",authority=\"x\"}} {}",
+            i % 50,
+            i / 50
+        );
+        let _ = writeln!(body, "request_total{{direction=\"inbound\"}} {i}");
+    }
+    assert!(body.len() > 20 * SCRAPE_READ_BUFFER_BYTES);
+    let content_length = format!(
+        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes();
+    let mut chunked = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+    for piece in body.as_bytes().chunks(777) {
+        chunked.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+        chunked.extend_from_slice(piece);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    for (answer, declared) in [(content_length, true), (chunked, false)] {
+        let addr = serve(answer).await;
+        let t = target("web-0", addr);
+        let whole = expo::parse(body.as_bytes(), &Limits::default(), Some(addr.port()));
+        let (read, page) = HttpFetch.fetch_page(&t, 1 << 20, Limits::default()).await;
+        assert_eq!(read, body.len());
+        let page = page.expect("parses");
+        assert!(page.len() > 3_000, "{}", page.len());
+        assert_eq!(format!("{:?}", Ok::<_, ()>(page)), format!("{whole:?}"));
+        // Too many series is a parse error, its bytes counted; over the
+        // page bound it is too large first.
+        let few = Limits {
+            max_series: 100,
+            ..Limits::default()
+        };
+        let (read, page) = HttpFetch.fetch_page(&t, 1 << 20, few).await;
+        assert_eq!(read, body.len());
+        assert!(matches!(page, Err(ScrapeError::Parse(_))), "{page:?}");
+        let (read, page) = HttpFetch.fetch_page(&t, 100 * 1024, few).await;
+        if declared {
+            // Refused unread.
+            assert_eq!(read, 0);
+        } else {
+            assert!(read > 100 * 1024 && read <= 100 * 1024 + SCRAPE_READ_BUFFER_BYTES);
+        }
+        assert_eq!(page.map(|_| ()).unwrap_err().result_label(), "too_large");
+    }
+}

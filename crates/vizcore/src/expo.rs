@@ -185,6 +185,10 @@ pub(crate) struct Sample {
     pub id: u64,
     pub value: f64,
     pub what: What,
+    /// A histogram bucket's series (its id but for `le`) and its `le`
+    /// (f64 bits): what `id` hashes, for a reader that keeps buckets by
+    /// series.
+    pub bucket: Option<(u64, u64)>,
 }
 
 /// The series of interest of one page, compact. Samples are sorted by id,
@@ -250,16 +254,110 @@ pub enum ParseError {
 /// own admin port, when known) are dropped: Linkerd's proxy counts the
 /// scrapes of its `/metrics` as inbound traffic.
 pub fn parse(text: &[u8], limits: &Limits, admin_port: Option<u16>) -> Result<Page, ParseError> {
-    let mut strings = Strings::default();
-    let mut page = Builder {
-        admin_port,
-        ..Builder::default()
-    };
-    let stats = scan(text, limits, Family::of, |parsed| {
-        page.add(&mut strings, parsed);
-        over_limit(page.kept, limits)
-    })?;
-    Ok(page.finish(stats))
+    let mut parser = PageParser::new(*limits, admin_port);
+    parser.feed(text);
+    parser.finish()
+}
+
+/// [`parse`] over a page that arrives in pieces (a response body, frame by
+/// frame): the same page, the same errors, without the page's bytes ever
+/// held whole. Besides what it keeps it holds at most one line, and a line
+/// longer than [`Limits::max_line_bytes`] not even that (it is skipped).
+pub struct PageParser {
+    limits: Limits,
+    strings: Strings,
+    builder: Builder,
+    scanner: Scanner,
+    /// The start of a line cut by the end of a piece.
+    partial: Vec<u8>,
+    /// The line being read is past the bound: its bytes are dropped.
+    overlong: bool,
+    error: Option<ParseError>,
+}
+
+impl PageParser {
+    pub fn new(limits: Limits, admin_port: Option<u16>) -> Self {
+        Self {
+            limits,
+            strings: Strings::default(),
+            builder: Builder {
+                admin_port,
+                ..Builder::default()
+            },
+            scanner: Scanner::default(),
+            partial: Vec::new(),
+            overlong: false,
+            error: None,
+        }
+    }
+
+    /// Reads the next piece of the page. After an error (or the
+    /// OpenMetrics `# EOF`), the rest is not looked at.
+    pub fn feed(&mut self, mut piece: &[u8]) {
+        while !self.done() {
+            let Some(end) = piece.iter().position(|b| *b == b'\n') else {
+                self.keep_partial(piece);
+                return;
+            };
+            if self.partial.is_empty() && !self.overlong {
+                self.line(&piece[..end]);
+            } else {
+                self.keep_partial(&piece[..end]);
+                let line = std::mem::take(&mut self.partial);
+                self.line(&line);
+                self.partial = line;
+                self.partial.clear();
+                self.overlong = false;
+            }
+            piece = &piece[end + 1..];
+        }
+    }
+
+    /// The page, once every piece was fed.
+    pub fn finish(mut self) -> Result<Page, ParseError> {
+        // The last line, when the page does not end with a newline.
+        if !self.done() && (self.overlong || !self.partial.is_empty()) {
+            let line = std::mem::take(&mut self.partial);
+            self.line(&line);
+        }
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let stats = self.scanner.finish()?;
+        Ok(self.builder.finish(stats))
+    }
+
+    fn done(&self) -> bool {
+        self.error.is_some() || self.scanner.eof
+    }
+
+    fn keep_partial(&mut self, bytes: &[u8]) {
+        if self.overlong {
+            return;
+        }
+        if self.partial.len() + bytes.len() > self.limits.max_line_bytes {
+            self.overlong = true;
+            self.partial = Vec::new();
+            return;
+        }
+        self.partial.extend_from_slice(bytes);
+    }
+
+    fn line(&mut self, line: &[u8]) {
+        let (builder, strings, limits) = (&mut self.builder, &mut self.strings, &self.limits);
+        let result = if self.overlong {
+            self.scanner.skip("line too long");
+            Ok(())
+        } else {
+            self.scanner.line(line, limits, &Family::of, &mut |parsed| {
+                builder.add(strings, parsed);
+                over_limit(builder.kept, limits)
+            })
+        };
+        if let Err(e) = result {
+            self.error = Some(e);
+        }
+    }
 }
 
 /// Prometheus /federate output: series split by their `namespace` and `pod` labels.
@@ -510,53 +608,94 @@ where
     C: Fn(&[u8]) -> Option<K>,
     F: FnMut(&Parsed<'_, K>) -> Result<(), ParseError>,
 {
-    let mut stats = ScanStats::default();
-    let mut samples_seen = 0usize;
-    let mut first_bad: Option<(usize, &'static str)> = None;
-    let mut labels: Vec<(&[u8], RawValue<'_>)> = Vec::new();
-    for (n, line) in text.split(|b| *b == b'\n').enumerate() {
-        let line_no = n + 1;
-        let reason = if line.len() > limits.max_line_bytes {
-            Some("line too long")
-        } else {
-            let line = trim(line);
-            if line.is_empty() {
-                continue;
-            }
-            if line[0] == b'#' {
-                if line == b"# EOF" {
-                    break;
-                }
-                continue;
-            }
-            labels.clear();
-            match parse_line(line, &mut labels, &kept) {
-                Ok(None) => {
-                    samples_seen += 1;
-                    None
-                }
-                Ok(Some(parsed)) => {
-                    samples_seen += 1;
-                    each(&parsed)?;
-                    None
-                }
-                Err(reason) => Some(reason),
-            }
-        };
-        if let Some(reason) = reason {
-            stats.skipped = stats.skipped.saturating_add(1);
-            if stats.first_skip.is_none() {
-                stats.first_skip = Some(format!("line {line_no}: {reason}"));
-                first_bad = Some((line_no, reason));
-            }
+    let mut scanner = Scanner::default();
+    for line in text.split(|b| *b == b'\n') {
+        scanner.line(line, limits, &kept, &mut each)?;
+        if scanner.eof {
+            break;
         }
     }
-    if samples_seen == 0 {
-        if let Some((line, reason)) = first_bad {
-            return Err(ParseError::NotExposition { line, reason });
+    scanner.finish()
+}
+
+/// What the walk over a page's lines has seen so far.
+#[derive(Default)]
+struct Scanner {
+    /// Lines so far.
+    lines: usize,
+    samples_seen: usize,
+    first_bad: Option<(usize, &'static str)>,
+    stats: ScanStats,
+    /// The OpenMetrics `# EOF` was read: nothing after it counts.
+    eof: bool,
+}
+
+impl Scanner {
+    /// One line (without its newline).
+    fn line<K, C, F>(
+        &mut self,
+        line: &[u8],
+        limits: &Limits,
+        kept: &C,
+        each: &mut F,
+    ) -> Result<(), ParseError>
+    where
+        C: Fn(&[u8]) -> Option<K>,
+        F: FnMut(&Parsed<'_, K>) -> Result<(), ParseError>,
+    {
+        if self.eof {
+            return Ok(());
+        }
+        if line.len() > limits.max_line_bytes {
+            self.skip("line too long");
+            return Ok(());
+        }
+        self.lines += 1;
+        let line = trim(line);
+        if line.is_empty() {
+            return Ok(());
+        }
+        if line[0] == b'#' {
+            if line == b"# EOF" {
+                self.eof = true;
+            }
+            return Ok(());
+        }
+        let mut labels: Vec<(&[u8], RawValue<'_>)> = Vec::new();
+        match parse_line(line, &mut labels, kept) {
+            Ok(None) => self.samples_seen += 1,
+            Ok(Some(parsed)) => {
+                self.samples_seen += 1;
+                each(&parsed)?;
+            }
+            Err(reason) => self.bad(reason),
+        }
+        Ok(())
+    }
+
+    /// A line skipped unread.
+    fn skip(&mut self, reason: &'static str) {
+        self.lines += 1;
+        self.bad(reason);
+    }
+
+    fn bad(&mut self, reason: &'static str) {
+        let line_no = self.lines;
+        self.stats.skipped = self.stats.skipped.saturating_add(1);
+        if self.stats.first_skip.is_none() {
+            self.stats.first_skip = Some(format!("line {line_no}: {reason}"));
+            self.first_bad = Some((line_no, reason));
         }
     }
-    Ok(stats)
+
+    fn finish(self) -> Result<ScanStats, ParseError> {
+        if self.samples_seen == 0 {
+            if let Some((line, reason)) = self.first_bad {
+                return Err(ParseError::NotExposition { line, reason });
+            }
+        }
+        Ok(self.stats)
+    }
 }
 
 fn trim(mut s: &[u8]) -> &[u8] {
@@ -878,6 +1017,7 @@ impl Builder {
             id: p.series_id(),
             value,
             what,
+            bucket: None,
         });
         self.kept += 1;
     }
@@ -978,6 +1118,7 @@ impl Builder {
                         id: hash_of(&(series, b.le.to_bits())),
                         value: count,
                         what,
+                        bucket: Some((series, b.le.to_bits())),
                     });
                 }
                 below = below.max(b.count);
@@ -1242,6 +1383,76 @@ mod tests {
         )
         .expect("parses");
         assert_eq!(&*p.dsts[0].pod, "\u{fffd}");
+    }
+
+    /// The page (or error) of `text` fed in pieces of `size` bytes.
+    fn fed(text: &[u8], size: usize, limits: &Limits) -> String {
+        let mut parser = PageParser::new(*limits, Some(4191));
+        for piece in text.chunks(size) {
+            parser.feed(piece);
+        }
+        format!("{:?}", parser.finish())
+    }
+
+    #[test]
+    fn a_page_fed_in_pieces_of_any_size_is_the_same_page() {
+        let long = format!(
+            "response_total{{direction=\"inbound\",authority=\"{}\"}} 1\n",
+            "x".repeat(70 * 1024)
+        );
+        let pages: Vec<Vec<u8>> = vec![
+            include_bytes!("../tests/data/l2p-web-a-t10.txt").to_vec(),
+            include_bytes!("../tests/data/demo-proxy-t10.txt").to_vec(),
+            // A long line in the middle, no newline at the end, CRLF lines.
+            format!("response_total{{direction=\"inbound\"}} 5\n{long}9garbage\r\nresponse_total{{direction=\"outbound\"}} 7").into_bytes(),
+            // Nothing after the OpenMetrics end is read.
+            b"response_total{direction=\"inbound\"} 5\n# EOF\nresponse_total{direction=\"outbound\"} 7\n".to_vec(),
+            b"<html><body>502 Bad Gateway</body></html>\n".to_vec(),
+            Vec::new(),
+        ];
+        let limits = Limits::default();
+        for text in &pages {
+            let whole = format!("{:?}", parse(text, &limits, Some(4191)));
+            for size in [1, 2, 3, 7, 100, 4096, 70 * 1024, 1 << 20] {
+                assert_eq!(fed(text, size, &limits), whole, "pieces of {size}");
+            }
+        }
+        // The long line is skipped and counted whatever the pieces.
+        let p = parse(&pages[2], &limits, None).expect("parses");
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert_eq!(p.skipped_lines(), 2);
+        assert_eq!(p.first_skip(), Some("line 2: line too long"));
+        // Too many series is the same error, and nothing past it is kept.
+        let tight = Limits {
+            max_series: 10,
+            ..Limits::default()
+        };
+        let whole = format!("{:?}", parse(&pages[0], &tight, Some(4191)));
+        assert!(whole.contains("TooManySeries"), "{whole}");
+        assert_eq!(fed(&pages[0], 333, &tight), whole);
+    }
+
+    #[test]
+    fn a_parser_holds_at_most_one_line_of_the_page() {
+        let mut parser = PageParser::new(Limits::default(), None);
+        let line = b"response_total{direction=\"inbound\"} 5\n";
+        for _ in 0..1000 {
+            parser.feed(line);
+        }
+        // Whole lines are read in place, never copied.
+        assert_eq!(parser.partial.capacity(), 0);
+        parser.feed(&line[..10]);
+        assert_eq!(parser.partial.len(), 10);
+        // A line past the bound is dropped as it comes.
+        parser.feed(&vec![b'x'; 70 * 1024]);
+        assert!(parser.overlong);
+        assert_eq!(parser.partial.capacity(), 0);
+        parser.feed(b"\n");
+        parser.feed(line);
+        let p = parser.finish().expect("parses");
+        assert_eq!(p.len(), 1);
+        assert_eq!(p.skipped_lines(), 1);
+        assert_eq!(p.first_skip(), Some("line 1001: line too long"));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The mesh's state: what the proxies' pages add up to, cycle by cycle.
 //!
 //! Per meshed pod, the last value of every counter series kept from its
-//! page (sorted `(id, value)` pairs, zeros left out), so that the next page
+//! page (sorted by series id, zeros left out; about 11 bytes a series, see
+//! `LastValues`), so that the next page
 //! gives deltas: a counter lower than before was reset (the proxy
 //! restarted, or dropped and re-made the series) and its delta is its new
 //! value; a series not seen before counts from zero. A pod's first page,
@@ -11,8 +12,8 @@
 //!
 //! Each page's deltas are folded at once into per-cycle sums of the
 //! resources they concern; [`Mesh::end_cycle`] turns those into one point
-//! per resource (a ring of `history_points`), edge and route. A resource's
-//! figures come from two sides:
+//! per resource (a ring of `history_points`, a few bytes a point: see
+//! `track`), edge and route. A resource's figures come from two sides:
 //!
 //! - `inbound`: its own meshed pods' `direction="inbound"` series (a
 //!   namespace: all its meshed pods');
@@ -37,13 +38,14 @@ mod query;
 mod track;
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::net::SocketAddr;
+use std::net::IpAddr;
+use std::num::NonZeroU64;
 use std::sync::Arc;
 
 use crate::api::ResourceRef;
 use crate::expo::{Direction, Page, Peer, What};
 use crate::targets::Snapshot;
-use track::{Acc, Bounds, Keep, Track};
+use track::{Acc, Bounds, Counts, History, Keep, Track};
 
 pub use query::canonical_kind;
 
@@ -203,6 +205,8 @@ impl Key {
 struct Strings {
     set: HashSet<Arc<str>>,
     keys: HashSet<Key>,
+    /// What edges last saw of TLS, shared.
+    tls: HashSet<Arc<TlsSeen>>,
 }
 
 impl Strings {
@@ -257,7 +261,17 @@ impl Strings {
         self.keys.get(&data).cloned()
     }
 
+    fn tls_seen(&mut self, seen: TlsSeen) -> Arc<TlsSeen> {
+        if let Some(found) = self.tls.get(&seen) {
+            return found.clone();
+        }
+        let arc = Arc::new(seen);
+        self.tls.insert(arc.clone());
+        arc
+    }
+
     fn gc(&mut self) {
+        self.tls.retain(|t| Arc::strong_count(t) > 1);
         self.keys.retain(|k| Arc::strong_count(&k.0) > 1);
         self.set.retain(|s| Arc::strong_count(s) > 1);
     }
@@ -269,6 +283,8 @@ impl Strings {
             + self.set.iter().map(|s| s.len() + 16).sum::<usize>()
             + table_bytes(self.keys.capacity(), size_of::<Key>())
             + self.keys.len() * (size_of::<KeyData>() + 16)
+            + table_bytes(self.tls.capacity(), size_of::<Arc<TlsSeen>>())
+            + self.tls.len() * (size_of::<TlsSeen>() + 16)
     }
 }
 
@@ -314,36 +330,300 @@ struct Last {
     value: f64,
 }
 
+/// Every histogram bound (`le`, f64 bits) a kept counter was seen with,
+/// mesh-wide, so that a pod's last values name it in a byte or two. Never
+/// shrinks; at most [`MAX_LES`] (buckets of others are kept by series id).
+#[derive(Debug, Default)]
+struct Les {
+    index: HashMap<u64, u16>,
+}
+
+/// Most distinct `le` the mesh keeps an index for (a proxy's histograms
+/// have about 40 together).
+const MAX_LES: usize = u16::MAX as usize;
+
+impl Les {
+    fn index(&mut self, le: u64) -> Option<u16> {
+        if let Some(i) = self.index.get(&le) {
+            return Some(*i);
+        }
+        if self.index.len() >= MAX_LES {
+            return None;
+        }
+        let i = self.index.len() as u16;
+        self.index.insert(le, i);
+        Some(i)
+    }
+
+    fn heap_bytes(&self) -> usize {
+        table_bytes(self.index.capacity(), 8 + 2)
+    }
+}
+
+/// One histogram bucket's last value: its series, its `le`'s index.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct LastBucket {
+    series: u64,
+    le: u16,
+    value: f64,
+}
+
+/// A pod's counters at its last page, as bytes: first the counters that
+/// are not histogram buckets, sorted by series id, each its id (8 bytes)
+/// and its value; then the buckets by series (sorted by series id, then
+/// `le`): the series id, how many, and per bucket its `le` index and value
+/// (a varint each). A value is a varint of `value << 1` for a whole number
+/// under 2^63 (what counters are), else `1` and the f64 (8 bytes). About
+/// 11 bytes a counter, 3 a bucket.
+#[derive(Debug, Default)]
+struct LastValues(Box<[u8]>);
+
+impl LastValues {
+    /// Replaces these values, in place when they take as many bytes as
+    /// before (the same series, most often): a pod's counters are not made
+    /// anew each cycle.
+    fn set(&mut self, counters: &[Last], buckets: &[LastBucket]) {
+        let new = Self::build(counters, buckets);
+        if new.0.len() == self.0.len() {
+            self.0.copy_from_slice(&new.0);
+        } else {
+            *self = new;
+        }
+    }
+
+    fn build(counters: &[Last], buckets: &[LastBucket]) -> Self {
+        let mut out = Vec::with_capacity(counters.len() * 11 + buckets.len() * 4 + 8);
+        put_varint(&mut out, counters.len() as u64);
+        for l in counters {
+            out.extend_from_slice(&l.id.to_le_bytes());
+            put_value(&mut out, l.value);
+        }
+        for group in buckets.chunk_by(|a, b| a.series == b.series) {
+            out.extend_from_slice(&group[0].series.to_le_bytes());
+            put_varint(&mut out, group.len() as u64);
+            for b in group {
+                put_varint(&mut out, u64::from(b.le));
+                put_value(&mut out, b.value);
+            }
+        }
+        Self(out.into_boxed_slice())
+    }
+
+    /// The counters, then the buckets.
+    fn read(&self) -> (LastIter<'_>, BucketIter<'_>) {
+        let mut bytes = &self.0[..];
+        let n = take_varint(&mut bytes).unwrap_or(0) as usize;
+        let mut rest = bytes;
+        for _ in 0..n {
+            if rest.split_first_chunk::<8>().is_none() {
+                break;
+            }
+            rest = &rest[8..];
+            if take_value(&mut rest).is_none() {
+                break;
+            }
+        }
+        let counters = &bytes[..bytes.len() - rest.len()];
+        (
+            LastIter { bytes: counters },
+            BucketIter {
+                bytes: rest,
+                series: 0,
+                left: 0,
+            },
+        )
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        let (counters, buckets) = self.read();
+        counters.count() + buckets.count()
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.0.len()
+    }
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn take_varint(bytes: &mut &[u8]) -> Option<u64> {
+    let mut v = 0u64;
+    for (i, b) in bytes.iter().enumerate().take(10) {
+        v |= u64::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            *bytes = &bytes[i + 1..];
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// A value: a whole number under 2^63 as a varint of it `<< 1`, else `1`
+/// and its f64.
+fn put_value(out: &mut Vec<u8>, value: f64) {
+    let whole = value as u64;
+    if whole < 1 << 63 && whole as f64 == value {
+        put_varint(out, whole << 1);
+    } else {
+        out.push(1);
+        out.extend_from_slice(&value.to_le_bytes());
+    }
+}
+
+fn take_value(bytes: &mut &[u8]) -> Option<f64> {
+    let v = take_varint(bytes)?;
+    if v & 1 == 0 {
+        return Some((v >> 1) as f64);
+    }
+    let (f, rest) = bytes.split_first_chunk::<8>()?;
+    *bytes = rest;
+    Some(f64::from_le_bytes(*f))
+}
+
+/// The counters of [`LastValues`] in order.
+struct LastIter<'a> {
+    bytes: &'a [u8],
+}
+
+impl Iterator for LastIter<'_> {
+    type Item = Last;
+
+    fn next(&mut self) -> Option<Last> {
+        let (id, mut rest) = self.bytes.split_first_chunk::<8>()?;
+        let id = u64::from_le_bytes(*id);
+        let value = take_value(&mut rest)?;
+        self.bytes = rest;
+        Some(Last { id, value })
+    }
+}
+
+/// The buckets of [`LastValues`] in order.
+struct BucketIter<'a> {
+    bytes: &'a [u8],
+    series: u64,
+    left: u64,
+}
+
+impl Iterator for BucketIter<'_> {
+    type Item = LastBucket;
+
+    fn next(&mut self) -> Option<LastBucket> {
+        while self.left == 0 {
+            let (series, mut rest) = self.bytes.split_first_chunk::<8>()?;
+            self.series = u64::from_le_bytes(*series);
+            self.left = take_varint(&mut rest)?;
+            self.bytes = rest;
+        }
+        let mut rest = self.bytes;
+        let le = take_varint(&mut rest)? as u16;
+        let value = take_value(&mut rest)?;
+        self.bytes = rest;
+        self.left -= 1;
+        Some(LastBucket {
+            series: self.series,
+            le,
+            value,
+        })
+    }
+}
+
+/// What a failing pod shows: why, how many times in a row, when it is
+/// tried again. Apart, as most pods answer.
+#[derive(Debug)]
+struct Failing {
+    error: Box<str>,
+    failures: u32,
+    /// When the collector means to try it again.
+    next_attempt_at: Option<u64>,
+}
+
 #[derive(Debug)]
 struct PodState {
     workload: Option<Key>,
-    addr: Box<str>,
-    /// Sorted by id.
-    last: Vec<Last>,
-    last_ok_cycle: Option<u64>,
-    last_attempt_at: Option<u64>,
+    ip: IpAddr,
+    admin_port: u16,
     health: Health,
-    last_error: Option<Box<str>>,
-    failures: u32,
-    /// When the collector means to try a failing pod again.
-    next_attempt_at: Option<u64>,
+    last: LastValues,
+    last_ok_cycle: Option<NonZeroU64>,
+    /// Unix seconds plus one (so that zero is a time).
+    last_attempt_at: Option<NonZeroU64>,
+    failing: Option<Box<Failing>>,
     /// Inbound connections open at the last page.
     tcp_in_open: u64,
 }
 
 impl PodState {
+    fn new(ip: IpAddr, admin_port: u16) -> Self {
+        Self {
+            workload: None,
+            ip,
+            admin_port,
+            health: Health::Pending,
+            last: LastValues::default(),
+            last_ok_cycle: None,
+            last_attempt_at: None,
+            failing: None,
+            tcp_in_open: 0,
+        }
+    }
+
+    fn last_attempt_at(&self) -> Option<u64> {
+        self.last_attempt_at.map(|t| t.get() - 1)
+    }
+
     fn heap_bytes(&self) -> usize {
-        self.last.capacity() * std::mem::size_of::<Last>()
-            + self.addr.len()
-            + self.last_error.as_ref().map_or(0, |e| e.len())
+        self.last.heap_bytes()
+            + self
+                .failing
+                .as_ref()
+                .map_or(0, |f| std::mem::size_of::<Failing>() + f.error.len())
+    }
+}
+
+/// The recorded pods, sorted by namespace and name: no table's empty
+/// slots, a binary search to find one.
+#[derive(Debug, Default)]
+struct Pods {
+    list: Vec<(Key, PodState)>,
+}
+
+impl Pods {
+    fn find(&self, namespace: &str, name: &str) -> Option<usize> {
+        self.list
+            .binary_search_by(|(k, _)| (&*k.namespace, &*k.name).cmp(&(namespace, name)))
+            .ok()
+    }
+
+    fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&Key, &PodState)> {
+        self.list.iter().map(|(k, p)| (k, p))
+    }
+
+    fn values(&self) -> impl Iterator<Item = &PodState> {
+        self.list.iter().map(|(_, p)| p)
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.list.capacity() * std::mem::size_of::<(Key, PodState)>()
+            + self.values().map(PodState::heap_bytes).sum::<usize>()
     }
 }
 
 /// One resource: its two sides' tracks, and this cycle's pod counts.
 #[derive(Debug, Default)]
 struct Resource {
-    inbound: Option<Box<Track>>,
-    clients: Option<Box<Track>>,
+    inbound: Option<Track>,
+    clients: Option<Track>,
     seen: u64,
     /// A pod's workload.
     owner: Option<Key>,
@@ -356,10 +636,7 @@ struct Resource {
 
 impl Resource {
     fn heap_bytes(&self) -> usize {
-        let track = |t: &Option<Box<Track>>| {
-            t.as_ref()
-                .map_or(0, |t| std::mem::size_of::<Track>() + t.heap_bytes())
-        };
+        let track = |t: &Option<Track>| t.as_ref().map_or(0, Track::heap_bytes);
         track(&self.inbound) + track(&self.clients)
     }
 }
@@ -434,24 +711,32 @@ struct TlsObserved {
 /// What an edge's TLS was, last seen.
 #[derive(Debug, Default)]
 struct EdgeTls {
-    last_mtls: Option<u64>,
-    last_plain: Option<u64>,
-    /// The server identity and why not mTLS, last seen; one allocation
-    /// for the two, most edges having neither.
-    seen: Option<Box<TlsSeen>>,
+    /// Cycles (from 1).
+    last_mtls: Option<NonZeroU64>,
+    last_plain: Option<NonZeroU64>,
+    /// The server identity and why not mTLS, last seen: shared by every
+    /// edge that saw the same (interned in [`Strings`]).
+    seen: Option<Arc<TlsSeen>>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq, Eq, Hash)]
 struct TlsSeen {
     server_id: Option<Arc<str>>,
     plain_reason: Option<Arc<str>>,
 }
 
+/// An edge's history (a [`Track`]; pod-to-pod edges keep [`Counts`]).
 #[derive(Debug)]
-struct EdgeState {
-    track: Track,
+struct EdgeState<H = Track> {
+    track: H,
     seen: u64,
     tls: EdgeTls,
+}
+
+impl<H: History> EdgeState<H> {
+    fn heap_bytes(&self) -> usize {
+        self.track.heap_bytes()
+    }
 }
 
 #[derive(Debug)]
@@ -562,17 +847,19 @@ pub struct Mesh {
     last_cycle_ms: Option<f64>,
     last_cycle_at: Option<u64>,
     workloads: Vec<WorkloadPods>,
-    pods: HashMap<Key, PodState>,
+    pods: Pods,
     /// Meshed pods past `max_pods`.
     over_limit: Vec<Key>,
     resources: HashMap<Key, Resource>,
     edges: HashMap<EdgeKey, EdgeState>,
-    pod_edges: HashMap<EdgeKey, EdgeState>,
+    pod_edges: HashMap<EdgeKey, EdgeState<Counts>>,
     routes: HashMap<RouteKey, RouteState>,
     backends: HashMap<Key, Backends>,
     acc: CycleAcc,
     /// Latency bucket bounds of every track.
     bounds: Bounds,
+    /// Histogram bounds of the pods' last values.
+    les: Les,
     dropped_entries: u64,
     ignored_pages: u64,
 }
@@ -705,7 +992,7 @@ impl Mesh {
             last_cycle_ms: None,
             last_cycle_at: None,
             workloads: Vec::new(),
-            pods: HashMap::new(),
+            pods: Pods::default(),
             over_limit: Vec::new(),
             resources: HashMap::new(),
             edges: HashMap::new(),
@@ -714,6 +1001,7 @@ impl Mesh {
             backends: HashMap::new(),
             acc: CycleAcc::default(),
             bounds: Bounds::default(),
+            les: Les::default(),
             dropped_entries: 0,
             ignored_pages: 0,
         }
@@ -729,8 +1017,9 @@ impl Mesh {
     pub fn begin_cycle(&mut self, snapshot: &Snapshot) {
         self.cycle += 1;
         self.acc = CycleAcc::default();
-        let mut keep = HashSet::with_capacity(snapshot.meshed.len().min(self.config.max_pods));
         self.over_limit.clear();
+        let mut old = std::mem::take(&mut self.pods.list);
+        let mut list = Vec::with_capacity(snapshot.meshed.len().min(self.config.max_pods));
         for (i, target) in snapshot.meshed.iter().enumerate() {
             let key = self
                 .strings
@@ -743,26 +1032,22 @@ impl Mesh {
                 .workload
                 .as_ref()
                 .map(|w| self.strings.key(&w.kind, &w.namespace, &w.name));
-            let addr = SocketAddr::new(target.ip, target.admin_port).to_string();
-            let pod = self.pods.entry(key.clone()).or_insert_with(|| PodState {
-                workload: None,
-                addr: Box::from(""),
-                last: Vec::new(),
-                last_ok_cycle: None,
-                last_attempt_at: None,
-                health: Health::Pending,
-                last_error: None,
-                failures: 0,
-                next_attempt_at: None,
-                tcp_in_open: 0,
-            });
+            let fresh = PodState::new(target.ip, target.admin_port);
+            let mut pod = match old.binary_search_by(|(k, _)| {
+                (&*k.namespace, &*k.name).cmp(&(&*key.namespace, &*key.name))
+            }) {
+                Ok(at) => std::mem::replace(&mut old[at].1, fresh),
+                Err(_) => fresh,
+            };
             pod.workload = workload;
-            if *pod.addr != *addr {
-                pod.addr = addr.into_boxed_str();
-            }
-            keep.insert(key);
+            (pod.ip, pod.admin_port) = (target.ip, target.admin_port);
+            list.push((key, pod));
         }
-        self.pods.retain(|k, _| keep.contains(k));
+        // Pods gone from the snapshot are dropped with their counters.
+        drop(old);
+        list.sort_by(|(a, _), (b, _)| (&*a.namespace, &*a.name).cmp(&(&*b.namespace, &*b.name)));
+        list.dedup_by(|(a, _), (b, _)| a == b);
+        self.pods.list = list;
         self.workloads.clear();
         for (w, n) in &snapshot.pods_per_workload {
             let workload = self.strings.key(&w.kind, &w.namespace, &w.name);
@@ -770,17 +1055,14 @@ impl Mesh {
         }
     }
 
-    fn pod_key(&self, pod: &ResourceRef) -> Option<Key> {
-        let key = self
-            .strings
-            .find_key_of(kind::POD, &pod.namespace, &pod.name)?;
-        self.pods.contains_key(&key).then_some(key)
+    fn pod_index(&self, pod: &ResourceRef) -> Option<usize> {
+        self.pods.find(&pod.namespace, &pod.name)
     }
 
     /// One pod's page, read at `at_ms` (Unix ms). A pod not among this
     /// cycle's recorded pods is ignored (counted: [`Mesh::ignored_pages`]).
     pub fn record_page(&mut self, pod: &ResourceRef, at_ms: u64, page: Page) {
-        let Some(key) = self.pod_key(pod) else {
+        let Some(i) = self.pod_index(pod) else {
             self.ignored_pages += 1;
             return;
         };
@@ -788,49 +1070,77 @@ impl Mesh {
         self.reads_ms += u128::from(at_ms);
         self.reads += 1;
         let cycle = self.cycle;
-        let Some(state) = self.pods.get_mut(&key) else {
-            return;
-        };
+        // Buckets by series and `le` (those whose `le` has an index).
+        let mut bucket_keys: Vec<((u64, u16), u32)> = Vec::new();
+        let mut keyed = vec![false; page.samples.len()];
+        for (i, s) in page.samples.iter().enumerate() {
+            let Some((series, le)) = s.bucket else {
+                continue;
+            };
+            if let Some(le) = self.les.index(le) {
+                bucket_keys.push(((series, le), i as u32));
+                keyed[i] = true;
+            }
+        }
+        bucket_keys.sort_unstable_by_key(|b| b.0);
+        let (key, state) = &mut self.pods.list[i];
+        let key = key.clone();
         let baseline = state
             .last_ok_cycle
-            .is_some_and(|c| cycle.saturating_sub(c) <= REBASELINE_AFTER_CYCLES);
+            .is_some_and(|c| cycle.saturating_sub(c.get()) <= REBASELINE_AFTER_CYCLES);
         let mut acc = PageAcc {
             dsts: vec![None; page.dsts.len()],
             routes: vec![None; page.routes.len()],
             ..PageAcc::default()
         };
-        let old = std::mem::take(&mut state.last);
-        let mut last = Vec::with_capacity(page.samples.len());
-        let mut j = 0;
-        for s in &page.samples {
-            let n = if s.what.is_gauge() {
-                count(s.value)
-            } else {
-                while old.get(j).is_some_and(|l| l.id < s.id) {
-                    j += 1;
-                }
-                let prev = old.get(j).filter(|l| l.id == s.id).map(|l| l.value);
-                last.push(Last {
+        // Deltas first, by series (counters by id, buckets by series and
+        // `le`), then folded in the page's order.
+        let delta = |prev: Option<f64>, value: f64| match prev {
+            _ if !baseline => 0,
+            Some(p) if value >= p => count(value - p),
+            // Reset (or new): all of it is new.
+            _ => count(value),
+        };
+        let mut deltas = vec![0u64; page.samples.len()];
+        let mut counters = Vec::with_capacity(page.samples.len());
+        let (old_counters, old_buckets) = state.last.read();
+        let mut old = old_counters.peekable();
+        for (i, s) in page.samples.iter().enumerate() {
+            if s.what.is_gauge() {
+                deltas[i] = count(s.value);
+            } else if !keyed[i] {
+                while old.next_if(|l| l.id < s.id).is_some() {}
+                let prev = old.next_if(|l| l.id == s.id).map(|l| l.value);
+                deltas[i] = delta(prev, s.value);
+                counters.push(Last {
                     id: s.id,
                     value: s.value,
                 });
-                match prev {
-                    _ if !baseline => 0,
-                    Some(p) if s.value >= p => count(s.value - p),
-                    // Reset (or new): all of it is new.
-                    _ => count(s.value),
-                }
-            };
-            acc.add(&page, &s.what, n);
+            }
         }
-        last.shrink_to_fit();
-        state.last = last;
-        state.last_ok_cycle = Some(cycle);
-        state.last_attempt_at = Some(at);
+        let mut old = old_buckets.peekable();
+        let mut buckets = Vec::with_capacity(bucket_keys.len());
+        for &(key, i) in &bucket_keys {
+            let s = &page.samples[i as usize];
+            let (series, le) = key;
+            while old.next_if(|o| (o.series, o.le) < key).is_some() {}
+            let prev = old.next_if(|o| (o.series, o.le) == key).map(|o| o.value);
+            deltas[i as usize] = delta(prev, s.value);
+            buckets.push(LastBucket {
+                series,
+                le,
+                value: s.value,
+            });
+        }
+        drop(old);
+        for (s, n) in page.samples.iter().zip(&deltas) {
+            acc.add(&page, &s.what, *n);
+        }
+        state.last.set(&counters, &buckets);
+        state.last_ok_cycle = NonZeroU64::new(cycle);
+        state.last_attempt_at = NonZeroU64::new(at.saturating_add(1));
         state.health = Health::Ok;
-        state.last_error = None;
-        state.failures = 0;
-        state.next_attempt_at = None;
+        state.failing = None;
         state.tcp_in_open = acc.tcp_in_open;
         // A baseline page counts nothing: no thing gets a point from it.
         if baseline {
@@ -929,26 +1239,32 @@ impl Mesh {
         error: String,
         next_attempt_in_secs: Option<u64>,
     ) {
-        let Some(key) = self.pod_key(pod) else {
+        let Some(i) = self.pod_index(pod) else {
             return;
         };
         let at = at_ms / 1000;
-        if let Some(state) = self.pods.get_mut(&key) {
-            state.health = Health::Unreachable;
-            state.last_attempt_at = Some(at);
-            state.failures = state.failures.saturating_add(1);
-            // An error message is shown, not stored at any length.
-            let mut error = error;
-            if error.len() > 512 {
-                let mut cut = 512;
-                while !error.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                error.truncate(cut);
+        let state = &mut self.pods.list[i].1;
+        state.health = Health::Unreachable;
+        state.last_attempt_at = NonZeroU64::new(at.saturating_add(1));
+        // An error message is shown, not stored at any length.
+        let mut error = error;
+        if error.len() > 512 {
+            let mut cut = 512;
+            while !error.is_char_boundary(cut) {
+                cut -= 1;
             }
-            state.last_error = Some(error.into_boxed_str());
-            state.next_attempt_at = next_attempt_in_secs.map(|s| at.saturating_add(s));
+            error.truncate(cut);
         }
+        let failures = state
+            .failing
+            .as_ref()
+            .map_or(0, |f| f.failures)
+            .saturating_add(1);
+        state.failing = Some(Box::new(Failing {
+            error: error.into_boxed_str(),
+            failures,
+            next_attempt_at: next_attempt_in_secs.map(|s| at.saturating_add(s)),
+        }));
     }
 
     /// Ends the cycle: one point per resource, edge and route; forgets
@@ -1067,6 +1383,7 @@ impl Mesh {
             max,
             &mut dropped,
             &mut self.bounds,
+            &mut self.strings,
         );
         fold_edges(
             &mut self.pod_edges,
@@ -1076,6 +1393,7 @@ impl Mesh {
             max,
             &mut dropped,
             &mut self.bounds,
+            &mut self.strings,
         );
         let mut routes = acc.routes;
         for (key, r) in routes.iter() {
@@ -1151,8 +1469,7 @@ impl Mesh {
         fn map<K, V>(m: &HashMap<K, V>) -> usize {
             table_bytes(m.capacity(), size_of::<K>() + size_of::<V>())
         }
-        let pods: usize =
-            map(&self.pods) + self.pods.values().map(PodState::heap_bytes).sum::<usize>();
+        let pods = self.pods.heap_bytes();
         let resources = map(&self.resources)
             + self
                 .resources
@@ -1164,10 +1481,12 @@ impl Mesh {
             + self
                 .edges
                 .values()
-                .chain(self.pod_edges.values())
-                .map(|e| {
-                    e.track.heap_bytes() + e.tls.seen.as_ref().map_or(0, |_| size_of::<TlsSeen>())
-                })
+                .map(EdgeState::heap_bytes)
+                .sum::<usize>()
+            + self
+                .pod_edges
+                .values()
+                .map(EdgeState::heap_bytes)
                 .sum::<usize>();
         let routes = map(&self.routes)
             + self
@@ -1187,6 +1506,7 @@ impl Mesh {
             + backends
             + self.strings.heap_bytes()
             + self.bounds.heap_bytes()
+            + self.les.heap_bytes()
             + self.acc.heap_bytes()
             + self.times.capacity() * size_of::<u64>()
             + self.workloads.capacity() * size_of::<WorkloadPods>()
@@ -1214,12 +1534,12 @@ fn resource_entry<'a>(
 
 /// Pushes this cycle's point onto a side's track; a side gets a track the
 /// first cycle it has something.
-fn push(track: &mut Option<Box<Track>>, acc: Option<&Acc>, keep: Keep, bounds: &mut Bounds) {
+fn push(track: &mut Option<Track>, acc: Option<&Acc>, keep: Keep, bounds: &mut Bounds) {
     match track {
         Some(t) => t.push(acc, keep, bounds),
         None => {
             if let Some(acc) = acc {
-                let mut t = Box::new(Track::new(keep));
+                let mut t = Track::new(keep);
                 t.push(Some(acc), keep, bounds);
                 *track = Some(t);
             }
@@ -1227,14 +1547,16 @@ fn push(track: &mut Option<Box<Track>>, acc: Option<&Acc>, keep: Keep, bounds: &
     }
 }
 
-fn fold_edges(
-    edges: &mut HashMap<EdgeKey, EdgeState>,
+#[allow(clippy::too_many_arguments)]
+fn fold_edges<H: History>(
+    edges: &mut HashMap<EdgeKey, EdgeState<H>>,
     mut acc: HashMap<EdgeKey, EdgeAcc>,
     keep: Keep,
     cycle: u64,
     max: usize,
     dropped: &mut u64,
     bounds: &mut Bounds,
+    strings: &mut Strings,
 ) {
     for key in acc.keys() {
         if !edges.contains_key(key) {
@@ -1245,7 +1567,7 @@ fn fold_edges(
             edges.insert(
                 key.clone(),
                 EdgeState {
-                    track: Track::new(keep),
+                    track: H::default(),
                     seen: cycle,
                     tls: EdgeTls::default(),
                 },
@@ -1260,19 +1582,27 @@ fn fold_edges(
         e.seen = cycle;
         e.track.push(Some(&a.acc), keep, bounds);
         if let Some(seen) = a.tls.observed() {
+            // Kept as the mesh's own strings (a page's die with it), the
+            // pair shared: thousands of edges see a few identities.
+            let (mut server_id, mut reason) = e.tls.seen.as_deref().map_or((None, None), |s| {
+                (s.server_id.clone(), s.plain_reason.clone())
+            });
             if seen.mtls {
-                e.tls.last_mtls = Some(cycle);
-                if a.tls.server_id.is_some() {
-                    e.tls.seen.get_or_insert_default().server_id = a.tls.server_id.clone();
+                e.tls.last_mtls = NonZeroU64::new(cycle);
+                if let Some(id) = &a.tls.server_id {
+                    server_id = Some(strings.intern(id));
                 }
             }
             if seen.plain {
-                e.tls.last_plain = Some(cycle);
-                e.tls
-                    .seen
-                    .get_or_insert_default()
-                    .plain_reason
-                    .clone_from(&a.tls.plain_reason);
+                e.tls.last_plain = NonZeroU64::new(cycle);
+                reason = a.tls.plain_reason.as_deref().map(|r| strings.intern(r));
+            }
+            let now = TlsSeen {
+                server_id,
+                plain_reason: reason,
+            };
+            if e.tls.seen.as_deref() != Some(&now) {
+                e.tls.seen = (now != TlsSeen::default()).then(|| strings.tls_seen(now));
             }
         }
     }

@@ -2,8 +2,10 @@
 //! and name.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::num::NonZeroU64;
 
-use super::track::{cycle_secs, Track, Window};
+use super::track::{cycle_secs, History, Track, Window};
 use super::{
     kind, EdgeKey, EdgeState, Health, Key, Mesh, QueryError, Resource, RouteKey, RouteState,
     StatQuery, DEFAULT_WINDOW_SECS,
@@ -131,7 +133,7 @@ impl Mesh {
             .sum()
     }
 
-    fn golden(&self, track: Option<&Track>, w: &WindowSpec) -> Golden {
+    fn golden<H: History>(&self, track: Option<&H>, w: &WindowSpec) -> Golden {
         let mut sum = Window::default();
         let mut cycles = w.cycles;
         if let Some(t) = track {
@@ -145,7 +147,7 @@ impl Mesh {
         let empty = Track::default();
         track
             .unwrap_or(&empty)
-            .spark(&self.times, self.config.interval())
+            .spark(&self.times, self.config.interval(), &self.bounds)
     }
 
     fn side<'a>(key: &Key, r: &'a Resource) -> Side<'a> {
@@ -213,10 +215,11 @@ impl Mesh {
         }
     }
 
-    fn edge(&self, key: &EdgeKey, e: &EdgeState, w: &WindowSpec) -> Edge {
+    fn edge<H: History>(&self, key: &EdgeKey, e: &EdgeState<H>, w: &WindowSpec) -> Edge {
         let cycle = self.cycle;
-        let in_window =
-            |c: Option<u64>| c.is_some_and(|c| cycle.saturating_sub(c) < w.cycles as u64);
+        let in_window = |c: Option<NonZeroU64>| {
+            c.is_some_and(|c| cycle.saturating_sub(c.get()) < w.cycles as u64)
+        };
         let tls = &e.tls;
         let mtls = match (tls.last_mtls, tls.last_plain) {
             (Some(_), None) => true,
@@ -526,11 +529,7 @@ impl Mesh {
             .filter(|(_, b)| b.workloads.contains(&key))
             .map(|(svc, _)| svc)
             .collect();
-        let (edges, this) = if kind == kind::POD {
-            (&self.pod_edges, &key)
-        } else {
-            (&self.edges, &key)
-        };
+        let this = &key;
         let is_dst = |k: &EdgeKey| {
             if is_ns {
                 &*k.dst.namespace == ns
@@ -545,16 +544,17 @@ impl Mesh {
                 &k.src == this
             }
         };
-        let mut inbound: Vec<Edge> = edges
-            .iter()
-            .filter(|(k, _)| is_dst(k))
-            .map(|(k, e)| self.edge(k, e, &w))
-            .collect();
-        let mut outbound: Vec<Edge> = edges
-            .iter()
-            .filter(|(k, _)| is_src(k))
-            .map(|(k, e)| self.edge(k, e, &w))
-            .collect();
+        let (mut inbound, mut outbound) = if kind == kind::POD {
+            (
+                self.edges_where(&self.pod_edges, is_dst, &w),
+                self.edges_where(&self.pod_edges, is_src, &w),
+            )
+        } else {
+            (
+                self.edges_where(&self.edges, is_dst, &w),
+                self.edges_where(&self.edges, is_src, &w),
+            )
+        };
         sort_edges(&mut inbound);
         sort_edges(&mut outbound);
 
@@ -586,6 +586,20 @@ impl Mesh {
         })
     }
 
+    /// The edges of `edges` whose key `wanted`.
+    fn edges_where<H: History>(
+        &self,
+        edges: &HashMap<EdgeKey, EdgeState<H>>,
+        wanted: impl Fn(&EdgeKey) -> bool,
+        w: &WindowSpec,
+    ) -> Vec<Edge> {
+        edges
+            .iter()
+            .filter(|(k, _)| wanted(k))
+            .map(|(k, e)| self.edge(k, e, w))
+            .collect()
+    }
+
     /// Every meshed pod of the last snapshot, recorded or over the limit.
     pub fn pods(&self, namespace: Option<&str>, now: u64) -> PodsResponse {
         let mut pods: Vec<PodStatus> = self
@@ -595,17 +609,21 @@ impl Mesh {
             .map(|(k, p)| PodStatus {
                 pod: k.to_ref(),
                 workload: p.workload.as_ref().map(Key::to_ref),
-                addr: p.addr.to_string(),
+                addr: SocketAddr::new(p.ip, p.admin_port).to_string(),
                 state: match p.health {
                     Health::Ok => "ok",
                     Health::Unreachable => "unreachable",
                     Health::Pending => "pending",
                 }
                 .into(),
-                last_error: p.last_error.as_deref().map(str::to_string),
-                last_scrape_at: p.last_attempt_at,
-                consecutive_failures: p.failures,
-                next_attempt_in_secs: p.next_attempt_at.map(|t| t.saturating_sub(now)),
+                last_error: p.failing.as_ref().map(|f| f.error.to_string()),
+                last_scrape_at: p.last_attempt_at(),
+                consecutive_failures: p.failing.as_ref().map_or(0, |f| f.failures),
+                next_attempt_in_secs: p
+                    .failing
+                    .as_ref()
+                    .and_then(|f| f.next_attempt_at)
+                    .map(|t| t.saturating_sub(now)),
             })
             .collect();
         let max = self.config.max_pods;

@@ -883,10 +883,10 @@ fn breakdown(m: &Mesh) -> String {
 
 #[test]
 fn memory_grows_with_pods_and_stays_bounded_per_pod() {
-    // Rings are allocated whole when made; the latency buckets fill over
-    // the longest window: past it, the state has its full size.
-    let cycles = MAX_WINDOW_INTERVALS + 5;
+    // Rings grow with what they hold: past the history (the longest
+    // ring), the state has its full size.
     let history = MeshConfig::default().history_points;
+    let cycles = history + 5;
     let small = mesh_of(16, cycles);
     let big = mesh_of(32, cycles);
     let (a, b) = (small.heap_bytes(), big.heap_bytes());
@@ -915,7 +915,7 @@ fn memory_grows_with_pods_and_stays_bounded_per_pod() {
         .rows
         .remove(0);
     assert_eq!(row.golden.requests, 16 * 21 * 6);
-    assert_eq!(row.spark.t.len(), cycles + 20);
+    assert_eq!(row.spark.t.len(), history);
 }
 
 #[test]
@@ -1029,4 +1029,238 @@ fn a_pod_that_hangs_moves_no_other_pods_rates() {
         row.golden
     );
     assert_eq!(row.unreachable_pods, 0, "{row:?}");
+}
+
+/// Bytes that were never written as last values read as some values: no
+/// panic, no loop past the bytes.
+#[test]
+fn last_values_of_any_bytes_read_without_a_panic() {
+    let mut inputs: Vec<Vec<u8>> = vec![
+        Vec::new(),
+        vec![0xFF; 64],
+        // A huge count of counters, then a counter cut short.
+        [vec![0xFF; 9], vec![0x01], vec![7; 5]].concat(),
+        // A bucket series claiming 2^64 buckets, then one.
+        [vec![0], vec![9; 8], vec![0xFF; 9], vec![0x01], vec![3, 2]].concat(),
+        // A value flagged f64 without its 8 bytes.
+        [vec![1], vec![9; 8], vec![1, 0, 0]].concat(),
+    ];
+    let mut seed = 0x2545_F491_4F6C_DD1Du64;
+    for len in [1, 9, 10, 30, 300] {
+        for _ in 0..300 {
+            inputs.push(
+                (0..len)
+                    .map(|_| {
+                        seed ^= seed << 13;
+                        seed ^= seed >> 7;
+                        seed ^= seed << 17;
+                        (seed >> 24) as u8
+                    })
+                    .collect(),
+            );
+        }
+    }
+    for bytes in inputs {
+        let most = bytes.len();
+        let last = LastValues(bytes.into_boxed_slice());
+        let (counters, buckets) = last.read();
+        // Each value takes a byte at least.
+        assert!(counters.count() + buckets.count() <= most);
+        assert!(last.len() <= most);
+    }
+}
+
+#[test]
+fn last_values_read_back_exactly_in_few_bytes() {
+    let values = [
+        0.0,
+        1.0,
+        127.0,
+        128.0,
+        12_345.0,
+        4_294_967_296.0,
+        9_007_199_254_740_993.0,
+        (1u64 << 63) as f64,
+        f64::MAX,
+        0.5,
+        1e-9,
+        123_456.75,
+    ];
+    let counters: Vec<Last> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| Last {
+            id: (i as u64) << 60 | 0xABCD,
+            value: *v,
+        })
+        .collect();
+    let buckets: Vec<LastBucket> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| LastBucket {
+            series: (i as u64 / 5) << 50,
+            le: (i % 5 * 100) as u16,
+            value: *v,
+        })
+        .collect();
+    let last = LastValues::build(&counters, &buckets);
+    let (c, b) = last.read();
+    let (c, b): (Vec<Last>, Vec<LastBucket>) = (c.collect(), b.collect());
+    assert_eq!(c.len(), counters.len());
+    for (a, b) in counters.iter().zip(&c) {
+        assert_eq!(a.id, b.id);
+        assert_eq!(a.value.to_bits(), b.value.to_bits(), "{}", a.value);
+    }
+    assert_eq!(b.len(), buckets.len());
+    for (x, y) in buckets.iter().zip(&b) {
+        assert_eq!((x.series, x.le), (y.series, y.le));
+        assert_eq!(x.value.to_bits(), y.value.to_bits(), "{}", x.value);
+    }
+    assert_eq!(last.len(), 24);
+    // Whole counters: 8 bytes of id and a varint; buckets: a few bytes
+    // each past their series'.
+    let counters: Vec<Last> = (0..100u64)
+        .map(|i| Last {
+            id: i,
+            value: (1_000 + i * 1_000) as f64,
+        })
+        .collect();
+    let buckets: Vec<LastBucket> = (0..100u64)
+        .map(|i| LastBucket {
+            series: i / 25,
+            le: (i % 25) as u16,
+            value: (100 + i) as f64,
+        })
+        .collect();
+    let last = LastValues::build(&counters, &buckets);
+    assert!(
+        last.heap_bytes() <= 100 * 11 + 4 * 9 + 100 * 3 + 2,
+        "{}",
+        last.heap_bytes()
+    );
+    assert_eq!(LastValues::default().len(), 0);
+    // In place when the size is the same.
+    let mut same = LastValues::build(&counters, &buckets);
+    let at = same.0.as_ptr();
+    let more: Vec<Last> = counters
+        .iter()
+        .map(|l| Last {
+            value: l.value + 1.0,
+            ..*l
+        })
+        .collect();
+    same.set(&more, &buckets);
+    assert_eq!(same.0.as_ptr(), at);
+    assert_eq!(same.read().0.next().map(|l| l.value), Some(1_001.0));
+}
+
+#[test]
+fn a_bucket_counts_its_delta_whatever_else_comes_and_goes() {
+    // Buckets of one series, then a bucket more (a new `le`), one gone,
+    // and a reset: each bucket's delta is its own.
+    let mut demo = Demo::new(MeshConfig::default());
+    let labels = dst("inbound", "demo", "", "web-1", "web");
+    let mut proxy = Proxy::default();
+    let snapshot = demo.snapshot.clone();
+    let mut counts = Vec::new();
+    for (cycle, les) in [
+        vec![(1.0, 10.0), (5.0, 20.0)],
+        vec![(1.0, 13.0), (5.0, 25.0)],
+        vec![(1.0, 15.0), (2.0, 17.0), (5.0, 30.0)],
+        vec![(1.0, 16.0), (5.0, 33.0)],
+        vec![(1.0, 2.0), (5.0, 3.0)],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        proxy
+            .series
+            .retain(|k, _| !k.starts_with("response_latency_ms_bucket"));
+        for (le, n) in &les {
+            proxy.series.insert(
+                format!("response_latency_ms_bucket{{le=\"{le:?}\",{labels}}}"),
+                *n,
+            );
+        }
+        proxy.series.insert(
+            format!("response_latency_ms_bucket{{le=\"+Inf\",{labels}}}"),
+            les.last().unwrap().1,
+        );
+        demo.mesh.begin_cycle(&snapshot);
+        demo.mesh.record_page(
+            &pod_ref("demo", "web-1"),
+            (cycle as u64 + 1) * 10_000,
+            proxy.page(),
+        );
+        demo.mesh.end_cycle((cycle as u64 + 1) * 10_000, 1.0);
+        let key = demo
+            .mesh
+            .strings
+            .find_key_of("pod", "demo", "web-1")
+            .expect("web-1");
+        let mut w = track::Window::default();
+        if let Some(t) = &demo.mesh.resources[&key].inbound {
+            t.add_window(1, &mut w, &demo.mesh.bounds);
+        }
+        let mut b: Vec<(f32, u64)> = w.buckets.iter().map(|b| (b.1, b.2)).collect();
+        b.sort_by(|x, y| x.0.total_cmp(&y.0));
+        counts.push(b);
+    }
+    // Cycle 1 is the baseline. A bucket is a counter of its own, named by
+    // its series and `le`: what is in it is the cumulative buckets'
+    // difference, its delta the change of that.
+    assert_eq!(counts[0], []);
+    assert_eq!(counts[1], [(1.0, 3), (5.0, 2)]);
+    // (1, 2] is new: all of its 17 - 15 = 2 counts; `le` 5 now holds
+    // 30 - 17 = 13 against 25 - 13 = 12 before.
+    assert_eq!(counts[2], [(1.0, 2), (2.0, 2), (5.0, 1)]);
+    // `le` 2 gone: `le` 5 holds 33 - 16 = 17 against its 13.
+    assert_eq!(counts[3], [(1.0, 1), (5.0, 4)]);
+    // A reset: what the counters say now is new.
+    assert_eq!(counts[4], [(1.0, 2), (5.0, 1)]);
+}
+
+#[test]
+fn pods_are_found_by_namespace_and_name_and_keep_their_state_across_cycles() {
+    let mut mesh = Mesh::new(MeshConfig::default());
+    let names = ["web-2", "web-1", "api-1"];
+    let snapshot = |names: &[&str]| Snapshot {
+        meshed: names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| target("demo", n, None, i as u8 + 1))
+            .collect(),
+        ..Snapshot::default()
+    };
+    // Unsorted, as a test might give it: sorted here.
+    mesh.begin_cycle(&snapshot(&names));
+    let order: Vec<&str> = mesh.pods.iter().map(|(k, _)| &*k.name).collect();
+    assert_eq!(order, ["api-1", "web-1", "web-2"]);
+    mesh.record_failure(&pod_ref("demo", "web-1"), 5_000, "refused".into(), Some(20));
+    assert!(mesh.pod_index(&pod_ref("demo", "nope")).is_none());
+    assert!(mesh.pod_index(&pod_ref("other", "web-1")).is_none());
+    mesh.end_cycle(6_000, 1.0);
+    // The next cycle keeps what is known of the pods still there.
+    mesh.begin_cycle(&snapshot(&["web-1", "web-3"]));
+    let pods = mesh.pods(None, 10).pods;
+    let shown: Vec<(&str, &str, u32)> = pods
+        .iter()
+        .map(|p| {
+            (
+                p.pod.name.as_str(),
+                p.state.as_str(),
+                p.consecutive_failures,
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [("web-1", "unreachable", 1), ("web-3", "pending", 0)]
+    );
+    assert_eq!(pods[0].last_error.as_deref(), Some("refused"));
+    assert_eq!(pods[0].last_scrape_at, Some(5));
+    assert_eq!(pods[0].next_attempt_in_secs, Some(15));
+    // Its address is the newest snapshot's.
+    assert_eq!(pods[0].addr, "10.0.0.1:4191");
+    assert_eq!(mesh.pods_recorded(), 2);
 }
