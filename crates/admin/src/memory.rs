@@ -83,9 +83,7 @@ pub fn spawn_memory_sampler() -> JoinHandle<()> {
                     // glibc's multi-thread path (measured: 1.7% more
                     // instructions per request). A busy process decays on
                     // its own, smoothly; purging everything at once there
-                    // stalls the arenas and makes it fault the pages back in
-                    // (seen: a change fanned out to 5,000 streams took up to
-                    // 1.8x as long when a purge fell within it).
+                    // stalls the arenas and makes it fault the pages back in.
                     if last_purge.elapsed() >= PURGE_INTERVAL
                         && should_purge(sample.dirty, requests_since)
                     {
