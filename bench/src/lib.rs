@@ -262,6 +262,11 @@ pub async fn allocated(admin: &str) -> u64 {
 
 /// (VmRSS, VmHWM) of a process, in KiB.
 pub fn rss(pid: u32) -> (u64, u64) {
+    status_kib(pid, "VmRSS:", "VmHWM:")
+}
+
+/// Two `/proc/PID/status` fields given in KiB (0 for one missing).
+pub fn status_kib(pid: u32, first: &str, second: &str) -> (u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let field = |name: &str| {
         status
@@ -271,7 +276,7 @@ pub fn rss(pid: u32) -> (u64, u64) {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
     };
-    (field("VmRSS:"), field("VmHWM:"))
+    (field(first), field(second))
 }
 
 /// Pod `n` of a generated cluster (10 per service, 10 namespaces), shaped as

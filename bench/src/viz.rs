@@ -200,16 +200,7 @@ struct Sample {
 
 /// `RssAnon` and `RssFile` of `/proc/PID/status`, KiB.
 fn rss_kinds(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("RssAnon:"), field("RssFile:"))
+    ballast_bench::status_kib(pid, "RssAnon:", "RssFile:")
 }
 
 async fn sample(viz: &Viz) -> Sample {
