@@ -136,11 +136,7 @@ fn main() -> std::process::ExitCode {
 fn on_runtime(
     command: impl std::future::Future<Output = anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))?
-        .block_on(command)
+    runtime(tokio::runtime::Builder::new_multi_thread(), command)
 }
 
 /// [`on_runtime`], every thread of it (this one included) allocating
@@ -150,9 +146,17 @@ fn on_compact_runtime(
     command: impl std::future::Future<Output = anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
     ballast_admin::compact_thread_allocations();
-    tokio::runtime::Builder::new_multi_thread()
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.on_thread_start(ballast_admin::compact_thread_allocations);
+    runtime(builder, command)
+}
+
+fn runtime(
+    mut builder: tokio::runtime::Builder,
+    command: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    builder
         .enable_all()
-        .on_thread_start(ballast_admin::compact_thread_allocations)
         .build()
         .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))?
         .block_on(command)
