@@ -12,4 +12,4 @@ pub mod server;
 pub mod shed;
 
 // The core's modules under the names this crate has always used.
-use ballast_store::{feed, index, metrics, resource, shared, store};
+use ballast_store::{feed, index, metrics, reach, resource, shared, store};

@@ -777,7 +777,7 @@ impl Manifests {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => match known {
                     Some(key) => changes.push((key, Change::Removed)),
                     // Gone, and no file under it known: nothing to do.
-                    None if !self.files.keys().any(|k| k.starts_with(path)) => {}
+                    None if !has_key_under(&self.files, path) => {}
                     None => return None,
                 },
                 Err(_) => return None,
@@ -1366,4 +1366,45 @@ fn is_irrelevant(path: &Path) -> bool {
         return false;
     };
     (is_ignored(name) || (path.extension().is_some() && !is_manifest(path))) && !path.is_dir()
+}
+
+/// Whether a key lies under `dir`. Paths order by component, so the ones
+/// under `dir` come right after it: one lookup, not a visit of every file
+/// (a renamed-away temporary file asks this on every write).
+fn has_key_under<V>(files: &BTreeMap<Arc<Path>, V>, dir: &Path) -> bool {
+    files
+        .range::<Path, _>((std::ops::Bound::Excluded(dir), std::ops::Bound::Unbounded))
+        .next()
+        .is_some_and(|(k, _)| k.starts_with(dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_under_a_directory_is_found_by_one_lookup() {
+        let files: BTreeMap<Arc<Path>, ()> =
+            ["/m/a/x.yaml", "/m/a0.yaml", "/m/b/c/y.yaml", "/m/z.yaml"]
+                .into_iter()
+                .map(|p| (Arc::from(Path::new(p)), ()))
+                .collect();
+        for (dir, under) in [
+            ("/m/a", true),
+            ("/m/b", true),
+            ("/m/b/c", true),
+            ("/m", true),
+            ("/m/a0", false),
+            ("/m/a/x", false),
+            ("/m/c", false),
+            ("/m/z.yaml", false),
+            ("/n", false),
+        ] {
+            assert_eq!(has_key_under(&files, Path::new(dir)), under, "{dir}");
+            let by_visit = files
+                .keys()
+                .any(|k| k.starts_with(dir) && **k != *Path::new(dir));
+            assert_eq!(by_visit, under, "{dir}: as a visit of every key says");
+        }
+    }
 }

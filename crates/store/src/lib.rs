@@ -3,7 +3,8 @@
 //! [`store::Op`]s to, holding the pure [`index::Index`] (crate
 //! `ballast-index`, re-exported here as `index` and `resource`); the
 //! bounded per-subscriber [`feed`]s it answers through; the subscription
-//! registry both APIs share ([`shared`]); and the controller's
+//! registry both APIs share ([`shared`]) and which of its entries a change
+//! reaches ([`reach`]); and the controller's
 //! [`metrics`]. It knows neither Kubernetes' client nor gRPC: the sources
 //! and the servers depend on it, never the other way.
 
@@ -11,6 +12,7 @@
 
 pub mod feed;
 pub mod metrics;
+pub mod reach;
 pub mod shared;
 pub mod store;
 

@@ -73,6 +73,10 @@ impl<K: Eq + Hash + Clone, E> Shared<K, E> {
         self.entries.get_key_value(key).map(|(k, h)| (k, &h.entry))
     }
 
+    pub fn get_mut(&mut self, key: &K) -> Option<&mut E> {
+        self.entries.get_mut(key).map(|h| &mut h.entry)
+    }
+
     pub fn keys(&self) -> impl Iterator<Item = &K> {
         self.entries.keys()
     }

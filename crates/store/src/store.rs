@@ -15,12 +15,11 @@ use crate::{
     feed::{CatchUp, Cursor, Encode, Feed, FeedLimits, Left, Next},
     index::{Changes, EndpointSet, Index, ProfileView, Target},
     metrics::Metrics,
+    reach::Targets,
     resource::{Kind, ObjectKey, Resource},
     shared::Shared,
 };
 use std::{
-    collections::{HashMap, HashSet},
-    net::IpAddr,
     sync::{Arc, Mutex, MutexGuard},
     task::{Context, Poll},
 };
@@ -62,10 +61,8 @@ struct Inner {
 /// The subscriptions of one method, and which of them a change may reach.
 struct Subs<V> {
     entries: Shared<Target, Entry<V>>,
-    /// Service targets, by service.
-    by_service: HashMap<ObjectKey, HashSet<Target>>,
-    /// Address targets, by IP.
-    by_ip: HashMap<IpAddr, HashSet<Target>>,
+    /// The entries' targets, by what a change names.
+    reach: Targets,
 }
 
 struct Entry<V> {
@@ -441,8 +438,7 @@ impl<V> Default for Subs<V> {
     fn default() -> Self {
         Self {
             entries: Shared::default(),
-            by_service: HashMap::new(),
-            by_ip: HashMap::new(),
+            reach: Targets::default(),
         }
     }
 }
@@ -459,18 +455,7 @@ impl<V> Subs<V> {
         });
         let joined = (entry.feed.clone(), entry.target.clone());
         if created {
-            match target {
-                Target::Service { service, .. } => self
-                    .by_service
-                    .entry(service.clone())
-                    .or_default()
-                    .insert(target.clone()),
-                Target::Addr(addr) => self
-                    .by_ip
-                    .entry(addr.ip())
-                    .or_default()
-                    .insert(target.clone()),
-            };
+            self.reach.insert(target);
         }
         joined
     }
@@ -480,22 +465,7 @@ impl<V> Subs<V> {
         if self.entries.release(target, n).is_none() {
             return;
         }
-        fn unindex<K: Eq + std::hash::Hash>(
-            map: &mut HashMap<K, HashSet<Target>>,
-            key: &K,
-            target: &Target,
-        ) {
-            if let Some(targets) = map.get_mut(key) {
-                targets.remove(target);
-                if targets.is_empty() {
-                    map.remove(key);
-                }
-            }
-        }
-        match target {
-            Target::Service { service, .. } => unindex(&mut self.by_service, service, target),
-            Target::Addr(addr) => unindex(&mut self.by_ip, &addr.ip(), target),
-        }
+        self.reach.remove(target);
     }
 
     /// The subscriptions whose answer `changes` could alter: found through
@@ -509,19 +479,8 @@ impl<V> Subs<V> {
         let targets: Vec<&'a Target> = if changes.all {
             self.entries.keys().collect()
         } else {
-            let mut found: HashSet<&'a Target> = HashSet::new();
-            for service in &changes.services {
-                found.extend(self.by_service.get(service).into_iter().flatten());
-                // An address target follows the service whose cluster IP
-                // it is.
-                for ip in index.service(service).iter().flat_map(|s| &s.cluster_ips) {
-                    found.extend(self.by_ip.get(ip).into_iter().flatten());
-                }
-            }
-            for ip in &changes.ips {
-                found.extend(self.by_ip.get(ip).into_iter().flatten());
-            }
-            found
+            self.reach
+                .reached(&changes.services, &changes.ips, index)
                 .into_iter()
                 .filter(|t| changes.affects(t, index))
                 .collect()
@@ -689,7 +648,7 @@ mod tests {
         assert_eq!(live(&store), 0);
         let inner = store.lock();
         assert!(inner.get.entries.is_empty());
-        assert!(inner.get.by_service.is_empty() && inner.get.by_ip.is_empty());
+        assert!(inner.get.reach.is_empty());
     }
 
     #[test]

@@ -25,6 +25,7 @@ use crate::{
         policy::{InboundView, OutboundView},
         Changes, Index, Target,
     },
+    reach::{PodPorts, Targets},
     resource::ObjectKey,
     shared::Shared,
     store::{Observer, Store},
@@ -123,6 +124,10 @@ pub struct PolicyStore {
 struct Subs {
     outbound: Shared<Target, Entry<OutboundView>>,
     inbound: Shared<(ObjectKey, u16), Entry<Option<InboundView>>>,
+    /// The keys of `outbound` and `inbound` by what a change names, so that
+    /// a change visits the subscriptions it can reach, not all of them.
+    outbound_reach: Targets,
+    inbound_reach: PodPorts,
 }
 
 struct Entry<V> {
@@ -202,6 +207,7 @@ impl PolicyStore {
             &target,
             |index| index.outbound_policy(&target),
             |view| self.encode_outbound(view),
+            |subs| subs.outbound_reach.insert(&target),
         );
         self.watch(rx, shed, Key::Outbound(target))
     }
@@ -213,23 +219,26 @@ impl PolicyStore {
             &key,
             |index| index.inbound_policy(&key.0, key.1),
             |view| self.encode_inbound(view),
+            |subs| subs.inbound_reach.insert(&key.0, key.1),
         );
         self.watch(rx, shed, Key::Inbound(key.0, key.1))
     }
 
     /// Joins the shared answer of `key` in the registry `pick` chooses,
-    /// computing and encoding it if this is its first watcher.
+    /// computing and encoding it if this is its first watcher (then
+    /// `index_key` makes it reachable by changes).
     fn join<K: Eq + Hash + Clone, V>(
         &self,
         pick: impl FnOnce(&mut Subs) -> &mut Shared<K, Entry<V>>,
         key: &K,
         view_of: impl FnOnce(&Index) -> V,
         encode: impl FnOnce(&V) -> Option<Bytes>,
+        index_key: impl FnOnce(&mut Subs),
     ) -> (watch::Receiver<Option<Bytes>>, watch::Receiver<bool>) {
         // Lock order: the store's, then ours (as in `Observer::changed`).
         self.store.with_index(|index| {
             let mut subs = self.lock();
-            let (entry, _) = pick(&mut subs).join(key, || {
+            let (entry, created) = pick(&mut subs).join(key, || {
                 let view = view_of(index);
                 let msg = encode(&view);
                 Entry {
@@ -239,6 +248,9 @@ impl PolicyStore {
                 }
             });
             let joined = (entry.tx.subscribe(), entry.shed.subscribe());
+            if created {
+                index_key(&mut subs);
+            }
             self.count(&subs);
             joined
         })
@@ -287,10 +299,12 @@ impl PolicyStore {
         let mut subs = self.lock();
         let closed = match key {
             Key::Outbound(t) => subs.outbound.take(t).map(|(e, n)| {
+                subs.outbound_reach.remove(t);
                 e.shed.send_replace(true);
                 n
             }),
             Key::Inbound(pod, port) => subs.inbound.take(&(pod.clone(), *port)).map(|(e, n)| {
+                subs.inbound_reach.remove(pod, *port);
                 e.shed.send_replace(true);
                 n
             }),
@@ -364,18 +378,47 @@ impl Observer for PolicyStore {
         }
 
         let mut subs = self.lock();
-        for (target, entry) in subs.outbound.iter_mut() {
+        let Subs {
+            outbound,
+            inbound,
+            outbound_reach,
+            inbound_reach,
+        } = &mut *subs;
+        let outbound_changed = |target: &Target, entry: &mut Entry<OutboundView>| {
             if changes.affects_outbound(target, index) {
                 refresh(entry, index.outbound_policy(target), |v| {
                     self.encode_outbound(v)
                 });
             }
+        };
+        if changes.all {
+            for (target, entry) in outbound.iter_mut() {
+                outbound_changed(target, entry);
+            }
+        } else {
+            let services = changes.services.iter().chain(&changes.outbound_services);
+            for target in outbound_reach.reached(services, &changes.ips, index) {
+                if let Some(entry) = outbound.get_mut(target) {
+                    outbound_changed(target, entry);
+                }
+            }
         }
-        for ((pod, port), entry) in subs.inbound.iter_mut() {
+        let inbound_changed = |(pod, port): &(ObjectKey, u16), entry: &mut Entry<_>| {
             if changes.affects_inbound(pod) {
                 refresh(entry, index.inbound_policy(pod, *port), |v| {
                     self.encode_inbound(v)
                 });
+            }
+        };
+        if changes.all || changes.inbound_all {
+            for (key, entry) in inbound.iter_mut() {
+                inbound_changed(key, entry);
+            }
+        } else {
+            for key in inbound_reach.reached(&changes.pods, &changes.policy_namespaces) {
+                if let Some(entry) = inbound.get_mut(&key) {
+                    inbound_changed(&key, entry);
+                }
             }
         }
     }
@@ -390,8 +433,16 @@ impl Drop for Guard {
             return;
         }
         match &self.key {
-            Key::Outbound(t) => drop(subs.outbound.release(t, 1)),
-            Key::Inbound(pod, port) => drop(subs.inbound.release(&(pod.clone(), *port), 1)),
+            Key::Outbound(t) => {
+                if subs.outbound.release(t, 1).is_some() {
+                    subs.outbound_reach.remove(t);
+                }
+            }
+            Key::Inbound(pod, port) => {
+                if subs.inbound.release(&(pod.clone(), *port), 1).is_some() {
+                    subs.inbound_reach.remove(pod, *port);
+                }
+            }
         }
         self.policy.count(&subs);
     }
@@ -402,5 +453,118 @@ impl PolicyWatch {
     /// target is unknown.
     pub fn current(&mut self) -> Option<Bytes> {
         self.rx.borrow_and_update().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{index::IndexConfig, metrics::Metrics, resource::Resource, store::Op};
+    use serde_json::{json, Value};
+
+    fn apply(v: Value) -> Op {
+        Op::Apply(Resource::from_value(v).unwrap().unwrap())
+    }
+
+    fn service(ns: &str, name: &str, ip: &str) -> Op {
+        apply(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"namespace": ns, "name": name},
+            "spec": {"clusterIP": ip, "selector": {"app": name},
+                     "ports": [{"port": 80, "targetPort": 8080}]},
+        }))
+    }
+
+    fn pod(ns: &str, name: &str, app: &str, ip: &str) -> Op {
+        apply(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"namespace": ns, "name": name, "labels": {"app": app}},
+            "spec": {"containers": [{"name": "main", "ports": [{"containerPort": 8080}]}]},
+            "status": {"phase": "Running", "podIP": ip,
+                       "conditions": [{"type": "Ready", "status": "True"}]},
+        }))
+    }
+
+    /// A watcher for each of six subscriptions, named.
+    fn watches(policy: &Arc<PolicyStore>) -> Vec<(&'static str, PolicyWatch)> {
+        let inbound = |ns: &str, pod: &str| policy.watch_inbound(ObjectKey::new(ns, pod), 8080);
+        let addr = |a: &str| policy.watch_outbound(Target::Addr(a.parse().unwrap()));
+        vec![
+            ("web-0", inbound("a", "web-0")),
+            ("web-1", inbound("a", "web-1")),
+            ("db-0", inbound("b", "db-0")),
+            (
+                "web",
+                policy.watch_outbound(Target::Service {
+                    service: ObjectKey::new("a", "web"),
+                    port: 80,
+                }),
+            ),
+            ("web-ip", addr("10.96.0.1:80")),
+            ("db", addr("10.96.0.2:80")),
+        ]
+    }
+
+    fn changed(watches: &[(&str, PolicyWatch)]) -> Vec<String> {
+        watches
+            .iter()
+            .filter(|(_, w)| w.rx.has_changed().unwrap_or(true))
+            .map(|(name, _)| name.to_string())
+            .collect()
+    }
+
+    /// Each change reaches the subscriptions it can alter, found through
+    /// what it names, and no others: the namespace of a Server, the pod
+    /// whose labels changed, the Service a route is attached to (by name
+    /// and by cluster IP).
+    #[test]
+    fn a_change_reaches_the_subscriptions_it_names_and_no_others() {
+        let store = Store::new(Index::new(IndexConfig::default()), Metrics::default());
+        store.update(vec![
+            service("a", "web", "10.96.0.1"),
+            service("b", "db", "10.96.0.2"),
+            pod("a", "web-0", "web", "10.0.0.1"),
+            pod("a", "web-1", "web", "10.0.0.2"),
+            pod("b", "db-0", "db", "10.0.1.1"),
+        ]);
+        let policy = PolicyStore::new(
+            store.clone(),
+            PolicyConfig::default(),
+            PolicyMetrics::default(),
+        );
+
+        let w = watches(&policy);
+        assert!(changed(&w).is_empty(), "nothing changed yet");
+        store.update(vec![apply(json!({
+            "apiVersion": "policy.linkerd.io/v1beta3", "kind": "Server",
+            "metadata": {"name": "web-http", "namespace": "a"},
+            "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "port": 8080},
+        }))]);
+        assert_eq!(changed(&w), ["web-0", "web-1"], "the Server's namespace");
+
+        // Fresh watchers see only what comes next.
+        drop(w);
+        let w = watches(&policy);
+        store.update(vec![pod("a", "web-1", "other", "10.0.0.2")]);
+        assert_eq!(changed(&w), ["web-1"], "the pod that left the Server");
+
+        drop(w);
+        let w = watches(&policy);
+        store.update(vec![apply(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": "web-route", "namespace": "a"},
+            "spec": {"parentRefs": [{"group": "core", "kind": "Service", "name": "web", "port": 80}],
+                     "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]},
+        }))]);
+        assert_eq!(
+            changed(&w),
+            ["web", "web-ip"],
+            "the route's Service, by name and IP"
+        );
+
+        // With the last watcher of each key gone, nothing is left to reach.
+        drop(w);
+        assert!(policy.lock().outbound_reach.is_empty());
+        assert!(policy.lock().inbound_reach.is_empty());
     }
 }
