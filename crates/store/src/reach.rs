@@ -7,6 +7,7 @@
 use crate::{
     index::{Index, Target},
     resource::ObjectKey,
+    shared::Reach,
 };
 use std::{
     collections::{HashMap, HashSet},
@@ -22,8 +23,8 @@ pub struct Targets {
     by_ip: HashMap<IpAddr, HashSet<Target>>,
 }
 
-impl Targets {
-    pub fn insert(&mut self, target: &Target) {
+impl Reach<Target> for Targets {
+    fn insert(&mut self, target: &Target) {
         match target {
             Target::Service { service, .. } => self
                 .by_service
@@ -38,13 +39,15 @@ impl Targets {
         };
     }
 
-    pub fn remove(&mut self, target: &Target) {
+    fn remove(&mut self, target: &Target) {
         match target {
             Target::Service { service, .. } => remove(&mut self.by_service, service, target),
             Target::Addr(addr) => remove(&mut self.by_ip, &addr.ip(), target),
         }
     }
+}
 
+impl Targets {
     pub fn is_empty(&self) -> bool {
         self.by_service.is_empty() && self.by_ip.is_empty()
     }
@@ -82,8 +85,9 @@ pub struct PodPorts {
     by_namespace: HashMap<Arc<str>, HashSet<ObjectKey>>,
 }
 
-impl PodPorts {
-    pub fn insert(&mut self, pod: &ObjectKey, port: u16) {
+impl Reach<(ObjectKey, u16)> for PodPorts {
+    fn insert(&mut self, (pod, port): &(ObjectKey, u16)) {
+        let (pod, port) = (pod, *port);
         let ports = self.by_pod.entry(pod.clone()).or_default();
         if !ports.contains(&port) {
             ports.push(port);
@@ -94,7 +98,8 @@ impl PodPorts {
             .insert(pod.clone());
     }
 
-    pub fn remove(&mut self, pod: &ObjectKey, port: u16) {
+    fn remove(&mut self, (pod, port): &(ObjectKey, u16)) {
+        let (pod, port) = (pod, *port);
         let Some(ports) = self.by_pod.get_mut(pod) else {
             return;
         };
@@ -110,7 +115,9 @@ impl PodPorts {
             }
         }
     }
+}
 
+impl PodPorts {
     pub fn is_empty(&self) -> bool {
         self.by_pod.is_empty()
     }
@@ -163,11 +170,11 @@ mod tests {
     #[test]
     fn pod_ports_reach_a_pod_s_ports_and_a_namespace_s_pods() {
         let mut p = PodPorts::default();
-        p.insert(&pod("a", "web-0"), 8080);
-        p.insert(&pod("a", "web-0"), 9090);
-        p.insert(&pod("a", "web-0"), 8080);
-        p.insert(&pod("a", "web-1"), 8080);
-        p.insert(&pod("b", "db-0"), 5432);
+        p.insert(&(pod("a", "web-0"), 8080));
+        p.insert(&(pod("a", "web-0"), 9090));
+        p.insert(&(pod("a", "web-0"), 8080));
+        p.insert(&(pod("a", "web-1"), 8080));
+        p.insert(&(pod("b", "db-0"), 5432));
 
         let one = p.reached([&pod("a", "web-0")], []);
         assert_eq!(
@@ -178,15 +185,15 @@ mod tests {
         assert_eq!(p.reached([], [&ns]).len(), 3, "every port of namespace a");
         assert!(p.reached([&pod("c", "x")], []).is_empty());
 
-        p.remove(&pod("a", "web-0"), 8080);
+        p.remove(&(pod("a", "web-0"), 8080));
         assert_eq!(
             p.reached([&pod("a", "web-0")], []),
             HashSet::from([(pod("a", "web-0"), 9090)])
         );
-        p.remove(&pod("a", "web-0"), 9090);
-        p.remove(&pod("a", "web-1"), 8080);
+        p.remove(&(pod("a", "web-0"), 9090));
+        p.remove(&(pod("a", "web-1"), 8080));
         assert_eq!(p.reached([], [&ns]).len(), 0);
-        p.remove(&pod("b", "db-0"), 5432);
+        p.remove(&(pod("b", "db-0"), 5432));
         assert!(
             p.is_empty() && p.by_namespace.is_empty(),
             "nothing left behind"

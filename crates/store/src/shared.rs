@@ -3,13 +3,30 @@
 //! `OutboundPolicies.Watch` and `InboundServerPolicies.WatchPort`
 //! (`policy`). One entry per key, created by its first watcher and dropped
 //! with its last, so that a key's answer and its changes are computed once
-//! for all its watchers.
+//! for all its watchers. Each registry keeps its keys in a [`Reach`]
+//! index as entries come and go, so that a change finds the entries it
+//! can alter (`crate::reach`) without a visit of every entry.
 
 use std::{collections::HashMap, hash::Hash};
 
-/// The entries of one API method, each with how many watchers hold it.
-pub struct Shared<K, E> {
+/// An index of a registry's keys, kept in step by [`Shared`]: a key is
+/// inserted with its entry's first watcher and removed with its entry.
+pub trait Reach<K> {
+    fn insert(&mut self, key: &K);
+    fn remove(&mut self, key: &K);
+}
+
+/// No index.
+impl<K> Reach<K> for () {
+    fn insert(&mut self, _: &K) {}
+    fn remove(&mut self, _: &K) {}
+}
+
+/// The entries of one API method, each with how many watchers hold it,
+/// and their keys in the index `X`.
+pub struct Shared<K, E, X = ()> {
     entries: HashMap<K, Held<E>>,
+    reach: X,
 }
 
 struct Held<E> {
@@ -17,19 +34,23 @@ struct Held<E> {
     watchers: usize,
 }
 
-impl<K, E> Default for Shared<K, E> {
+impl<K, E, X: Default> Default for Shared<K, E, X> {
     fn default() -> Self {
         Self {
             entries: HashMap::new(),
+            reach: X::default(),
         }
     }
 }
 
-impl<K: Eq + Hash + Clone, E> Shared<K, E> {
+impl<K: Eq + Hash + Clone, E, X: Reach<K>> Shared<K, E, X> {
     /// One more watcher of `key`; `create` makes its entry if it is the
     /// first. Returns the entry and whether it was created now.
     pub fn join(&mut self, key: &K, create: impl FnOnce() -> E) -> (&mut E, bool) {
         let created = !self.entries.contains_key(key);
+        if created {
+            self.reach.insert(key);
+        }
         let held = self.entries.entry(key.clone()).or_insert_with(|| Held {
             entry: create(),
             watchers: 0,
@@ -46,6 +67,7 @@ impl<K: Eq + Hash + Clone, E> Shared<K, E> {
         if held.watchers > 0 {
             return None;
         }
+        self.reach.remove(key);
         self.entries.remove(key).map(|held| held.entry)
     }
 
@@ -57,7 +79,14 @@ impl<K: Eq + Hash + Clone, E> Shared<K, E> {
     /// Removes `key`'s entry whatever its watchers; returns it and how many
     /// held it (they must not be released again).
     pub fn take(&mut self, key: &K) -> Option<(E, usize)> {
-        self.entries.remove(key).map(|h| (h.entry, h.watchers))
+        let held = self.entries.remove(key)?;
+        self.reach.remove(key);
+        Some((held.entry, held.watchers))
+    }
+
+    /// The index of the keys.
+    pub fn reach(&self) -> &X {
+        &self.reach
     }
 
     /// How many keys have watchers.

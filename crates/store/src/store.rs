@@ -60,9 +60,8 @@ struct Inner {
 
 /// The subscriptions of one method, and which of them a change may reach.
 struct Subs<V> {
-    entries: Shared<Target, Entry<V>>,
-    /// The entries' targets, by what a change names.
-    reach: Targets,
+    /// The entries, their targets indexed by what a change names.
+    entries: Shared<Target, Entry<V>, Targets>,
 }
 
 struct Entry<V> {
@@ -438,7 +437,6 @@ impl<V> Default for Subs<V> {
     fn default() -> Self {
         Self {
             entries: Shared::default(),
-            reach: Targets::default(),
         }
     }
 }
@@ -449,23 +447,16 @@ impl<V> Subs<V> {
         target: &Target,
         create: impl FnOnce() -> Feed<V>,
     ) -> (Arc<Feed<V>>, Arc<Target>) {
-        let (entry, created) = self.entries.join(target, || Entry {
+        let (entry, _) = self.entries.join(target, || Entry {
             feed: Arc::new(create()),
             target: Arc::new(target.clone()),
         });
-        let joined = (entry.feed.clone(), entry.target.clone());
-        if created {
-            self.reach.insert(target);
-        }
-        joined
+        (entry.feed.clone(), entry.target.clone())
     }
 
     /// `n` watchers of `target` are gone.
     fn release(&mut self, target: &Target, n: usize) {
-        if self.entries.release(target, n).is_none() {
-            return;
-        }
-        self.reach.remove(target);
+        self.entries.release(target, n);
     }
 
     /// The subscriptions whose answer `changes` could alter: found through
@@ -479,7 +470,8 @@ impl<V> Subs<V> {
         let targets: Vec<&'a Target> = if changes.all {
             self.entries.keys().collect()
         } else {
-            self.reach
+            self.entries
+                .reach()
                 .reached(&changes.services, &changes.ips, index)
                 .into_iter()
                 .filter(|t| changes.affects(t, index))
@@ -648,7 +640,7 @@ mod tests {
         assert_eq!(live(&store), 0);
         let inner = store.lock();
         assert!(inner.get.entries.is_empty());
-        assert!(inner.get.reach.is_empty());
+        assert!(inner.get.entries.reach().is_empty());
     }
 
     #[test]

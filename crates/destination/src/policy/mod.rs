@@ -27,7 +27,7 @@ use crate::{
     },
     reach::{PodPorts, Targets},
     resource::ObjectKey,
-    shared::Shared,
+    shared::{Reach, Shared},
     store::{Observer, Store},
 };
 use bytes::Bytes;
@@ -122,12 +122,10 @@ pub struct PolicyStore {
 
 #[derive(Default)]
 struct Subs {
-    outbound: Shared<Target, Entry<OutboundView>>,
-    inbound: Shared<(ObjectKey, u16), Entry<Option<InboundView>>>,
-    /// The keys of `outbound` and `inbound` by what a change names, so that
-    /// a change visits the subscriptions it can reach, not all of them.
-    outbound_reach: Targets,
-    inbound_reach: PodPorts,
+    /// Keys indexed by what a change names, so that a change visits the
+    /// subscriptions it can reach, not all of them.
+    outbound: Shared<Target, Entry<OutboundView>, Targets>,
+    inbound: Shared<(ObjectKey, u16), Entry<Option<InboundView>>, PodPorts>,
 }
 
 struct Entry<V> {
@@ -207,7 +205,6 @@ impl PolicyStore {
             &target,
             |index| index.outbound_policy(&target),
             |view| self.encode_outbound(view),
-            |subs| subs.outbound_reach.insert(&target),
         );
         self.watch(rx, shed, Key::Outbound(target))
     }
@@ -219,26 +216,23 @@ impl PolicyStore {
             &key,
             |index| index.inbound_policy(&key.0, key.1),
             |view| self.encode_inbound(view),
-            |subs| subs.inbound_reach.insert(&key.0, key.1),
         );
         self.watch(rx, shed, Key::Inbound(key.0, key.1))
     }
 
     /// Joins the shared answer of `key` in the registry `pick` chooses,
-    /// computing and encoding it if this is its first watcher (then
-    /// `index_key` makes it reachable by changes).
-    fn join<K: Eq + Hash + Clone, V>(
+    /// computing and encoding it if this is its first watcher.
+    fn join<K: Eq + Hash + Clone, V, X: Reach<K>>(
         &self,
-        pick: impl FnOnce(&mut Subs) -> &mut Shared<K, Entry<V>>,
+        pick: impl FnOnce(&mut Subs) -> &mut Shared<K, Entry<V>, X>,
         key: &K,
         view_of: impl FnOnce(&Index) -> V,
         encode: impl FnOnce(&V) -> Option<Bytes>,
-        index_key: impl FnOnce(&mut Subs),
     ) -> (watch::Receiver<Option<Bytes>>, watch::Receiver<bool>) {
         // Lock order: the store's, then ours (as in `Observer::changed`).
         self.store.with_index(|index| {
             let mut subs = self.lock();
-            let (entry, created) = pick(&mut subs).join(key, || {
+            let (entry, _) = pick(&mut subs).join(key, || {
                 let view = view_of(index);
                 let msg = encode(&view);
                 Entry {
@@ -248,9 +242,6 @@ impl PolicyStore {
                 }
             });
             let joined = (entry.tx.subscribe(), entry.shed.subscribe());
-            if created {
-                index_key(&mut subs);
-            }
             self.count(&subs);
             joined
         })
@@ -299,12 +290,10 @@ impl PolicyStore {
         let mut subs = self.lock();
         let closed = match key {
             Key::Outbound(t) => subs.outbound.take(t).map(|(e, n)| {
-                subs.outbound_reach.remove(t);
                 e.shed.send_replace(true);
                 n
             }),
             Key::Inbound(pod, port) => subs.inbound.take(&(pod.clone(), *port)).map(|(e, n)| {
-                subs.inbound_reach.remove(pod, *port);
                 e.shed.send_replace(true);
                 n
             }),
@@ -378,12 +367,7 @@ impl Observer for PolicyStore {
         }
 
         let mut subs = self.lock();
-        let Subs {
-            outbound,
-            inbound,
-            outbound_reach,
-            inbound_reach,
-        } = &mut *subs;
+        let Subs { outbound, inbound } = &mut *subs;
         let outbound_changed = |target: &Target, entry: &mut Entry<OutboundView>| {
             if changes.affects_outbound(target, index) {
                 refresh(entry, index.outbound_policy(target), |v| {
@@ -397,7 +381,13 @@ impl Observer for PolicyStore {
             }
         } else {
             let services = changes.services.iter().chain(&changes.outbound_services);
-            for target in outbound_reach.reached(services, &changes.ips, index) {
+            let reached: Vec<Target> = outbound
+                .reach()
+                .reached(services, &changes.ips, index)
+                .into_iter()
+                .cloned()
+                .collect();
+            for target in &reached {
                 if let Some(entry) = outbound.get_mut(target) {
                     outbound_changed(target, entry);
                 }
@@ -415,7 +405,10 @@ impl Observer for PolicyStore {
                 inbound_changed(key, entry);
             }
         } else {
-            for key in inbound_reach.reached(&changes.pods, &changes.policy_namespaces) {
+            let reached = inbound
+                .reach()
+                .reached(&changes.pods, &changes.policy_namespaces);
+            for key in reached {
                 if let Some(entry) = inbound.get_mut(&key) {
                     inbound_changed(&key, entry);
                 }
@@ -433,16 +426,8 @@ impl Drop for Guard {
             return;
         }
         match &self.key {
-            Key::Outbound(t) => {
-                if subs.outbound.release(t, 1).is_some() {
-                    subs.outbound_reach.remove(t);
-                }
-            }
-            Key::Inbound(pod, port) => {
-                if subs.inbound.release(&(pod.clone(), *port), 1).is_some() {
-                    subs.inbound_reach.remove(pod, *port);
-                }
-            }
+            Key::Outbound(t) => drop(subs.outbound.release(t, 1)),
+            Key::Inbound(pod, port) => drop(subs.inbound.release(&(pod.clone(), *port), 1)),
         }
         self.policy.count(&subs);
     }
@@ -564,7 +549,7 @@ mod tests {
 
         // With the last watcher of each key gone, nothing is left to reach.
         drop(w);
-        assert!(policy.lock().outbound_reach.is_empty());
-        assert!(policy.lock().inbound_reach.is_empty());
+        assert!(policy.lock().outbound.reach().is_empty());
+        assert!(policy.lock().inbound.reach().is_empty());
     }
 }
