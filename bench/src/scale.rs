@@ -35,7 +35,7 @@
 
 use ballast_bench::{
     allocated, http_get, percentile, rss, start,
-    system::{clock_ticks, cpu_ticks, raise_nofile, wait_for_quiet, ForeignMonitor},
+    system::{clock_ticks, cpu_ticks, hogs, raise_nofile, wait_for_quiet, ForeignMonitor},
     write_atomic, Controller,
 };
 use linkerd2_proxy_api::{
@@ -51,10 +51,7 @@ use std::{
     sync::Arc,
     time::{Duration, Instant},
 };
-use tokio::{
-    process::{Child, Command},
-    sync::{mpsc, OwnedSemaphorePermit, Semaphore},
-};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tonic::transport::Channel;
 
 #[global_allocator]
@@ -64,7 +61,8 @@ const USAGE: &str = "Usage: scale-bench [--ballast PATH] [--pods N] [--services 
 [--routes N] [--proxies N] [--hot-share F] [--rounds N (0: memory only)] [--busy N] \
 [--mix get,profile,outbound,inbound] [--change both|endpoints|route] \
 [--proxies-per-connection N] [--servers N] [--memory-limit SIZE|0] \
-[--open-concurrency N] [--quiet-wait SECS] [--keep DIR]";
+[--open-concurrency N] [--client-tasks per-connection|per-stream] [--quiet-wait SECS] \
+[--keep DIR]";
 
 /// How long a change round waits for the next stream's update, and a
 /// connection for its TCP connect.
@@ -115,6 +113,19 @@ enum Change {
     Both,
 }
 
+/// How the bench's streams run. The bench shares the machine with the
+/// controller, so what it spends reading 5,000 updates delays the updates
+/// it measures; a proxy reads its few on its own CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ClientTasks {
+    /// A connection's streams are polled together in one task (default):
+    /// a runtime wake per connection, not per stream.
+    PerConnection,
+    /// Each stream is a task of its own (the method before 2026-12-05,
+    /// late evening).
+    PerStream,
+}
+
 struct Opts {
     ballast: PathBuf,
     pods: usize,
@@ -130,6 +141,7 @@ struct Opts {
     servers: usize,
     memory_limit: String,
     open_concurrency: usize,
+    client_tasks: ClientTasks,
     /// Before each set of rounds, wait up to this long for other processes
     /// to use under 0.3 cores with no compiler running.
     quiet_wait: Duration,
@@ -152,6 +164,7 @@ fn opts() -> anyhow::Result<Opts> {
         servers: 0,
         memory_limit: "1GiB".into(),
         open_concurrency: 2_000,
+        client_tasks: ClientTasks::PerConnection,
         quiet_wait: Duration::ZERO,
         keep: None,
     };
@@ -187,6 +200,15 @@ fn opts() -> anyhow::Result<Opts> {
             "--servers" => o.servers = args.parse()?,
             "--memory-limit" => o.memory_limit = args.value()?,
             "--open-concurrency" => o.open_concurrency = args.parse()?,
+            "--client-tasks" => {
+                o.client_tasks = match args.value()?.as_str() {
+                    "per-connection" => ClientTasks::PerConnection,
+                    "per-stream" => ClientTasks::PerStream,
+                    other => anyhow::bail!(
+                        "--client-tasks {other}: per-connection or per-stream\n{USAGE}"
+                    ),
+                }
+            }
             "--quiet-wait" => o.quiet_wait = Duration::from_secs(args.parse()?),
             "--keep" => o.keep = Some(args.value()?.into()),
             other => return Err(args.unknown(other)),
@@ -522,6 +544,29 @@ async fn stream_task(
     }
 }
 
+type StreamFuture = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// A task that polls the stream futures it is sent, all together.
+fn driver() -> mpsc::UnboundedSender<StreamFuture> {
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+    let (tx, mut rx) = mpsc::unbounded_channel::<StreamFuture>();
+    tokio::spawn(async move {
+        let mut streams = FuturesUnordered::new();
+        loop {
+            tokio::select! {
+                next = rx.recv() => match next {
+                    Some(f) => streams.push(f),
+                    None => break,
+                },
+                Some(()) = streams.next(), if !streams.is_empty() => {}
+            }
+        }
+        // No more streams come: follow those open to their end.
+        while streams.next().await.is_some() {}
+    });
+    tx
+}
+
 /// A stream the bench opened: its API and the Service it watches (for
 /// WatchPort: its pod's Service).
 #[derive(Clone, Copy)]
@@ -580,6 +625,10 @@ struct Bench {
     controller: Controller,
     cluster: Arc<Cluster>,
     channels: Vec<Channel>,
+    /// Per connection (with `--client-tasks per-connection`): where its
+    /// streams' futures go to be polled in its one task.
+    drivers: Vec<mpsc::UnboundedSender<StreamFuture>>,
+    client_tasks: ClientTasks,
     streams: Vec<Opened>,
     tx: mpsc::UnboundedSender<Event>,
     rx: mpsc::UnboundedReceiver<Event>,
@@ -648,7 +697,7 @@ impl Bench {
                     p.target
                 },
             });
-            tokio::spawn(stream_task(
+            let task = stream_task(
                 api,
                 id,
                 ch,
@@ -656,7 +705,20 @@ impl Bench {
                 self.cluster.clone(),
                 permit,
                 self.tx.clone(),
-            ));
+            );
+            match self.client_tasks {
+                ClientTasks::PerStream => drop(tokio::spawn(task)),
+                ClientTasks::PerConnection => {
+                    let c = k / per_connection;
+                    while self.drivers.len() <= c {
+                        self.drivers.push(driver());
+                    }
+                    anyhow::ensure!(
+                        self.drivers[c].send(Box::pin(task)).is_ok(),
+                        "connection {c}'s stream driver is gone"
+                    );
+                }
+            }
             while let Ok(ev) = self.rx.try_recv() {
                 if self.handle(ev).is_some() {
                     self.stray_updates += 1;
@@ -869,19 +931,6 @@ async fn rounds(
     out.foreign = (foreign.cores(), foreign.rustc);
     out.load = loadavg();
     Ok(out)
-}
-
-/// CPU hogs: `sh -c 'while :; do :; done'`, killed when dropped.
-fn hogs(n: usize) -> anyhow::Result<Vec<Child>> {
-    (0..n)
-        .map(|_| {
-            Command::new("sh")
-                .args(["-c", "while :; do :; done"])
-                .kill_on_drop(true)
-                .spawn()
-                .map_err(|e| anyhow::anyhow!("a CPU hog (sh): {e}"))
-        })
-        .collect()
 }
 
 /// The soft limit on this process's open files, from /proc.
@@ -1192,7 +1241,7 @@ async fn run(o: &Opts, report: &mut Report) -> anyhow::Result<()> {
         "scale-bench: {} pods in {} Services ({} per Service), {} HTTPRoutes, {} Servers \
          ({} files, {:.1} MB of YAML); {} proxies ({hot} on the hot Service, {:.0}%), \
          each opening {}: {} streams over {connections} HTTP/2 connections ({} proxies, \
-         {per_connection} streams each)",
+         {per_connection} streams each; the bench's streams polled {})",
         cluster.pods(),
         o.services,
         cluster.per_service,
@@ -1209,6 +1258,10 @@ async fn run(o: &Opts, report: &mut Report) -> anyhow::Result<()> {
             .join(", "),
         o.proxies * o.mix.len(),
         o.proxies_per_connection,
+        match o.client_tasks {
+            ClientTasks::PerConnection => "in one task per connection",
+            ClientTasks::PerStream => "each in a task of its own",
+        },
     ));
     report.header.push(format!(
         "controller: {} destination {}",
@@ -1225,6 +1278,8 @@ async fn run(o: &Opts, report: &mut Report) -> anyhow::Result<()> {
         controller,
         cluster: cluster.clone(),
         channels: Vec::new(),
+        drivers: Vec::new(),
+        client_tasks: o.client_tasks,
         streams: Vec::with_capacity(o.proxies * o.mix.len()),
         tx,
         rx,

@@ -311,3 +311,16 @@ pub async fn metric(admin: &str, name: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
+
+/// CPU hogs: `sh -c 'while :; do :; done'`, killed when dropped.
+pub fn hogs(n: usize) -> anyhow::Result<Vec<tokio::process::Child>> {
+    (0..n)
+        .map(|_| {
+            tokio::process::Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| anyhow::anyhow!("a CPU hog (sh): {e}"))
+        })
+        .collect()
+}

@@ -8,7 +8,7 @@
 //! differs is translated to protobuf once and shared by every stream on it
 //! (a stream holds a pointer to the latest message, never a queue).
 
-mod grpc;
+pub(crate) mod grpc;
 mod server;
 mod translate;
 

@@ -105,3 +105,56 @@ pub(crate) fn grpc_response(body: tonic::body::Body) -> http::Response<tonic::bo
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     res
 }
+
+/// The controller's gRPC services on one connection, chosen by the
+/// request path's service name as tonic's router does; any other path is
+/// `UNIMPLEMENTED`.
+#[derive(Clone)]
+pub(crate) struct Routes<H> {
+    pub health: H,
+    pub destination: DestinationGrpc,
+    pub outbound: Option<crate::policy::grpc::OutboundGrpc>,
+    pub inbound: Option<crate::policy::grpc::InboundGrpc>,
+}
+
+type Request = http::Request<tonic::body::Body>;
+type Response = http::Response<tonic::body::Body>;
+
+impl<H> hyper::service::Service<http::Request<hyper::body::Incoming>> for Routes<H>
+where
+    H: tower::Service<Request, Response = Response, Error = Infallible>
+        + NamedService
+        + Clone
+        + Send
+        + 'static,
+    H::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<Response>;
+
+    fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
+        use tower::ServiceExt;
+        let req = req.map(tonic::body::Body::new);
+        let name = req
+            .uri()
+            .path()
+            .strip_prefix('/')
+            .and_then(|p| p.split_once('/'))
+            .map(|(service, _)| service);
+        use crate::policy::grpc::{InboundGrpc, OutboundGrpc};
+        if name == Some(DestinationGrpc::NAME) {
+            return Box::pin(self.destination.clone().oneshot(req));
+        }
+        if name == Some(H::NAME) {
+            return Box::pin(self.health.clone().oneshot(req));
+        }
+        if let Some(s) = (self.outbound.as_ref()).filter(|_| name == Some(OutboundGrpc::NAME)) {
+            return Box::pin(s.clone().oneshot(req));
+        }
+        if let Some(s) = (self.inbound.as_ref()).filter(|_| name == Some(InboundGrpc::NAME)) {
+            return Box::pin(s.clone().oneshot(req));
+        }
+        Box::pin(async { Ok(Status::unimplemented("").into_http()) })
+    }
+}

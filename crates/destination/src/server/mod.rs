@@ -250,11 +250,14 @@ fn stream_metrics(metrics: &Metrics, method: &str) -> Arc<StreamMetrics> {
     })
 }
 
-/// Serves the Destination API and gRPC health on `listener` until `shutdown`
-/// resolves, then waits for open connections to close. With `tls`, clients
-/// that start a TLS handshake get the controller's own certificate; others
-/// are served plaintext. Connections are bounded (`max_connections`) and
-/// counted in `stats` either way.
+/// Serves the Destination API, the policy APIs (with `policy`) and gRPC
+/// health on `listener` until `shutdown` resolves, then waits for open
+/// connections to close. With `tls`, clients that start a TLS handshake get
+/// the controller's own certificate; others are served plaintext.
+/// Connections are bounded (`max_connections`) and counted in `stats`
+/// either way. Each connection runs with its streams in one task
+/// (`ballast_serve::h2`): a change that reaches several streams of one
+/// connection leaves in one write.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     tls: Option<std::sync::Arc<rustls::ServerConfig>>,
@@ -262,25 +265,26 @@ pub async fn serve(
     service: DestinationService,
     policy: Option<crate::policy::PolicyService>,
     shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), tonic::transport::Error> {
+) {
     let config = service.config.clone();
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<DestinationGrpc>().await;
-    let destination = DestinationGrpc::new(service);
-    let router = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(config.keepalive))
-        .http2_keepalive_timeout(Some(config.keepalive * 2))
-        .max_concurrent_streams(config.http2_max_concurrent_streams)
-        .http2_max_local_error_reset_streams(Some(ballast_meshtls::server::h2_local_reset_budget(
+    let routes = grpc::Routes {
+        health: health_service,
+        destination: DestinationGrpc::new(service),
+        outbound: policy.as_ref().map(|p| p.outbound_server()),
+        inbound: policy.as_ref().map(|p| p.inbound_server()),
+    };
+    let limits = ballast_serve::h2::H2Limits {
+        keepalive: Some(config.keepalive),
+        max_concurrent_streams: config.http2_max_concurrent_streams,
+        max_local_error_resets: ballast_meshtls::server::h2_local_reset_budget(
             config.http2_max_local_error_resets,
             config.http2_max_concurrent_streams,
-        )))
-        .http2_max_pending_accept_reset_streams(Some(config.http2_max_pending_accept_resets))
-        .http2_max_header_list_size(config.http2_max_header_list_bytes)
-        .add_service(health_service)
-        .add_service(destination)
-        .add_optional_service(policy.as_ref().map(|p| p.outbound_server()))
-        .add_optional_service(policy.as_ref().map(|p| p.inbound_server()));
+        ),
+        max_pending_accept_resets: config.http2_max_pending_accept_resets,
+        max_header_list_bytes: config.http2_max_header_list_bytes,
+    };
     // Updates are small and latency-bound: no Nagle delay. TCP keepalive
     // finds peers that vanished without a FIN.
     let incoming = ballast_meshtls::server::incoming(
@@ -293,9 +297,7 @@ pub async fn serve(
         },
         stats,
     );
-    router
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
+    ballast_serve::h2::serve(incoming, limits, routes, shutdown).await
 }
 
 pub use ballast_admin::budget::RETRY_PUSHBACK_KEY;

@@ -1,0 +1,812 @@
+//! HTTP/2 connections served each in one task, with its streams.
+//!
+//! hyper runs every HTTP/2 stream of a connection as a task of its own. For a
+//! controller's update streams that costs twice per stream and per change:
+//! the runtime wakes and polls the stream's task, and that task's frame
+//! wakes the connection's task, which the runtime runs next (its LIFO slot)
+//! and which writes that one frame. A change that reaches five streams of a
+//! connection makes five writes.
+//!
+//! Here a connection's streams run inside the connection's task
+//! ([`ConnExec`] takes what hyper spawns): each poll runs the streams that
+//! were woken first, then the connection, which queues their frames; and
+//! the connection's writes wait for the end of that poll ([`Coalesced`]),
+//! so they leave in one write. Nothing is queued that hyper would not have
+//! spawned (a connection holds at most its `SETTINGS_MAX_CONCURRENT_STREAMS`
+//! streams, as before), and a connection's waiting writes are bounded by
+//! [`MAX_COALESCED_BYTES`].
+
+use futures_util::{
+    stream::{FuturesUnordered, StreamExt},
+    task::AtomicWaker,
+};
+use hyper::{
+    body::{Body, Incoming},
+    server::conn::http2,
+    service::HttpService,
+};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::{
+    future::Future,
+    io,
+    pin::{pin, Pin},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    task::{ready, Context, Poll, Wake, Waker},
+    time::Duration,
+};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    sync::watch,
+    task::JoinSet,
+};
+
+type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// What hyper spawns for one connection (its streams), kept for the
+/// connection's own task to run.
+#[derive(Clone, Default)]
+pub struct ConnExec {
+    spawned: Arc<Mutex<Vec<Task>>>,
+}
+
+impl<F: Future<Output = ()> + Send + 'static> hyper::rt::Executor<F> for ConnExec {
+    fn execute(&self, fut: F) {
+        // hyper spawns only while the connection is polled, that is inside
+        // `Driven::poll`, which takes them right after.
+        self.spawned
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(Box::pin(fut));
+    }
+}
+
+impl ConnExec {
+    fn take(&self) -> Vec<Task> {
+        std::mem::take(
+            &mut *self
+                .spawned
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
+    }
+}
+
+/// The HTTP/2 settings and bounds of a gRPC server's connections.
+#[derive(Clone, Debug)]
+pub struct H2Limits {
+    /// PING every this long; a connection that does not answer within
+    /// twice it is closed. `None`: no PINGs.
+    pub keepalive: Option<Duration>,
+    /// SETTINGS_MAX_CONCURRENT_STREAMS.
+    pub max_concurrent_streams: u32,
+    /// Streams the server may reset for the client's errors (and refuse)
+    /// before it closes the connection with ENHANCE_YOUR_CALM.
+    pub max_local_error_resets: usize,
+    /// Streams the client opened and reset before the server accepted them
+    /// (the "rapid reset" bound).
+    pub max_pending_accept_resets: usize,
+    /// SETTINGS_MAX_HEADER_LIST_SIZE: a request's headers, decoded.
+    pub max_header_list_bytes: u32,
+}
+
+impl H2Limits {
+    fn builder(&self, exec: ConnExec) -> http2::Builder<ConnExec> {
+        let mut b = http2::Builder::new(exec);
+        b.timer(TokioTimer::new())
+            .keep_alive_interval(self.keepalive)
+            .max_concurrent_streams(self.max_concurrent_streams)
+            .max_local_error_reset_streams(self.max_local_error_resets)
+            .max_pending_accept_reset_streams(self.max_pending_accept_resets)
+            .max_header_list_size(self.max_header_list_bytes);
+        if let Some(k) = self.keepalive {
+            b.keep_alive_timeout(k.saturating_mul(2));
+        }
+        b
+    }
+}
+
+/// Most bytes a connection's writes wait in [`Coalesced`] before a write
+/// is made at once (and the connection waits for the socket).
+pub const MAX_COALESCED_BYTES: usize = 32 * 1024;
+
+/// A connection's transport whose writes wait for the end of the
+/// connection's poll (`Driven::poll`), so that every frame written in one
+/// poll leaves in one write. h2 flushes after each DATA frame of 256 bytes
+/// or more (it hands those over as a separate slice): flushing then would
+/// make one write per update again. Bounded by [`MAX_COALESCED_BYTES`].
+struct Coalesced<I>(Arc<Mutex<Pending<I>>>);
+
+struct Pending<I> {
+    io: I,
+    buf: Vec<u8>,
+    /// How much of `buf` was written already.
+    written: usize,
+}
+
+impl<I: AsyncWrite + Unpin> Pending<I> {
+    /// Writes what waits, then flushes the transport.
+    fn write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.written < self.buf.len() {
+            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.buf[self.written..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.written += n;
+        }
+        // Nothing is kept between writes: an idle connection holds no buffer.
+        self.buf = Vec::new();
+        self.written = 0;
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+}
+
+impl<I> Coalesced<I> {
+    fn new(io: I) -> (Self, Self) {
+        let shared = Arc::new(Mutex::new(Pending {
+            io,
+            buf: Vec::new(),
+            written: 0,
+        }));
+        (Coalesced(shared.clone()), Coalesced(shared))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending<I>> {
+        // Both handles are used by one task: never contended. A panic while
+        // holding it would have ended that task already.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl<I: AsyncWrite + Unpin> Coalesced<I> {
+    fn write_out(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.lock().write_out(cx)
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Coalesced<I> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.lock().io).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Coalesced<I> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[io::IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let mut p = self.lock();
+        if p.buf.len() >= MAX_COALESCED_BYTES {
+            ready!(p.write_out(cx))?;
+        }
+        let room = MAX_COALESCED_BYTES - p.buf.len();
+        let mut taken = 0;
+        for b in bufs {
+            let n = b.len().min(room - taken);
+            p.buf.extend_from_slice(&b[..n]);
+            taken += n;
+            if taken == room {
+                break;
+            }
+        }
+        Poll::Ready(Ok(taken))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Written at the end of the connection's poll (`Driven::poll`).
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut p = self.lock();
+        ready!(p.write_out(cx))?;
+        Pin::new(&mut p.io).poll_shutdown(cx)
+    }
+}
+
+/// One connection and its streams, polled streams first.
+struct Driven<C, I> {
+    conn: Pin<Box<C>>,
+    /// The connection's transport, to write what each poll queued.
+    io: Coalesced<I>,
+    exec: ConnExec,
+    streams: FuturesUnordered<Task>,
+    set_waker: Arc<SetWaker>,
+}
+
+/// Passes over the woken streams in one poll of a connection, at most.
+/// `FuturesUnordered` gives up its turn (`Pending`, its waker woken) after
+/// two of its futures wake themselves, which a stream does when it takes
+/// flow-control capacity; stopping there would write a connection's
+/// updates two at a time.
+const STREAM_PASSES: usize = 64;
+
+/// The waker the streams' set is polled with: it tells whether the set was
+/// woken during the poll (given up its turn, or a stream woken meanwhile),
+/// and wakes the connection's task.
+#[derive(Default)]
+struct SetWaker {
+    woken: AtomicBool,
+    task: AtomicWaker,
+}
+
+impl Wake for SetWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+        self.task.wake();
+    }
+}
+
+impl<C, I> Driven<C, I> {
+    /// Runs the woken streams until none is left woken (or the bound).
+    fn run_streams(&mut self, cx: &mut Context<'_>) {
+        self.set_waker.task.register(cx.waker());
+        let waker = Waker::from(self.set_waker.clone());
+        let mut set_cx = Context::from_waker(&waker);
+        let mut passes = 0;
+        loop {
+            self.set_waker.woken.store(false, Ordering::Release);
+            match self.streams.poll_next_unpin(&mut set_cx) {
+                Poll::Ready(Some(())) => {}
+                Poll::Ready(None) => return,
+                Poll::Pending => {
+                    passes += 1;
+                    // Past the runtime's budget for this turn, the streams
+                    // would only wake themselves again: the task is woken
+                    // and goes on at its next turn.
+                    if !self.set_waker.woken.load(Ordering::Acquire)
+                        || passes == STREAM_PASSES
+                        || !tokio::task::coop::has_budget_remaining()
+                    {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<C, I> Drop for Driven<C, I> {
+    fn drop(&mut self) {
+        // A stream hyper spawned holds the executor, whose list would hold
+        // the stream: a cycle that would keep the connection's HTTP/2 state
+        // (and its streams) allocated for ever. Nothing may stay listed.
+        drop(self.exec.take());
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<C, I> Future for Driven<C, I>
+where
+    C: Future<Output = Result<(), hyper::Error>>,
+    I: AsyncWrite + Unpin,
+{
+    type Output = Result<(), BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        loop {
+            // The streams first: the frames they queue leave with the
+            // connection's write below.
+            this.run_streams(cx);
+            let done = this.conn.as_mut().poll(cx);
+            if done.is_ready() {
+                // What the connection wrote last (its GOAWAY, or its
+                // SETTINGS before a bad preface) is sent if the socket takes
+                // it now; a peer that does not read is not waited for. Its
+                // streams are dropped with it (`Drop`), those spawned in
+                // this last poll too.
+                let _ = this.io.write_out(cx);
+                return done.map_err(Into::into);
+            }
+            let spawned = this.exec.take();
+            if spawned.is_empty() {
+                break;
+            }
+            this.streams.extend(spawned);
+        }
+        // One write for everything this poll queued; a full socket wakes
+        // this task when it has room.
+        match this.io.write_out(cx) {
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e.into())),
+            _ => Poll::Pending,
+        }
+    }
+}
+
+/// Serves gRPC over HTTP/2 (no HTTP/1) on the connections `incoming`
+/// yields, with `limits`, each connection and its streams in one task,
+/// until `shutdown` resolves. Then stops accepting, tells every connection
+/// to finish (GOAWAY; the streams in flight end as the service ends them)
+/// and waits for them.
+pub async fn serve<I, S, B>(
+    incoming: impl futures_util::Stream<Item = io::Result<I>>,
+    limits: H2Limits,
+    service: S,
+    shutdown: impl Future<Output = ()>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: HttpService<Incoming, ResBody = B> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (stop, stopping) = watch::channel(false);
+    let mut connections = JoinSet::new();
+    let mut incoming = pin!(incoming);
+    let mut shutdown = pin!(shutdown);
+    loop {
+        let io = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            Some(_) = connections.join_next() => continue,
+            next = incoming.next() => match next {
+                Some(Ok(io)) => io,
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "connection not accepted");
+                    continue;
+                }
+                None => break,
+            },
+        };
+        let exec = ConnExec::default();
+        let (io, writes) = Coalesced::new(io);
+        let conn = limits
+            .builder(exec.clone())
+            .serve_connection(TokioIo::new(io), service.clone());
+        let mut stopping = stopping.clone();
+        connections.spawn(async move {
+            let mut driven = Driven {
+                conn: Box::pin(conn),
+                io: writes,
+                exec,
+                streams: FuturesUnordered::new(),
+                set_waker: Arc::default(),
+            };
+            // The guard `wait_for` returns must not live across an await.
+            let stopped = async move {
+                let _ = stopping.wait_for(|s| *s).await;
+            };
+            let result = tokio::select! {
+                r = &mut driven => r,
+                () = stopped => {
+                    driven.conn.as_mut().graceful_shutdown();
+                    driven.await
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "HTTP/2 connection ended with an error");
+            }
+        });
+    }
+    stop.send_replace(true);
+    while connections.join_next().await.is_some() {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use futures_util::Stream;
+    use http_body_util::StreamBody;
+    use hyper::body::Frame;
+    use std::{convert::Infallible, net::SocketAddr, sync::atomic::AtomicUsize};
+    use tokio::{
+        io::ReadBuf,
+        net::{TcpListener, TcpStream},
+        sync::oneshot,
+    };
+    use tokio_stream::wrappers::WatchStream;
+
+    const DEADLINE: Duration = Duration::from_secs(10);
+    /// Above the 256 bytes from which h2 hands a DATA frame's payload over
+    /// as a slice of its own, and flushes after it.
+    const FRAME_BYTES: usize = 300;
+
+    /// An accepted connection that counts the writes it made.
+    struct Counted {
+        io: TcpStream,
+        writes: Arc<AtomicUsize>,
+    }
+
+    impl Counted {
+        fn count(&self, r: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+            if let Poll::Ready(Ok(n)) = &r {
+                if *n > 0 {
+                    self.writes.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            r
+        }
+    }
+
+    impl AsyncRead for Counted {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+        }
+    }
+
+    impl AsyncWrite for Counted {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            let this = self.get_mut();
+            let r = Pin::new(&mut this.io).poll_write(cx, buf);
+            this.count(r)
+        }
+        fn poll_write_vectored(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            bufs: &[io::IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            let this = self.get_mut();
+            let r = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+            this.count(r)
+        }
+        fn is_write_vectored(&self) -> bool {
+            self.io.is_write_vectored()
+        }
+        fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.get_mut().io).poll_flush(cx)
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+        }
+    }
+
+    /// Counts the response bodies dropped.
+    struct Dropped(Arc<AtomicUsize>);
+
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    type Frames = Pin<Box<dyn Stream<Item = Result<Frame<Bytes>, Infallible>> + Send>>;
+
+    struct Server {
+        addr: SocketAddr,
+        writes: Arc<AtomicUsize>,
+        /// Responses made, and dropped.
+        called: Arc<AtomicUsize>,
+        dropped: Arc<AtomicUsize>,
+        stop: Option<oneshot::Sender<()>>,
+        served: tokio::task::JoinHandle<()>,
+    }
+
+    /// A server whose every response streams `updates`: its current value
+    /// first, then each change, as one DATA frame of [`FRAME_BYTES`] each.
+    async fn server(updates: watch::Receiver<u8>) -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let writes = Arc::new(AtomicUsize::new(0));
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let incoming = futures_util::stream::unfold(
+            (listener, writes.clone()),
+            |(listener, writes)| async move {
+                let accepted = listener.accept().await.map(|(io, _)| Counted {
+                    io,
+                    writes: writes.clone(),
+                });
+                Some((accepted, (listener, writes)))
+            },
+        );
+        let called = Arc::new(AtomicUsize::new(0));
+        let (counted, calls) = (dropped.clone(), called.clone());
+        let service = hyper::service::service_fn(move |_req| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let guard = Dropped(counted.clone());
+            let frames: Frames = Box::pin(WatchStream::new(updates.clone()).map(move |v| {
+                let _ = &guard;
+                Ok(Frame::data(Bytes::from(vec![v; FRAME_BYTES])))
+            }));
+            async move { Ok::<_, Infallible>(http::Response::new(StreamBody::new(frames))) }
+        });
+        let limits = H2Limits {
+            keepalive: None,
+            max_concurrent_streams: 100,
+            max_local_error_resets: 1024,
+            max_pending_accept_resets: 20,
+            max_header_list_bytes: 16 * 1024,
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let served = tokio::spawn(serve(incoming, limits, service, async {
+            let _ = stopped.await;
+        }));
+        Server {
+            addr,
+            writes,
+            called,
+            dropped,
+            stop: Some(stop),
+            served,
+        }
+    }
+
+    /// Opens `n` streams on one connection and reads each one's first
+    /// frame. The client is returned to keep the connection open.
+    async fn open(
+        addr: SocketAddr,
+        n: usize,
+    ) -> (h2::client::SendRequest<Bytes>, Vec<h2::RecvStream>) {
+        let tcp = TcpStream::connect(addr).await.expect("connect");
+        let (mut client, conn) = h2::client::handshake(tcp).await.expect("handshake");
+        tokio::spawn(conn);
+        let mut pending = Vec::new();
+        for _ in 0..n {
+            client = client.ready().await.expect("ready");
+            let req = http::Request::post(format!("http://{addr}/updates"))
+                .body(())
+                .expect("request");
+            let (response, _) = client.send_request(req, true).expect("sent");
+            pending.push(response);
+        }
+        let mut streams = Vec::new();
+        for response in pending {
+            let mut body = response.await.expect("response").into_body();
+            assert_eq!(
+                next(&mut body).await,
+                0,
+                "the first frame is the current value"
+            );
+            streams.push(body);
+        }
+        (client, streams)
+    }
+
+    /// The next frame's first byte (the value it carries), within the deadline.
+    async fn next(body: &mut h2::RecvStream) -> u8 {
+        let frame = tokio::time::timeout(DEADLINE, body.data())
+            .await
+            .expect("a frame within the deadline")
+            .expect("a frame")
+            .expect("data");
+        let _ = body.flow_control().release_capacity(frame.len());
+        assert_eq!(frame.len(), FRAME_BYTES);
+        frame[0]
+    }
+
+    /// Waits until `check` holds, or fails at the deadline.
+    async fn eventually(what: &str, check: impl Fn() -> bool) {
+        let start = tokio::time::Instant::now();
+        while !check() {
+            assert!(
+                start.elapsed() < DEADLINE,
+                "{what}: not within {DEADLINE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_change_reaching_every_stream_of_a_connection_leaves_in_one_write() {
+        let (tx, rx) = watch::channel(0u8);
+        let s = server(rx).await;
+        let (_client, mut streams) = open(s.addr, 16).await;
+        // hyper spawned no task per stream: they run in their connection's.
+        let tasks = tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks();
+        assert!(
+            tasks < 8,
+            "{tasks} tasks alive for one connection of 16 streams"
+        );
+
+        let before = s.writes.load(Ordering::SeqCst);
+        tx.send_replace(1);
+        for body in &mut streams {
+            assert_eq!(next(body).await, 1);
+        }
+        let writes = s.writes.load(Ordering::SeqCst) - before;
+        assert!(
+            (1..=2).contains(&writes),
+            "16 streams' updates took {writes} writes"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_the_client_resets_is_dropped_and_the_others_go_on() {
+        let (tx, rx) = watch::channel(0u8);
+        let s = server(rx).await;
+        let (_client, mut streams) = open(s.addr, 3).await;
+        assert_eq!(s.called.load(Ordering::SeqCst), 3);
+        assert_eq!(s.dropped.load(Ordering::SeqCst), 0);
+        // Dropping every handle to a stream that is still open resets it.
+        drop(streams.remove(0));
+        eventually("the reset stream's body dropped", || {
+            s.dropped.load(Ordering::SeqCst) == 1
+        })
+        .await;
+        tx.send_replace(7);
+        for body in &mut streams {
+            assert_eq!(next(body).await, 7);
+        }
+        assert_eq!(s.dropped.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn at_shutdown_it_stops_accepting_and_returns_once_the_streams_end() {
+        let (tx, rx) = watch::channel(0u8);
+        let mut s = server(rx).await;
+        let (_client, mut streams) = open(s.addr, 2).await;
+        s.stop.take().expect("once").send(()).expect("serving");
+        // The open streams go on until they end.
+        tx.send_replace(3);
+        for body in &mut streams {
+            assert_eq!(next(body).await, 3);
+        }
+        assert!(!s.served.is_finished());
+        // Their bodies end when the updates do; then the server returns.
+        drop(tx);
+        tokio::time::timeout(DEADLINE, &mut s.served)
+            .await
+            .expect("the server returned within the deadline")
+            .expect("the server did not panic");
+        assert_eq!(s.dropped.load(Ordering::SeqCst), 2);
+        assert!(
+            TcpStream::connect(s.addr).await.is_err(),
+            "the listener is closed once the server returns"
+        );
+    }
+
+    #[test]
+    fn a_connection_dropped_lets_go_of_streams_spawned_in_its_last_poll() {
+        // A stream hyper spawns holds the executor, as this one does.
+        let exec = ConnExec::default();
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let (held, guard) = (exec.clone(), Dropped(dropped.clone()));
+        hyper::rt::Executor::execute(&exec, async move {
+            let _ = (&held, &guard);
+        });
+        let (io, writes) = Coalesced::new(tokio::io::duplex(64).0);
+        drop(io);
+        let driven = Driven {
+            conn: Box::pin(std::future::pending::<Result<(), hyper::Error>>()),
+            io: writes,
+            exec,
+            streams: FuturesUnordered::new(),
+            set_waker: Arc::default(),
+        };
+        drop(driven);
+        assert_eq!(
+            dropped.load(Ordering::SeqCst),
+            1,
+            "the spawned stream was let go"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_that_is_not_http2_still_gets_what_the_server_wrote() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (_tx, rx) = watch::channel(0u8);
+        let s = server(rx).await;
+        // A TLS ClientHello's first bytes where the HTTP/2 preface belongs:
+        // the server's SETTINGS, written before it read them, still leave.
+        let mut client = TcpStream::connect(s.addr).await.expect("connect");
+        client
+            .write_all(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 not a preface at all")
+            .await
+            .expect("written");
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout(DEADLINE, client.read_to_end(&mut got))
+            .await
+            .expect("closed within the deadline");
+        assert!(got.len() >= 9, "nothing came back: {got:?}");
+        assert_eq!(got[3], 0x4, "the first frame is SETTINGS: {got:?}");
+    }
+
+    #[tokio::test]
+    async fn writes_wait_for_the_end_of_the_poll_and_leave_together() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (near, mut far) = tokio::io::duplex(MAX_COALESCED_BYTES);
+        let (mut io, writes) = Coalesced::new(near);
+        io.write_all(b"one ").await.expect("taken");
+        io.write_all(b"two").await.expect("taken");
+        io.flush().await.expect("flush is deferred");
+        let mut byte = [0u8; 1];
+        let early = tokio::time::timeout(Duration::from_millis(50), far.read(&mut byte)).await;
+        assert!(early.is_err(), "nothing is written before write_out");
+
+        futures_util::future::poll_fn(|cx| writes.write_out(cx))
+            .await
+            .expect("written");
+        let mut got = [0u8; 7];
+        far.read_exact(&mut got).await.expect("read");
+        assert_eq!(&got, b"one two");
+        assert_eq!(
+            writes.lock().buf.capacity(),
+            0,
+            "no buffer kept once written"
+        );
+    }
+
+    #[tokio::test]
+    async fn past_the_bound_a_write_waits_for_the_socket() {
+        use tokio::io::AsyncReadExt;
+        // A socket with room for 1 KiB only.
+        let (near, mut far) = tokio::io::duplex(1024);
+        let (mut io, _writes) = Coalesced::new(near);
+        let chunk = vec![7u8; MAX_COALESCED_BYTES + 10];
+        let write = |io: &mut Coalesced<tokio::io::DuplexStream>, cx: &mut Context<'_>| {
+            Pin::new(io).poll_write(cx, &chunk)
+        };
+        let taken = futures_util::future::poll_fn(|cx| write(&mut io, cx))
+            .await
+            .expect("taken");
+        assert_eq!(
+            taken, MAX_COALESCED_BYTES,
+            "it takes no more than its bound"
+        );
+        // Full: the next write writes out first, and the socket has no room.
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(write(&mut io, &mut cx).is_pending());
+        assert!(io.lock().buf.len() <= MAX_COALESCED_BYTES);
+        // Once the far end reads, it goes on.
+        let reader = tokio::spawn(async move {
+            let mut all = Vec::new();
+            let mut buf = vec![0u8; 8192];
+            while all.len() < MAX_COALESCED_BYTES {
+                let n = far.read(&mut buf).await.expect("read");
+                assert!(n > 0, "closed early");
+                all.extend_from_slice(&buf[..n]);
+            }
+            all.len()
+        });
+        let more = tokio::time::timeout(
+            DEADLINE,
+            futures_util::future::poll_fn(|cx| write(&mut io, cx)),
+        )
+        .await
+        .expect("room within the deadline")
+        .expect("taken");
+        assert!(more > 0);
+        assert!(reader.await.expect("reader") >= MAX_COALESCED_BYTES);
+    }
+
+    #[tokio::test]
+    async fn shutdown_writes_what_waits_first() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (near, mut far) = tokio::io::duplex(4096);
+        let (mut io, _writes) = Coalesced::new(near);
+        io.write_all(b"goaway").await.expect("taken");
+        io.shutdown().await.expect("shut down");
+        let mut got = Vec::new();
+        far.read_to_end(&mut got).await.expect("read to the end");
+        assert_eq!(got, b"goaway");
+    }
+}
