@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod authority;
+pub mod h2;
 pub mod policy;
 pub mod server;
 pub mod shed;

@@ -8,9 +8,6 @@
 //!   and the loop below all accept through it.
 //! - [`accept::serve_bounded`]: the bounded accept loop of the small
 //!   HTTP/1 servers (admin, viz's dashboard, the injector's webhook).
-//! - [`h2::serve`]: the gRPC servers' HTTP/2 connections, each served in
-//!   one task with its streams, so that frames queued together leave in one
-//!   write.
 //! - [`GaugeGuard`]: counts something open in a gauge for as long as it lives.
 
 #![forbid(unsafe_code)]
@@ -18,6 +15,5 @@
 
 pub mod accept;
 mod gauge;
-pub mod h2;
 
 pub use gauge::GaugeGuard;

@@ -256,7 +256,7 @@ fn stream_metrics(metrics: &Metrics, method: &str) -> Arc<StreamMetrics> {
 /// the controller's own certificate; others are served plaintext.
 /// Connections are bounded (`max_connections`) and counted in `stats`
 /// either way. Each connection runs with its streams in one task
-/// (`ballast_serve::h2`): a change that reaches several streams of one
+/// (`crate::h2`): a change that reaches several streams of one
 /// connection leaves in one write.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -275,7 +275,7 @@ pub async fn serve(
         outbound: policy.as_ref().map(|p| p.outbound_server()),
         inbound: policy.as_ref().map(|p| p.inbound_server()),
     };
-    let limits = ballast_serve::h2::H2Limits {
+    let limits = crate::h2::H2Limits {
         keepalive: Some(config.keepalive),
         max_concurrent_streams: config.http2_max_concurrent_streams,
         max_local_error_resets: ballast_meshtls::server::h2_local_reset_budget(
@@ -297,7 +297,7 @@ pub async fn serve(
         },
         stats,
     );
-    ballast_serve::h2::serve(incoming, limits, routes, shutdown).await
+    crate::h2::serve(incoming, limits, routes, shutdown).await
 }
 
 pub use ballast_admin::budget::RETRY_PUSHBACK_KEY;
