@@ -79,6 +79,7 @@ pub struct SourceConfig {
     pub kube_backoff_initial: Duration,
     pub kube_backoff_max: Duration,
     pub kube_max_retry_after: Duration,
+    pub kube_server_settle: Duration,
 }
 
 impl SourceConfig {
@@ -142,6 +143,7 @@ pub async fn start_source(
                     ..BackoffConfig::default()
                 },
                 max_retry_after: config.kube_max_retry_after,
+                server_settle: config.kube_server_settle,
                 ..KubeConfig::default()
             };
             let client = kube_source::client(&config, &metrics.kube)

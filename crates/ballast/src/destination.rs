@@ -89,6 +89,13 @@ pub struct Args {
     #[arg(long, env = "BALLAST_DESTINATION_KUBE_MAX_RETRY_AFTER", default_value = "60s", value_parser = BACKOFF)]
     kube_max_retry_after: Duration,
 
+    /// How long a Server added or changed in the cluster is held before it
+    /// takes effect, so that AuthorizationPolicies and authentications
+    /// created just before it (read on other watches) apply first and its
+    /// port never denies the clients they admit. 0 applies Servers at once.
+    #[arg(long, env = "BALLAST_DESTINATION_KUBE_SERVER_SETTLE", default_value = "1s", value_parser = ballast_flags::duration(Duration::ZERO, ballast_flags::HOUR))]
+    kube_server_settle: Duration,
+
     /// Largest manifest file read; larger files are refused with an error.
     #[arg(long, env = "BALLAST_DESTINATION_MANIFESTS_MAX_FILE_BYTES", default_value_t = 16 * 1024 * 1024,
           value_parser = bytes::<u64>(KIB, GIB))]
@@ -308,6 +315,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         kube_backoff_initial: args.kube_backoff_initial,
         kube_backoff_max: args.kube_backoff_max,
         kube_max_retry_after: args.kube_max_retry_after,
+        kube_server_settle: args.kube_server_settle,
     };
     // A missing --manifests directory is said before anything starts.
     source_config.check()?;

@@ -255,6 +255,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         kube_backoff_initial: args.kube_backoff_initial,
         kube_backoff_max: args.kube_backoff_max,
         kube_max_retry_after: args.kube_max_retry_after,
+        // viz reads pods, not policy: nothing waits for anything.
+        kube_server_settle: Duration::ZERO,
     };
     // A missing --manifests directory is said before anything starts.
     source_config.check()?;

@@ -36,12 +36,14 @@
 mod client;
 pub mod metrics;
 mod resources;
+mod settle;
 
 pub use ballast_backoff::{
     BackoffConfig, DEFAULT_FACTOR, DEFAULT_INITIAL, DEFAULT_JITTER, DEFAULT_MAX,
     DEFAULT_RESET_AFTER,
 };
 pub use resources::WATCHED_RESOURCES;
+pub use settle::{DEFAULT_SERVER_SETTLE, MAX_SETTLING};
 
 use ballast_backoff::Backoff;
 pub use metrics::KubeMetrics;
@@ -98,6 +100,11 @@ pub struct KubeConfig {
     /// [`DEFAULT_REQUEST_TIMEOUT`], 60 s. Watches are bounded by kube's idle
     /// timeout (the watch timeout, 290 s, plus 5 s).
     pub request_timeout: Duration,
+    /// How long a Server's add or update is held before it is applied, so
+    /// that authorizations created just before it (on other watches) are
+    /// applied first. Default [`DEFAULT_SERVER_SETTLE`], 1 s; zero applies
+    /// Servers as they arrive.
+    pub server_settle: Duration,
 }
 
 impl Default for KubeConfig {
@@ -108,6 +115,7 @@ impl Default for KubeConfig {
             backoff: BackoffConfig::default(),
             max_retry_after: DEFAULT_MAX_RETRY_AFTER,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            server_settle: DEFAULT_SERVER_SETTLE,
         }
     }
 }
@@ -258,8 +266,36 @@ async fn watch<W: ApiKind>(ctx: Ctx<'_>) -> Result<(), KubeError> {
     let mut backoff = Backoff::new(&ctx.config.backoff);
     let mut last_failure: Option<Instant> = None;
     let mut listed_once = false;
+    let hold = if W::KIND == ballast_store::resource::Kind::Server {
+        ctx.config.server_settle
+    } else {
+        Duration::ZERO
+    };
+    let mut settle = settle::Settle::new(hold, MAX_SETTLING);
+    let settling = metrics
+        .kube_settling_objects
+        .get_or_create(&Metrics::kind(kind))
+        .clone();
     loop {
-        let Some(item) = stream.next().await else {
+        let due = settle.next_due();
+        let item = tokio::select! {
+            biased;
+            () = async {
+                match due {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let ops = settle.take_due(Instant::now());
+                settling.set(settle.len() as i64);
+                if !ops.is_empty() {
+                    ctx.store.update(ops);
+                }
+                continue;
+            }
+            item = stream.next() => item,
+        };
+        let Some(item) = item else {
             return Err(KubeError::Stopped(kind));
         };
         match item {
@@ -277,7 +313,11 @@ async fn watch<W: ApiKind>(ctx: Ctx<'_>) -> Result<(), KubeError> {
                     tracing::info!(kind, "Relisting (the watch could not resume)");
                 }
                 if let Some(op) = outcome.op {
-                    ctx.store.update(vec![op]);
+                    let ops = settle.admit(op, Instant::now());
+                    settling.set(settle.len() as i64);
+                    if !ops.is_empty() {
+                        ctx.store.update(ops);
+                    }
                 }
                 metrics
                     .kube_invalid_objects
@@ -296,6 +336,13 @@ async fn watch<W: ApiKind>(ctx: Ctx<'_>) -> Result<(), KubeError> {
                 }
             }
             Err(error) => {
+                // Nothing more arrives while the watch is down: held
+                // objects would wait for nothing.
+                let held = settle.take_all();
+                settling.set(0);
+                if !held.is_empty() {
+                    ctx.store.update(held);
+                }
                 let now = Instant::now();
                 if last_failure.is_some_and(|at| {
                     now.saturating_duration_since(at) > backoff.config().reset_after

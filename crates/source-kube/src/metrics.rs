@@ -106,6 +106,7 @@ pub struct KubeMetrics {
     pub kube_watch_restarts_total: Family<KindLabel, Counter>,
     pub kube_relists_total: Family<KindLabel, Counter>,
     pub kube_invalid_objects: Family<KindLabel, Gauge>,
+    pub kube_settling_objects: Family<KindLabel, Gauge>,
     pub kube_last_event: KubeFreshness,
 }
 
@@ -137,6 +138,11 @@ impl KubeMetrics {
             "Kubernetes objects skipped because the index cannot use them, by resource",
             self.kube_invalid_objects.clone(),
         );
+        r.register(
+            "kube_settling_objects",
+            "Objects received but held before they are applied (Servers wait --kube-server-settle), by resource",
+            self.kube_settling_objects.clone(),
+        );
         r.register_collector(Box::new(self.kube_last_event.clone()));
     }
 }
@@ -167,6 +173,7 @@ mod tests {
         m.kube_watch_restarts_total.get_or_create(&kind).inc();
         m.kube_relists_total.get_or_create(&kind).inc();
         m.kube_invalid_objects.get_or_create(&kind).set(1);
+        m.kube_settling_objects.get_or_create(&kind).set(1);
         m.kube_last_event.start("pods");
         let mut registry = Registry::default();
         m.register(&mut registry);
@@ -177,10 +184,10 @@ mod tests {
             .filter_map(|l| l.strip_prefix("# TYPE "))
             .filter_map(|l| l.split_whitespace().next())
             .collect();
-        assert_eq!(names.len(), 6, "{text}");
+        assert_eq!(names.len(), 7, "{text}");
         names.sort_unstable();
         names.dedup();
-        assert_eq!(names.len(), 6, "a family name used twice:\n{text}");
+        assert_eq!(names.len(), 7, "a family name used twice:\n{text}");
         assert!(
             text.contains("destination_kube_last_event_age_seconds{kind=\"pods\"}"),
             "{text}"

@@ -293,3 +293,144 @@ async fn server_errors_are_retried_on_the_schedule_and_state_is_kept() {
         .expect("converged after the errors");
     run.stop().await;
 }
+
+/// What the store held, each time it changed: (Servers, AuthorizationPolicies).
+#[derive(Default)]
+struct PolicySeen(std::sync::Mutex<Vec<(usize, usize, tokio::time::Instant)>>);
+
+impl ballast_store::store::Observer for PolicySeen {
+    fn changed(&self, index: &Index, _: &ballast_store::index::Changes) {
+        use ballast_store::resource::Kind;
+        self.0.lock().unwrap().push((
+            index.len(Kind::Server),
+            index.len(Kind::AuthorizationPolicy),
+            tokio::time::Instant::now(),
+        ));
+    }
+}
+
+fn server_and_its_authorization() -> (Value, Value) {
+    (
+        json!({"apiVersion": "policy.linkerd.io/v1beta3", "kind": "Server",
+               "metadata": {"name": "web-http", "namespace": "ns"},
+               "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                        "port": 8080, "proxyProtocol": "HTTP/1"}}),
+        json!({"apiVersion": "policy.linkerd.io/v1alpha1", "kind": "AuthorizationPolicy",
+               "metadata": {"name": "web-from-all", "namespace": "ns"},
+               "spec": {"targetRef": {"group": "policy.linkerd.io", "kind": "Server",
+                                      "name": "web-http"},
+                        "requiredAuthenticationRefs": [{
+                            "group": "policy.linkerd.io", "kind": "NetworkAuthentication",
+                            "name": "all"}]}}),
+    )
+}
+
+/// An authorization read after its Server (here: created after it, as on a
+/// watch that lags) is still applied first: the Server waits the settle.
+#[tokio::test]
+async fn a_server_waits_for_authorizations_read_just_after_it() {
+    let api = cluster().await;
+    let settle = Duration::from_millis(1500);
+    let run = start(
+        &api,
+        KubeConfig {
+            server_settle: settle,
+            ..config()
+        },
+    )
+    .await;
+    ready(&api, &run).await;
+    let seen = Arc::new(PolicySeen::default());
+    run.store.observe(seen.clone());
+    let (server, authz) = server_and_its_authorization();
+    let created = tokio::time::Instant::now();
+    api.apply(server);
+    // Held: the Server is counted as settling, not in the store.
+    let label = KindLabel {
+        kind: "servers".into(),
+    };
+    let until = tokio::time::Instant::now() + WAIT;
+    while run
+        .metrics
+        .kube_settling_objects
+        .get_or_create(&label)
+        .get()
+        != 1
+    {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the Server is not held"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    api.apply(authz);
+    let until = tokio::time::Instant::now() + WAIT;
+    while run
+        .store
+        .with_index(|i| i.len(ballast_store::resource::Kind::Server))
+        != 1
+    {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the Server never applied"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let seen = seen.0.lock().unwrap().clone();
+    let first = seen
+        .iter()
+        .find(|(servers, _, _)| *servers == 1)
+        .expect("a change with the Server");
+    assert_eq!(
+        first.1, 1,
+        "the Server came before its authorization: {seen:?}"
+    );
+    assert!(
+        first.2 >= created + settle,
+        "the Server applied before its settle ({:?})",
+        first.2 - created
+    );
+    assert_eq!(
+        run.metrics
+            .kube_settling_objects
+            .get_or_create(&label)
+            .get(),
+        0
+    );
+    run.stop().await;
+}
+
+/// With no settle, a Server is applied as it is read.
+#[tokio::test]
+async fn no_settle_applies_a_server_as_it_arrives() {
+    let api = cluster().await;
+    let run = start(
+        &api,
+        KubeConfig {
+            server_settle: Duration::ZERO,
+            ..config()
+        },
+    )
+    .await;
+    ready(&api, &run).await;
+    let (server, _) = server_and_its_authorization();
+    api.apply(server);
+    let until = tokio::time::Instant::now() + WAIT;
+    while run
+        .store
+        .with_index(|i| i.len(ballast_store::resource::Kind::Server))
+        != 1
+    {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the Server never applied"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        run.store
+            .with_index(|i| i.len(ballast_store::resource::Kind::AuthorizationPolicy)),
+        0
+    );
+    run.stop().await;
+}
