@@ -325,6 +325,21 @@ fn server_and_its_authorization() -> (Value, Value) {
     )
 }
 
+async fn wait_for_a_server(run: &Running) {
+    let until = tokio::time::Instant::now() + WAIT;
+    while run
+        .store
+        .with_index(|i| i.len(ballast_store::resource::Kind::Server))
+        != 1
+    {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the Server never applied"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// An authorization read after its Server (here: created after it, as on a
 /// watch that lags) is still applied first: the Server waits the settle.
 #[tokio::test]
@@ -364,18 +379,7 @@ async fn a_server_waits_for_authorizations_read_just_after_it() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     api.apply(authz);
-    let until = tokio::time::Instant::now() + WAIT;
-    while run
-        .store
-        .with_index(|i| i.len(ballast_store::resource::Kind::Server))
-        != 1
-    {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "the Server never applied"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_for_a_server(&run).await;
     let seen = seen.0.lock().unwrap().clone();
     let first = seen
         .iter()
@@ -415,18 +419,7 @@ async fn no_settle_applies_a_server_as_it_arrives() {
     ready(&api, &run).await;
     let (server, _) = server_and_its_authorization();
     api.apply(server);
-    let until = tokio::time::Instant::now() + WAIT;
-    while run
-        .store
-        .with_index(|i| i.len(ballast_store::resource::Kind::Server))
-        != 1
-    {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "the Server never applied"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_for_a_server(&run).await;
     assert_eq!(
         run.store
             .with_index(|i| i.len(ballast_store::resource::Kind::AuthorizationPolicy)),
