@@ -12,12 +12,18 @@ use super::{PolicyMetrics, PolicyStore, PolicyWatch};
 use crate::{authority, index::Target, resource::ObjectKey};
 use ballast_admin::MemoryBudget;
 use bytes::Bytes;
-use futures_util::{Stream, StreamExt};
+use futures_util::Stream;
 use linkerd2_proxy_api::{
     inbound::PortSpec,
     outbound::{traffic_spec, TrafficSpec},
 };
-use std::{net::SocketAddr, pin::Pin, sync::Arc};
+use std::{
+    future::Future,
+    net::SocketAddr,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 
@@ -164,7 +170,7 @@ impl PolicyService {
             _subscription: _guard,
         };
         let mut shutdown = self.shutdown.clone();
-        let (mut shed_wait, shed_end) = (shed.clone(), shed);
+        let mut shed_wait = shed.clone();
         let stopped = async move {
             // The guards `wait_for` returns must not outlive this future's poll.
             tokio::select! {
@@ -172,36 +178,66 @@ impl PolicyService {
                 _ = async { shed_wait.wait_for(|s| *s).await.map(|_| ()) } => {}
             }
         };
-        // A stream shed for memory ends with RESOURCE_EXHAUSTED and a retry
-        // hint; one stopped by shutdown ends cleanly.
-        let shed_status =
-            futures_util::stream::once(async move { *shed_end.borrow() }).filter_map(|shed| {
-                futures_util::future::ready(shed.then(crate::server::memory_closed).map(Err))
-            });
         // No task and no queue per stream: the response body polls the
         // subscription's latest answer when the client has room for it.
-        let changes =
-            tokio_stream::wrappers::WatchStream::from_changes(rx).scan(false, |gone, answer| {
-                let item = match (*gone, answer) {
-                    (true, _) => None,
-                    (false, Some(frame)) => Some(Ok(frame)),
-                    (false, None) => {
-                        *gone = true;
-                        Some(Err(Status::not_found("target no longer exists")))
-                    }
-                };
-                futures_util::future::ready(item)
-            });
-        let s = futures_util::stream::once(futures_util::future::ready(Ok(first)))
-            .chain(changes)
-            .take_until(stopped)
-            .chain(shed_status)
-            .map(move |item| {
-                // The stream owns its count, permit and subscription.
-                let _ = &open;
-                item
-            });
-        Ok(Box::pin(s))
+        Ok(Box::pin(Answers {
+            first: Some(first),
+            changes: tokio_stream::wrappers::WatchStream::from_changes(rx),
+            stopped: Box::pin(stopped),
+            shed,
+            done: false,
+            _open: open,
+        }))
+    }
+}
+
+/// A Watch stream's answers: the current one, then each new one, until the
+/// target goes (`NOT_FOUND`), the controller stops (a clean end) or sheds
+/// the stream for memory (`RESOURCE_EXHAUSTED` with a retry hint). One
+/// state machine rather than a stack of stream combinators: it is polled
+/// once per stream per change.
+struct Answers {
+    first: Option<Bytes>,
+    changes: tokio_stream::wrappers::WatchStream<Option<Bytes>>,
+    /// Shutdown or shedding.
+    stopped: Pin<Box<dyn Future<Output = ()> + Send>>,
+    shed: watch::Receiver<bool>,
+    done: bool,
+    /// The stream's count, permit and subscription.
+    _open: OpenStream,
+}
+
+impl Answers {
+    /// The end of a stream whose answers stopped: shed, or a clean end.
+    fn end(&mut self) -> Option<Result<Bytes, Status>> {
+        self.done = true;
+        (*self.shed.borrow()).then(|| Err(crate::server::memory_closed()))
+    }
+}
+
+impl Stream for Answers {
+    type Item = Result<Bytes, Status>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        if this.stopped.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(this.end());
+        }
+        if let Some(first) = this.first.take() {
+            return Poll::Ready(Some(Ok(first)));
+        }
+        match Pin::new(&mut this.changes).poll_next(cx) {
+            Poll::Ready(Some(Some(frame))) => Poll::Ready(Some(Ok(frame))),
+            Poll::Ready(Some(None)) => {
+                this.done = true;
+                Poll::Ready(Some(Err(Status::not_found("target no longer exists"))))
+            }
+            Poll::Ready(None) => Poll::Ready(this.end()),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 
@@ -275,5 +311,141 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod answers_tests {
+    use super::*;
+    use crate::{
+        index::{Index, IndexConfig},
+        metrics::Metrics,
+        policy::{Key, PolicyConfig},
+        resource::Resource,
+        store::{Op, Store},
+    };
+    use futures_util::{FutureExt, StreamExt};
+    use serde_json::json;
+    use tonic::Code;
+
+    fn web() -> Op {
+        Op::Apply(
+            Resource::from_value(json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"namespace": "a", "name": "web"},
+                "spec": {"clusterIP": "10.96.0.1", "selector": {"app": "web"},
+                         "ports": [{"port": 80, "targetPort": 8080}]},
+            }))
+            .unwrap()
+            .unwrap(),
+        )
+    }
+
+    struct World {
+        store: Arc<Store>,
+        policy: Arc<PolicyStore>,
+        service: PolicyService,
+        stop: watch::Sender<bool>,
+    }
+
+    fn world() -> World {
+        let store = Store::new(Index::new(IndexConfig::default()), Metrics::default());
+        store.update(vec![web()]);
+        let policy = PolicyStore::new(
+            store.clone(),
+            PolicyConfig::default(),
+            PolicyMetrics::default(),
+        );
+        let (stop, shutdown) = watch::channel(false);
+        let service = PolicyService::new(
+            policy.clone(),
+            10,
+            16 << 10,
+            MemoryBudget::unstarted(None),
+            shutdown,
+        );
+        World {
+            store,
+            policy,
+            service,
+            stop,
+        }
+    }
+
+    fn to_web() -> TrafficSpec {
+        TrafficSpec {
+            source_workload: "test".into(),
+            target: Some(traffic_spec::Target::Authority(
+                "web.a.svc.cluster.local:80".into(),
+            )),
+        }
+    }
+
+    fn open_streams(w: &World) -> i64 {
+        w.policy
+            .metrics()
+            .streams
+            .get_or_create(&PolicyMetrics::api("outbound"))
+            .get()
+    }
+
+    /// The next item, which must be there already.
+    fn ready(s: &mut FrameStream) -> Option<Result<Bytes, Status>> {
+        s.next().now_or_never().expect("an item is ready")
+    }
+
+    #[tokio::test]
+    async fn the_first_answer_then_each_change_then_not_found_when_the_target_goes() {
+        let w = world();
+        let mut s = w.service.watch(to_web()).unwrap();
+        assert_eq!(open_streams(&w), 1);
+        let first = ready(&mut s).unwrap().unwrap();
+        assert!(s.next().now_or_never().is_none(), "nothing new yet");
+        w.store.update(vec![Op::Apply(
+            Resource::from_value(json!({
+                "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                "metadata": {"name": "r", "namespace": "a"},
+                "spec": {"parentRefs": [{"group": "core", "kind": "Service", "name": "web", "port": 80}],
+                         "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]},
+            }))
+            .unwrap()
+            .unwrap(),
+        )]);
+        let changed = ready(&mut s).unwrap().unwrap();
+        assert_ne!(changed, first);
+        w.store.update(vec![Op::Delete(
+            crate::resource::Kind::Service,
+            ObjectKey::new("a", "web"),
+        )]);
+        let gone = ready(&mut s).unwrap().unwrap_err();
+        assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
+        assert!(ready(&mut s).is_none(), "nothing after the status");
+        drop(s);
+        assert_eq!(open_streams(&w), 0, "the stream's count is released");
+    }
+
+    #[tokio::test]
+    async fn shutdown_ends_a_stream_cleanly() {
+        let w = world();
+        let mut s = w.service.watch(to_web()).unwrap();
+        ready(&mut s).unwrap().unwrap();
+        assert!(s.next().now_or_never().is_none());
+        w.stop.send_replace(true);
+        assert!(ready(&mut s).is_none(), "a clean end, no status");
+    }
+
+    #[tokio::test]
+    async fn a_shed_stream_ends_with_resource_exhausted() {
+        let w = world();
+        let mut s = w.service.watch(to_web()).unwrap();
+        ready(&mut s).unwrap().unwrap();
+        let target = Target::Service {
+            service: ObjectKey::new("a", "web"),
+            port: 80,
+        };
+        assert_eq!(w.policy.shed(&Key::Outbound(target)), 1);
+        let shed = ready(&mut s).unwrap().unwrap_err();
+        assert_eq!(shed.code(), Code::ResourceExhausted, "{shed:?}");
+        assert!(ready(&mut s).is_none());
     }
 }
