@@ -20,7 +20,8 @@
 # given (SKIP_BUILD=1: nothing).
 # Usage (from anywhere): [BALLAST=PATH] [PROXY=PATH] [SKIP_BUILD=1] bench/smoke.sh [NAME...]
 #   NAME: run only these (index-memory tls-floor destination-bench kube-bench
-#   policy-bench scale-bench fanout-floor proxy-bench mtls-bench tap-bench viz-bench).
+#   policy-bench scale-bench fanout-floor idle-floor proxy-bench mtls-bench tap-bench
+#   viz-bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,7 +31,7 @@ export RUST_BACKTRACE=0
 BIN=target/debug
 SMOKE_TIMEOUT=${SMOKE_TIMEOUT:-600}
 
-known=" index-memory tls-floor destination-bench kube-bench policy-bench scale-bench fanout-floor proxy-bench mtls-bench tap-bench viz-bench "
+known=" index-memory tls-floor destination-bench kube-bench policy-bench scale-bench fanout-floor idle-floor proxy-bench mtls-bench tap-bench viz-bench "
 for name in "$@"; do
   if [[ "$known" != *" $name "* ]]; then
     echo "bench/smoke.sh: unknown bench binary $name (known:$known)" >&2
@@ -126,10 +127,16 @@ run policy-bench --ballast "$BALLAST" --services 3 --routes-per-service 2 --watc
 # CPU hogs.
 run scale-bench --ballast "$BALLAST" --pods 200 --services 40 --routes 10 --proxies 500 \
   --rounds 3 --busy 2
+# The same with the bench's hand-framed HTTP/2 client (`--client raw`).
+run scale-bench --ballast "$BALLAST" --pods 200 --services 40 --routes 10 --proxies 500 \
+  --rounds 3 --busy 0 --client raw
 
 # The same fan-out's floor: 500 proxies' connections written as plain
 # bytes, 3 rounds per writer, then with 2 CPU hogs.
 run fanout-floor --proxies 500 --rounds 3 --busy 2
+
+# What a pause costs memory-bound work: a 4 MiB walk after 0 and 20 ms.
+run idle-floor --mib 4 --hops 20000 --gaps 0,20 --repeats 1
 
 # Every target (direct, ballast, ballast-2hop, haproxy, haproxy-2hop), one
 # round: 1 s of oha at 50/s, 1 s of wrk on 2 connections, 10 idle

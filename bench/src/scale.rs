@@ -38,6 +38,7 @@ use ballast_bench::{
     system::{clock_ticks, cpu_ticks, hogs, raise_nofile, wait_for_quiet, ForeignMonitor},
     write_atomic, Controller,
 };
+use ballast_testkit::ApiServer;
 use linkerd2_proxy_api::{
     destination::{destination_client::DestinationClient, update, GetDestination},
     inbound::{inbound_server_policies_client::InboundServerPoliciesClient, PortSpec},
@@ -54,6 +55,9 @@ use std::{
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tonic::transport::Channel;
 
+#[path = "scale/raw.rs"]
+mod raw;
+
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
@@ -61,7 +65,8 @@ const USAGE: &str = "Usage: scale-bench [--ballast PATH] [--pods N] [--services 
 [--routes N] [--proxies N] [--hot-share F] [--rounds N (0: memory only)] [--busy N] \
 [--mix get,profile,outbound,inbound] [--change both|endpoints|route] \
 [--proxies-per-connection N] [--servers N] [--memory-limit SIZE|0] \
-[--open-concurrency N] [--client-tasks per-connection|per-stream] [--quiet-wait SECS] \
+[--open-concurrency N] [--source manifests|kube] [--round-gap MS] [--client tonic|raw] [--client-tasks per-connection|per-stream] \
+[--quiet-wait SECS] \
 [--keep DIR]";
 
 /// How long a change round waits for the next stream's update, and a
@@ -113,6 +118,29 @@ enum Change {
     Both,
 }
 
+/// Where the controller reads the cluster, and where a change is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    /// A manifests directory; a change rewrites the hot Service's file
+    /// (default). The source waits 10 ms (its debounce) for the directory
+    /// to be quiet before it reads: part of every figure.
+    Manifests,
+    /// testkit's API server emulation, in this process; a change applies
+    /// the hot Service's changed objects, as a controller in a cluster is
+    /// told of them on its watches.
+    Kube,
+}
+
+/// Which client the bench's streams use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Client {
+    /// tonic's generated clients, decoding every message (default).
+    Tonic,
+    /// HTTP/2 framed by hand, messages split but not decoded (`raw.rs`):
+    /// about the least CPU a client can spend per update.
+    Raw,
+}
+
 /// How the bench's streams run. The bench shares the machine with the
 /// controller, so what it spends reading 5,000 updates delays the updates
 /// it measures; a proxy reads its few on its own CPU.
@@ -141,6 +169,12 @@ struct Opts {
     servers: usize,
     memory_limit: String,
     open_concurrency: usize,
+    source: Source,
+    /// Pause after a round's last update, before the next write (default
+    /// 50 ms: what else the write sent arrives, and the manifests source's
+    /// rescan is over).
+    round_gap: Duration,
+    client: Client,
     client_tasks: ClientTasks,
     /// Before each set of rounds, wait up to this long for other processes
     /// to use under 0.3 cores with no compiler running.
@@ -164,6 +198,9 @@ fn opts() -> anyhow::Result<Opts> {
         servers: 0,
         memory_limit: "1GiB".into(),
         open_concurrency: 2_000,
+        source: Source::Manifests,
+        round_gap: Duration::from_millis(50),
+        client: Client::Tonic,
         client_tasks: ClientTasks::PerConnection,
         quiet_wait: Duration::ZERO,
         keep: None,
@@ -200,6 +237,21 @@ fn opts() -> anyhow::Result<Opts> {
             "--servers" => o.servers = args.parse()?,
             "--memory-limit" => o.memory_limit = args.value()?,
             "--open-concurrency" => o.open_concurrency = args.parse()?,
+            "--round-gap" => o.round_gap = Duration::from_millis(args.parse()?),
+            "--source" => {
+                o.source = match args.value()?.as_str() {
+                    "manifests" => Source::Manifests,
+                    "kube" => Source::Kube,
+                    other => anyhow::bail!("--source {other}: manifests or kube\n{USAGE}"),
+                }
+            }
+            "--client" => {
+                o.client = match args.value()?.as_str() {
+                    "tonic" => Client::Tonic,
+                    "raw" => Client::Raw,
+                    other => anyhow::bail!("--client {other}: tonic or raw\n{USAGE}"),
+                }
+            }
             "--client-tasks" => {
                 o.client_tasks = match args.value()?.as_str() {
                     "per-connection" => ClientTasks::PerConnection,
@@ -386,6 +438,11 @@ impl Cluster {
     }
 }
 
+/// A generated file's objects, as the API server takes them.
+fn documents(yaml: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+    serde_saphyr::from_multiple(yaml).map_err(|e| anyhow::anyhow!("a generated file: {e}"))
+}
+
 /// Proxy `k`: the Service it targets and its own pod.
 #[derive(Clone, Copy)]
 struct Proxy {
@@ -474,6 +531,81 @@ fn status_text(s: &tonic::Status) -> String {
     format!("{:?}: {}", s.code(), s.message())
 }
 
+/// The workload a proxy says it is (policy APIs).
+fn workload(p: Proxy, cluster: &Cluster) -> String {
+    let (pod, ns) = cluster.pod(p.pod);
+    format!(r#"{{"ns":"{ns}","pod":"{pod}"}}"#)
+}
+
+/// The address a proxy's target Service is dialled at.
+fn target_addr(p: Proxy) -> SocketAddr {
+    SocketAddr::new(Cluster::cluster_ip(p.target).parse().expect("an IP"), 80)
+}
+
+/// A `Get` (by authority) or `GetProfile` (by address) request.
+fn destination_request(api: Api, p: Proxy, cluster: &Cluster) -> GetDestination {
+    let (_, ns) = cluster.pod(p.pod);
+    GetDestination {
+        scheme: "k8s".into(),
+        path: if api == Api::Get {
+            Cluster::authority(p.target)
+        } else {
+            target_addr(p).to_string()
+        },
+        context_token: format!(r#"{{"ns":"{ns}","nodeName":"node-{}"}}"#, p.pod % 50),
+    }
+}
+
+fn outbound_spec(p: Proxy, cluster: &Cluster) -> TrafficSpec {
+    TrafficSpec {
+        source_workload: workload(p, cluster),
+        target: Some(traffic_spec::Target::Addr(TcpAddress::from(target_addr(p)))),
+    }
+}
+
+fn inbound_spec(p: Proxy, cluster: &Cluster) -> PortSpec {
+    PortSpec {
+        workload: workload(p, cluster),
+        port: 8080,
+    }
+}
+
+/// Stream `id` of `api` for proxy `p`, as the raw client opens it.
+fn raw_open(
+    api: Api,
+    id: u32,
+    p: Proxy,
+    cluster: &Cluster,
+    permit: OwnedSemaphorePermit,
+) -> raw::Open {
+    use prost::Message as _;
+    let (path, message) = match api {
+        Api::Get => (
+            "/io.linkerd.proxy.destination.Destination/Get",
+            destination_request(api, p, cluster).encode_to_vec(),
+        ),
+        Api::Profile => (
+            "/io.linkerd.proxy.destination.Destination/GetProfile",
+            destination_request(api, p, cluster).encode_to_vec(),
+        ),
+        Api::Outbound => (
+            "/io.linkerd.proxy.outbound.OutboundPolicies/Watch",
+            outbound_spec(p, cluster).encode_to_vec(),
+        ),
+        Api::Inbound => (
+            "/io.linkerd.proxy.inbound.InboundServerPolicies/WatchPort",
+            inbound_spec(p, cluster).encode_to_vec(),
+        ),
+    };
+    raw::Open {
+        id,
+        path,
+        message,
+        adds_only: api == Api::Get,
+        permit,
+    }
+}
+
 /// Opens stream `id` of `api` for proxy `p` on `ch` and follows it.
 async fn stream_task(
     api: Api,
@@ -484,26 +616,13 @@ async fn stream_task(
     permit: OwnedSemaphorePermit,
     tx: mpsc::UnboundedSender<Event>,
 ) {
-    let (pod, ns) = cluster.pod(p.pod);
-    let workload = format!(r#"{{"ns":"{ns}","pod":"{pod}"}}"#);
-    let addr: SocketAddr = format!("{}:80", Cluster::cluster_ip(p.target))
-        .parse()
-        .expect("an address");
     let refused = |s: tonic::Status| {
         let _ = tx.send(Event::First(id, Err(status_text(&s))));
     };
     match api {
         Api::Get | Api::Profile => {
             let mut client = DestinationClient::new(ch);
-            let req = GetDestination {
-                scheme: "k8s".into(),
-                path: if api == Api::Get {
-                    Cluster::authority(p.target)
-                } else {
-                    addr.to_string()
-                },
-                context_token: format!(r#"{{"ns":"{ns}","nodeName":"node-{}"}}"#, p.pod % 50),
-            };
+            let req = destination_request(api, p, &cluster);
             if api == Api::Get {
                 match client.get(req).await {
                     Ok(r) => {
@@ -522,21 +641,19 @@ async fn stream_task(
             }
         }
         Api::Outbound => {
-            let spec = TrafficSpec {
-                source_workload: workload,
-                target: Some(traffic_spec::Target::Addr(TcpAddress::from(addr))),
-            };
-            match OutboundPoliciesClient::new(ch).watch(spec).await {
+            match OutboundPoliciesClient::new(ch)
+                .watch(outbound_spec(p, &cluster))
+                .await
+            {
                 Ok(r) => follow(id, r.into_inner(), |_| true, permit, tx).await,
                 Err(s) => refused(s),
             }
         }
         Api::Inbound => {
-            let spec = PortSpec {
-                workload,
-                port: 8080,
-            };
-            match InboundServerPoliciesClient::new(ch).watch_port(spec).await {
+            match InboundServerPoliciesClient::new(ch)
+                .watch_port(inbound_spec(p, &cluster))
+                .await
+            {
                 Ok(r) => follow(id, r.into_inner(), |_| true, permit, tx).await,
                 Err(s) => refused(s),
             }
@@ -628,7 +745,12 @@ struct Bench {
     /// Per connection (with `--client-tasks per-connection`): where its
     /// streams' futures go to be polled in its one task.
     drivers: Vec<mpsc::UnboundedSender<StreamFuture>>,
+    client: Client,
     client_tasks: ClientTasks,
+    /// With `--source kube`: the API server the controller watches.
+    api: Option<ApiServer>,
+    /// With `--client raw`: each connection's stream opener.
+    raw: Vec<mpsc::UnboundedSender<raw::Open>>,
     streams: Vec<Opened>,
     tx: mpsc::UnboundedSender<Event>,
     rx: mpsc::UnboundedReceiver<Event>,
@@ -675,6 +797,28 @@ impl Bench {
         Ok(self.channels[i].clone())
     }
 
+    async fn raw_connection(
+        &mut self,
+        i: usize,
+    ) -> anyhow::Result<mpsc::UnboundedSender<raw::Open>> {
+        while self.raw.len() <= i {
+            let addr: SocketAddr = self.controller.grpc.parse()?;
+            let connect = raw::connect(addr, self.tx.clone());
+            let conn = tokio::time::timeout(WAIT, connect)
+                .await
+                .map_err(|_| anyhow::anyhow!("timed out"))
+                .and_then(|r| r.map_err(anyhow::Error::from))
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "connection {} to the controller: {e} (see --client tonic's hints)",
+                        self.raw.len() + 1
+                    )
+                })?;
+            self.raw.push(conn);
+        }
+        Ok(self.raw[i].clone())
+    }
+
     /// Opens `api`'s stream for every proxy and waits for every first
     /// message (or refusal); the time that took.
     async fn open(
@@ -687,7 +831,7 @@ impl Bench {
         let target = self.streams.len() + proxies.len();
         for (k, p) in proxies.iter().enumerate() {
             let permit = self.opening.clone().acquire_owned().await?;
-            let ch = self.channel(k / per_connection).await?;
+            let c = k / per_connection;
             let id = self.streams.len() as u32;
             self.streams.push(Opened {
                 api,
@@ -697,6 +841,13 @@ impl Bench {
                     p.target
                 },
             });
+            if self.client == Client::Raw {
+                let conn = self.raw_connection(c).await?;
+                let open = raw_open(api, id, *p, &self.cluster, permit);
+                anyhow::ensure!(conn.send(open).is_ok(), "connection {c} is gone");
+                continue;
+            }
+            let ch = self.channel(c).await?;
             let task = stream_task(
                 api,
                 id,
@@ -709,7 +860,6 @@ impl Bench {
             match self.client_tasks {
                 ClientTasks::PerStream => drop(tokio::spawn(task)),
                 ClientTasks::PerConnection => {
-                    let c = k / per_connection;
                     while self.drivers.len() <= c {
                         self.drivers.push(driver());
                     }
@@ -769,6 +919,8 @@ struct Rounds {
     until_last: Vec<Duration>,
     /// `until_last` in round order (ms), for the report's last lines.
     in_order: Vec<u64>,
+    /// `first` in round order (ms, one decimal).
+    first_in_order: Vec<f64>,
     /// When each round's write happened (UTC, seconds since the epoch), to
     /// lay slow rounds beside the controller's own clock (a trace).
     written_at: Vec<f64>,
@@ -842,12 +994,28 @@ async fn rounds(
         o.change
     );
     let path = dir.join(format!("{}.yaml", Cluster::name(0)));
+    // With the API server: the objects of the Service's file as applied
+    // last, to apply only what a change changed.
+    let mut applied = documents(&b.cluster.file(0, 0, 0))?;
     for r in 0..o.rounds {
         *generation += 1;
         let g = *generation;
         let text = b
             .cluster
             .file(0, if endpoints { g } else { 0 }, if route { g } else { 0 });
+        let changed: Vec<serde_json::Value> = match b.api {
+            None => Vec::new(),
+            Some(_) => {
+                let docs = documents(&text)?;
+                let changed = docs
+                    .iter()
+                    .filter(|d| !applied.contains(d))
+                    .cloned()
+                    .collect();
+                applied = docs;
+                changed
+            }
+        };
         b.drain();
         let mut seen = vec![false; b.streams.len()];
         let t0 = Instant::now();
@@ -857,7 +1025,14 @@ async fn rounds(
                 .map(|d| d.as_secs_f64())
                 .unwrap_or(0.0),
         );
-        write_atomic(&path, &text)?;
+        match &b.api {
+            None => write_atomic(&path, &text)?,
+            Some(api) => {
+                for doc in changed {
+                    api.try_apply(doc).map_err(anyhow::Error::msg)?;
+                }
+            }
+        }
         let mut got = 0;
         let mut last = t0;
         let mut first = None;
@@ -904,9 +1079,11 @@ async fn rounds(
         out.until_last.push(last - t0);
         out.in_order.push((last - t0).as_millis() as u64);
         out.first.push(first.unwrap_or(t0) - t0);
+        out.first_in_order
+            .push(((first.unwrap_or(t0) - t0).as_secs_f64() * 1e4).round() / 10.0);
         // What else this write sent arrives now; then the source's rescan
         // is over before the next write.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(o.round_gap).await;
         while let Ok(ev) = b.rx.try_recv() {
             if let Some((id, _)) = b.handle(ev) {
                 let id = id as usize;
@@ -1107,6 +1284,10 @@ impl Report {
                     "  until the last stream, round by round (ms): {:?}",
                     r.in_order
                 );
+                println!(
+                    "  until the first stream, round by round (ms): {:?}",
+                    r.first_in_order
+                );
                 let mut slow: Vec<usize> = (0..r.in_order.len()).collect();
                 slow.sort_by_key(|i| std::cmp::Reverse(r.in_order[*i]));
                 let slow: Vec<String> = slow
@@ -1217,12 +1398,26 @@ async fn run(o: &Opts, report: &mut Report) -> anyhow::Result<()> {
     };
     let destination_streams = count(Api::Get) + count(Api::Profile);
     let policy_streams = count(Api::Outbound) + count(Api::Inbound);
-    let mut args = vec![
-        "--manifests".to_string(),
-        dir.path().display().to_string(),
-        "--memory-limit".to_string(),
-        o.memory_limit.clone(),
-    ];
+    let api = match o.source {
+        Source::Manifests => None,
+        Source::Kube => {
+            let api = ApiServer::start().await;
+            for i in 0..o.services {
+                for doc in documents(&cluster.file(i, 0, 0))? {
+                    api.try_apply(doc).map_err(anyhow::Error::msg)?;
+                }
+            }
+            Some(api)
+        }
+    };
+    let mut args = match &api {
+        None => vec!["--manifests".to_string(), dir.path().display().to_string()],
+        Some(api) => vec![
+            "--kubeconfig".to_string(),
+            api.write_kubeconfig(dir.path()).display().to_string(),
+        ],
+    };
+    args.extend(["--memory-limit".to_string(), o.memory_limit.clone()]);
     // The defaults (20,000 each, 1,000 per connection) raised only where
     // the bench needs more.
     if destination_streams > 20_000 {
@@ -1258,15 +1453,20 @@ async fn run(o: &Opts, report: &mut Report) -> anyhow::Result<()> {
             .join(", "),
         o.proxies * o.mix.len(),
         o.proxies_per_connection,
-        match o.client_tasks {
-            ClientTasks::PerConnection => "in one task per connection",
-            ClientTasks::PerStream => "each in a task of its own",
+        match (o.client, o.client_tasks) {
+            (Client::Raw, _) => "by the raw HTTP/2 client, one task per connection",
+            (Client::Tonic, ClientTasks::PerConnection) => "by tonic, in one task per connection",
+            (Client::Tonic, ClientTasks::PerStream) => "by tonic, each in a task of its own",
         },
     ));
     report.header.push(format!(
-        "controller: {} destination {}",
+        "controller: {} destination {} (cluster read from {})",
         o.ballast.display(),
-        args[2..].join(" ")
+        args[2..].join(" "),
+        match o.source {
+            Source::Manifests => "a manifests directory; a change is a file rewritten",
+            Source::Kube => "testkit's API server; a change is the changed objects applied",
+        }
     ));
     let (controller, ready) = start(&o.ballast, &args).await?;
     report.ready = Some(ready);
@@ -1279,7 +1479,10 @@ async fn run(o: &Opts, report: &mut Report) -> anyhow::Result<()> {
         cluster: cluster.clone(),
         channels: Vec::new(),
         drivers: Vec::new(),
+        client: o.client,
         client_tasks: o.client_tasks,
+        raw: Vec::new(),
+        api,
         streams: Vec::with_capacity(o.proxies * o.mix.len()),
         tx,
         rx,
@@ -1291,7 +1494,7 @@ async fn run(o: &Opts, report: &mut Report) -> anyhow::Result<()> {
     };
     let result = measure(o, &mut b, &proxies, dir.path(), report).await;
     b.drain();
-    report.connections = b.channels.len();
+    report.connections = b.channels.len().max(b.raw.len());
     report.refused = std::mem::take(&mut b.refused);
     report.ended = std::mem::take(&mut b.ended);
     report.stray_updates = b.stray_updates;
