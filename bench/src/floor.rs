@@ -43,6 +43,7 @@ use tokio::{
 const USAGE: &str = "\
 usage: fanout-floor [--proxies N] [--proxies-per-connection N] [--hot-share F]
                     [--get-bytes N] [--outbound-bytes N] [--rounds N] [--busy N]
+                    [--round-gap MS]
                     [--quiet-wait SECS]
 
   --proxies N                 proxies played (default 25000, as scale-bench)
@@ -54,6 +55,8 @@ usage: fanout-floor [--proxies N] [--proxies-per-connection N] [--hot-share F]
   --outbound-bytes N          bytes of an OutboundPolicies.Watch update
                               (default 1200)
   --rounds N                  fan-outs per set (default 50)
+  --round-gap MS              pause before each fan-out, after the last one's
+                              updates arrived (default 0: back to back)
   --busy N                    CPU hogs of the busy sets (default 2; 0: none)
   --quiet-wait SECS           wait up to SECS for the machine to be quiet
                               before each set (default 0)";
@@ -66,6 +69,7 @@ struct Opts {
     get_bytes: usize,
     outbound_bytes: usize,
     rounds: usize,
+    round_gap: Duration,
     busy: usize,
     quiet_wait: Duration,
 }
@@ -78,6 +82,7 @@ fn opts(args: &mut ballast_bench::Flags) -> anyhow::Result<Opts> {
         get_bytes: 180,
         outbound_bytes: 1200,
         rounds: 50,
+        round_gap: Duration::ZERO,
         busy: 2,
         quiet_wait: Duration::ZERO,
     };
@@ -89,6 +94,7 @@ fn opts(args: &mut ballast_bench::Flags) -> anyhow::Result<Opts> {
             "--get-bytes" => o.get_bytes = args.parse()?,
             "--outbound-bytes" => o.outbound_bytes = args.parse()?,
             "--rounds" => o.rounds = args.parse()?,
+            "--round-gap" => o.round_gap = Duration::from_millis(args.parse()?),
             "--busy" => o.busy = args.parse()?,
             "--quiet-wait" => o.quiet_wait = Duration::from_secs(args.parse()?),
             other => return Err(args.unknown(other)),
@@ -333,6 +339,9 @@ async fn bench(o: Opts) -> anyhow::Result<()> {
             let cpu_before = (cpu_ticks(writer_pid), cpu_ticks(std::process::id()));
             let mut latencies = Vec::with_capacity(want * o.rounds);
             for r in 0..o.rounds {
+                if !o.round_gap.is_zero() {
+                    tokio::time::sleep(o.round_gap).await;
+                }
                 let t0 = Instant::now();
                 control.write_all(&[writes.byte()]).await?;
                 for got in 0..want {
@@ -374,7 +383,7 @@ async fn bench(o: Opts) -> anyhow::Result<()> {
     println!(
         "fanout-floor: {} connections ({} proxies, {} per connection), {} hot ({} updates \
          per fan-out: {} B per Get update, {} B per OutboundPolicies.Watch update), {} rounds \
-         per set",
+         per set, {} ms apart",
         plan.len(),
         o.proxies,
         o.per_connection,
@@ -382,7 +391,8 @@ async fn bench(o: Opts) -> anyhow::Result<()> {
         want,
         o.get_bytes,
         o.outbound_bytes,
-        o.rounds
+        o.rounds,
+        o.round_gap.as_millis()
     );
     println!("| writes, set | p50 | p99 | max | writer CPU per fan-out | bench CPU per fan-out |");
     println!("|---|---|---|---|---|---|");
