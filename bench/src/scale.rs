@@ -803,18 +803,15 @@ impl Bench {
     ) -> anyhow::Result<mpsc::UnboundedSender<raw::Open>> {
         while self.raw.len() <= i {
             let addr: SocketAddr = self.controller.grpc.parse()?;
-            let connect = raw::connect(addr, self.tx.clone());
-            let conn = tokio::time::timeout(WAIT, connect)
-                .await
-                .map_err(|_| anyhow::anyhow!("timed out"))
-                .and_then(|r| r.map_err(anyhow::Error::from))
-                .map_err(|e| {
-                    anyhow::anyhow!(
-                        "connection {} to the controller: {e} (see --client tonic's hints)",
-                        self.raw.len() + 1
-                    )
-                })?;
-            self.raw.push(conn);
+            let n = self.raw.len() + 1;
+            match tokio::time::timeout(WAIT, raw::connect(addr, self.tx.clone())).await {
+                Ok(Ok(conn)) => self.raw.push(conn),
+                Ok(Err(e)) => anyhow::bail!("connection {n} to the controller: {e}"),
+                Err(_) => anyhow::bail!(
+                    "connection {n} to the controller: no answer in {} s",
+                    WAIT.as_secs()
+                ),
+            }
         }
         Ok(self.raw[i].clone())
     }
@@ -996,7 +993,10 @@ async fn rounds(
     let path = dir.join(format!("{}.yaml", Cluster::name(0)));
     // With the API server: the objects of the Service's file as applied
     // last, to apply only what a change changed.
-    let mut applied = documents(&b.cluster.file(0, 0, 0))?;
+    let mut applied = match b.api {
+        None => Vec::new(),
+        Some(_) => documents(&b.cluster.file(0, 0, 0))?,
+    };
     for r in 0..o.rounds {
         *generation += 1;
         let g = *generation;
@@ -1377,14 +1377,27 @@ async fn run(o: &Opts, report: &mut Report) -> anyhow::Result<()> {
     if let Some(keep) = &o.keep {
         std::fs::create_dir_all(keep)?;
     }
+    // The cluster goes where the controller reads it: files, or objects in
+    // the API server.
+    let api = match o.source {
+        Source::Manifests => None,
+        Source::Kube => Some(ApiServer::start().await),
+    };
     let mut bytes = 0;
     for i in 0..o.services {
         let text = cluster.file(i, 0, 0);
         bytes += text.len();
-        write_atomic(
-            &dir.path().join(format!("{}.yaml", Cluster::name(i))),
-            &text,
-        )?;
+        match &api {
+            None => write_atomic(
+                &dir.path().join(format!("{}.yaml", Cluster::name(i))),
+                &text,
+            )?,
+            Some(api) => {
+                for doc in documents(&text)? {
+                    api.try_apply(doc).map_err(anyhow::Error::msg)?;
+                }
+            }
+        }
         if let Some(keep) = &o.keep {
             write_atomic(&keep.join(format!("{}.yaml", Cluster::name(i))), &text)?;
         }
@@ -1398,18 +1411,6 @@ async fn run(o: &Opts, report: &mut Report) -> anyhow::Result<()> {
     };
     let destination_streams = count(Api::Get) + count(Api::Profile);
     let policy_streams = count(Api::Outbound) + count(Api::Inbound);
-    let api = match o.source {
-        Source::Manifests => None,
-        Source::Kube => {
-            let api = ApiServer::start().await;
-            for i in 0..o.services {
-                for doc in documents(&cluster.file(i, 0, 0))? {
-                    api.try_apply(doc).map_err(anyhow::Error::msg)?;
-                }
-            }
-            Some(api)
-        }
-    };
     let mut args = match &api {
         None => vec!["--manifests".to_string(), dir.path().display().to_string()],
         Some(api) => vec![

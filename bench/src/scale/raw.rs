@@ -18,7 +18,7 @@ use super::Event;
 use std::{collections::HashMap, net::SocketAddr, time::Instant};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpStream,
+    net::{tcp::OwnedReadHalf, TcpStream},
     sync::{mpsc, OwnedSemaphorePermit},
 };
 
@@ -357,6 +357,13 @@ impl Conn {
     }
 }
 
+/// Reads what the socket has onto the end of `buf`, with room for a whole
+/// frame (the buffer is kept: one allocation per connection, not per read).
+async fn read_more(rd: &mut OwnedReadHalf, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+    buf.reserve(16 * 1024 + 9);
+    rd.read_buf(buf).await
+}
+
 async fn run(
     io: TcpStream,
     authority: String,
@@ -373,8 +380,10 @@ async fn run(
     };
     let mut out = Vec::with_capacity(16 * 1024);
     preface(&mut out);
-    let mut buf = Vec::with_capacity(64 * 1024);
-    let mut chunk = vec![0u8; 64 * 1024];
+    // Frames are read straight into `buf`; what a read leaves of a frame
+    // stays for the next. The controller's frames are at most 16 KiB (this
+    // client leaves SETTINGS_MAX_FRAME_SIZE at its default).
+    let mut buf: Vec<u8> = Vec::new();
     let mut opening = true;
     let why = loop {
         if !out.is_empty() {
@@ -393,12 +402,11 @@ async fn run(
                 }
                 None => opening = false,
             },
-            read = rd.read(&mut chunk) => match read {
+            read = read_more(&mut rd, &mut buf) => match read {
                 Ok(0) => break "connection closed by the controller".to_string(),
                 Err(e) => break format!("connection lost: {e}"),
-                Ok(n) => {
+                Ok(_) => {
                     let at = Instant::now();
-                    buf.extend_from_slice(&chunk[..n]);
                     match conn.frames(&buf, at, &mut out) {
                         Ok(used) => drop(buf.drain(..used)),
                         Err(e) => break format!("bad frame from the controller: {e}"),
