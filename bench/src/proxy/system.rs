@@ -312,14 +312,25 @@ pub async fn metric(admin: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
-/// CPU hogs: `sh -c 'while :; do :; done'`, killed when dropped.
+/// CPU hogs: `sh -c 'while :; do :; done'`, killed when dropped, and by
+/// the kernel when the bench itself dies (a killed bench runs no drop, and
+/// hogs left behind would skew every later measurement).
 pub fn hogs(n: usize) -> anyhow::Result<Vec<tokio::process::Child>> {
     (0..n)
         .map(|_| {
-            tokio::process::Command::new("sh")
-                .args(["-c", "while :; do :; done"])
-                .kill_on_drop(true)
-                .spawn()
+            let mut hog = tokio::process::Command::new("sh");
+            hog.args(["-c", "while :; do :; done"]).kill_on_drop(true);
+            // SAFETY: the closure only makes one async-signal-safe call.
+            unsafe {
+                hog.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+            hog.spawn()
                 .map_err(|e| anyhow::anyhow!("a CPU hog (sh): {e}"))
         })
         .collect()

@@ -1,32 +1,37 @@
-//! HTTP/2 connections served each in one task, with its streams.
+//! HTTP/2 connections served each in one task, with its streams, on the
+//! `h2` crate directly.
 //!
-//! hyper runs every HTTP/2 stream of a connection as a task of its own. For a
-//! controller's update streams that costs twice per stream and per change:
-//! the runtime wakes and polls the stream's task, and that task's frame
-//! wakes the connection's task, which the runtime runs next (its LIFO slot)
-//! and which writes that one frame. A change that reaches five streams of a
-//! connection makes five writes.
+//! A controller's streams are long-lived and carry a small update per
+//! change, so the work per stream per change is what a fan-out costs. Here
+//! a connection's streams run inside the connection's task (no task per
+//! stream): each poll runs the streams that were woken first, then the
+//! connection, which queues their frames; and the connection's writes wait
+//! for the end of that poll ([`Coalesced`]), so a change that reaches
+//! several streams of a connection leaves in one write. A stream is one
+//! small state machine ([`Respond`]): the service's answer, then its body
+//! piped into the stream as the client's window allows, a reset asked of
+//! h2 only while the body has nothing to send. (hyper's server, used
+//! before, added a stream task's layers, a keep-alive timer check and IO
+//! adapters to every poll.)
 //!
-//! Here a connection's streams run inside the connection's task
-//! ([`ConnExec`] takes what hyper spawns): each poll runs the streams that
-//! were woken first, then the connection, which queues their frames; and
-//! the connection's writes wait for the end of that poll ([`Coalesced`]),
-//! so they leave in one write. Nothing is queued that hyper would not have
-//! spawned (a connection holds at most its `SETTINGS_MAX_CONCURRENT_STREAMS`
-//! streams, as before), and a connection's waiting writes are bounded by
-//! [`MAX_COALESCED_BYTES`].
+//! Nothing is queued that h2 would not hold anyway: a connection holds at
+//! most its `SETTINGS_MAX_CONCURRENT_STREAMS` streams, a stream at most one
+//! body frame waiting for window, and a connection's waiting writes are
+//! bounded by [`MAX_COALESCED_BYTES`].
 
+use bytes::Bytes;
 use futures_util::{
     stream::{FuturesUnordered, StreamExt},
     task::AtomicWaker,
 };
-use hyper::{
-    body::{Body, Incoming},
-    server::conn::http2,
-    service::HttpService,
+use h2::{
+    server::{Connection, SendResponse},
+    PingPong, Reason, RecvStream, SendStream,
 };
-use hyper_util::rt::{TokioIo, TokioTimer};
+use http_body::{Body, Frame};
+use hyper::service::Service;
 use std::{
+    convert::Infallible,
     future::Future,
     io,
     pin::{pin, Pin},
@@ -41,38 +46,10 @@ use tokio::{
     io::{AsyncRead, AsyncWrite},
     sync::watch,
     task::JoinSet,
+    time::{Instant, Sleep},
 };
 
 type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
-
-/// What hyper spawns for one connection (its streams), kept for the
-/// connection's own task to run.
-#[derive(Clone, Default)]
-pub struct ConnExec {
-    spawned: Arc<Mutex<Vec<Task>>>,
-}
-
-impl<F: Future<Output = ()> + Send + 'static> hyper::rt::Executor<F> for ConnExec {
-    fn execute(&self, fut: F) {
-        // hyper spawns only while the connection is polled, that is inside
-        // `Driven::poll`, which takes them right after.
-        self.spawned
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .push(Box::pin(fut));
-    }
-}
-
-impl ConnExec {
-    fn take(&self) -> Vec<Task> {
-        std::mem::take(
-            &mut *self
-                .spawned
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        )
-    }
-}
 
 /// The HTTP/2 settings and bounds of a gRPC server's connections.
 #[derive(Clone, Debug)]
@@ -92,18 +69,25 @@ pub struct H2Limits {
     pub max_header_list_bytes: u32,
 }
 
+/// A stream's and the connection's receive windows: a request is one small
+/// message, and this is what hyper's server advertised before.
+const WINDOW_BYTES: u32 = 1024 * 1024;
+/// SETTINGS_MAX_FRAME_SIZE, the protocol's smallest.
+const MAX_FRAME_BYTES: u32 = 16 * 1024;
+/// What h2 buffers per stream beyond the client's window.
+const MAX_SEND_BUFFER_BYTES: usize = 400 * 1024;
+
 impl H2Limits {
-    fn builder(&self, exec: ConnExec) -> http2::Builder<ConnExec> {
-        let mut b = http2::Builder::new(exec);
-        b.timer(TokioTimer::new())
-            .keep_alive_interval(self.keepalive)
+    fn builder(&self) -> h2::server::Builder {
+        let mut b = h2::server::Builder::new();
+        b.initial_window_size(WINDOW_BYTES)
+            .initial_connection_window_size(WINDOW_BYTES)
+            .max_frame_size(MAX_FRAME_BYTES)
+            .max_send_buffer_size(MAX_SEND_BUFFER_BYTES)
             .max_concurrent_streams(self.max_concurrent_streams)
-            .max_local_error_reset_streams(self.max_local_error_resets)
+            .max_local_error_reset_streams(Some(self.max_local_error_resets))
             .max_pending_accept_reset_streams(self.max_pending_accept_resets)
             .max_header_list_size(self.max_header_list_bytes);
-        if let Some(k) = self.keepalive {
-            b.keep_alive_timeout(k.saturating_mul(2));
-        }
         b
     }
 }
@@ -225,15 +209,271 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Coalesced<I> {
     }
 }
 
+/// A request's body as a service reads it: the stream's DATA frames (their
+/// window given back as they are read), then its trailers.
+pub struct RequestBody {
+    recv: RecvStream,
+    data_done: bool,
+    done: bool,
+}
+
+impl RequestBody {
+    fn new(recv: RecvStream) -> Self {
+        Self {
+            recv,
+            data_done: false,
+            done: false,
+        }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        if !this.data_done {
+            match ready!(this.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    let _ = this.recv.flow_control().release_capacity(data.len());
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(e)) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                None => this.data_done = true,
+            }
+        }
+        let trailers = ready!(this.recv.poll_trailers(cx));
+        this.done = true;
+        match trailers {
+            Ok(Some(t)) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
+            Ok(None) => Poll::Ready(None),
+            Err(e) => Poll::Ready(Some(Err(e))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+}
+
+/// One stream: the service's answer, then its body.
+enum Respond<F, B> {
+    Answering {
+        answer: Pin<Box<F>>,
+        reply: SendResponse<Bytes>,
+    },
+    Piping {
+        body: Pin<Box<B>>,
+        tx: SendStream<Bytes>,
+        /// A DATA frame that waits for the client's window: the body is not
+        /// polled again until it has left.
+        waiting: Option<Bytes>,
+    },
+    Done,
+}
+
+impl<F, B> Future for Respond<F, B>
+where
+    F: Future<Output = Result<http::Response<B>, Infallible>>,
+    B: Body<Data = Bytes>,
+{
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // Every field is boxed or `Unpin`.
+        let this = self.get_mut();
+        loop {
+            match this {
+                Respond::Answering { answer, reply } => {
+                    let Poll::Ready(Ok(response)) = answer.as_mut().poll(cx) else {
+                        // A client that gives up before the answer resets
+                        // the stream: the answer is dropped.
+                        if reply.poll_reset(cx).is_ready() {
+                            *this = Respond::Done;
+                            return Poll::Ready(());
+                        }
+                        return Poll::Pending;
+                    };
+                    let (head, body) = response.into_parts();
+                    let end = body.is_end_stream();
+                    let next = match reply.send_response(http::Response::from_parts(head, ()), end)
+                    {
+                        Ok(tx) if !end => Respond::Piping {
+                            body: Box::pin(body),
+                            tx,
+                            waiting: None,
+                        },
+                        Ok(_) => Respond::Done,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "response not sent");
+                            reply.send_reset(Reason::INTERNAL_ERROR);
+                            Respond::Done
+                        }
+                    };
+                    *this = next;
+                }
+                Respond::Piping { body, tx, waiting } => {
+                    return match pipe(body.as_mut(), tx, waiting, cx) {
+                        Poll::Ready(()) => {
+                            *this = Respond::Done;
+                            Poll::Ready(())
+                        }
+                        Poll::Pending => Poll::Pending,
+                    };
+                }
+                Respond::Done => return Poll::Ready(()),
+            }
+        }
+    }
+}
+
+/// Pipes `body` into `tx` until it ends, fails or the client resets the
+/// stream. One frame at most waits for window (`waiting`).
+fn pipe<B: Body<Data = Bytes>>(
+    mut body: Pin<&mut B>,
+    tx: &mut SendStream<Bytes>,
+    waiting: &mut Option<Bytes>,
+    cx: &mut Context<'_>,
+) -> Poll<()> {
+    loop {
+        if let Some(data) = waiting.take() {
+            if tx.capacity() == 0 {
+                match tx.poll_capacity(cx) {
+                    Poll::Ready(Some(Ok(_))) => {}
+                    // Reset by the client, or the connection gone.
+                    Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(()),
+                    Poll::Pending => {
+                        *waiting = Some(data);
+                        return reset_or_pending(tx, cx);
+                    }
+                }
+                if tx.capacity() == 0 {
+                    *waiting = Some(data);
+                    continue;
+                }
+            }
+            if tx.send_data(data, false).is_err() {
+                return Poll::Ready(());
+            }
+            continue;
+        }
+        let frame = match body.as_mut().poll_frame(cx) {
+            Poll::Pending => return reset_or_pending(tx, cx),
+            Poll::Ready(None) => {
+                let _ = tx.send_data(Bytes::new(), true);
+                return Poll::Ready(());
+            }
+            Poll::Ready(Some(Err(_))) => {
+                tx.send_reset(Reason::INTERNAL_ERROR);
+                return Poll::Ready(());
+            }
+            Poll::Ready(Some(Ok(frame))) => frame,
+        };
+        let frame = match frame.into_data() {
+            Ok(data) if data.is_empty() => {
+                let end = body.is_end_stream();
+                if tx.send_data(data, end).is_err() || end {
+                    return Poll::Ready(());
+                }
+                continue;
+            }
+            Ok(data) => {
+                // A claim of one byte: h2 raises it to what is buffered.
+                tx.reserve_capacity(1);
+                *waiting = Some(data);
+                continue;
+            }
+            Err(frame) => frame,
+        };
+        if let Ok(trailers) = frame.into_trailers() {
+            let _ = tx.send_trailers(trailers);
+            return Poll::Ready(());
+        }
+    }
+}
+
+/// While the stream waits (for its body or for window), a reset by the
+/// client ends it.
+fn reset_or_pending(tx: &mut SendStream<Bytes>, cx: &mut Context<'_>) -> Poll<()> {
+    match tx.poll_reset(cx) {
+        Poll::Ready(_) => Poll::Ready(()),
+        Poll::Pending => Poll::Pending,
+    }
+}
+
+/// PINGs a connection every `interval`; one unanswered for `timeout` closes it.
+struct KeepAlive {
+    pings: PingPong,
+    interval: Duration,
+    timeout: Duration,
+    timer: Pin<Box<Sleep>>,
+    /// A PING waits for its answer.
+    waiting: bool,
+}
+
+impl KeepAlive {
+    fn new(pings: PingPong, interval: Duration) -> Self {
+        Self {
+            pings,
+            interval,
+            timeout: interval.saturating_mul(2),
+            timer: Box::pin(tokio::time::sleep(interval)),
+            waiting: false,
+        }
+    }
+
+    /// `Ready` when the peer did not answer in time.
+    fn poll_timed_out(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            if self.waiting {
+                match self.pings.poll_pong(cx) {
+                    Poll::Ready(Ok(_)) => {
+                        self.waiting = false;
+                        let at = Instant::now() + self.interval;
+                        self.timer.as_mut().reset(at);
+                    }
+                    // The connection is closing: its own poll ends it.
+                    Poll::Ready(Err(_)) => return Poll::Pending,
+                    Poll::Pending => {}
+                }
+            }
+            ready!(self.timer.as_mut().poll(cx));
+            if self.waiting {
+                return Poll::Ready(());
+            }
+            if self.pings.send_ping(h2::Ping::opaque()).is_err() {
+                return Poll::Pending;
+            }
+            self.waiting = true;
+            let at = Instant::now() + self.timeout;
+            self.timer.as_mut().reset(at);
+        }
+    }
+}
+
 /// One connection and its streams, polled streams first.
-struct Driven<C, I> {
-    conn: Pin<Box<C>>,
+struct Driven<I, S> {
+    conn: Connection<Coalesced<I>, Bytes>,
     /// The connection's transport, to write what each poll queued.
     io: Coalesced<I>,
-    exec: ConnExec,
+    service: S,
     streams: FuturesUnordered<Task>,
     set_waker: Arc<SetWaker>,
+    keepalive: Option<KeepAlive>,
 }
+
+// The service is only ever called through `&self`, never pinned.
+impl<I, S> Unpin for Driven<I, S> {}
 
 /// Passes over the woken streams in one poll of a connection, at most.
 /// `FuturesUnordered` gives up its turn (`Pending`, its waker woken) after
@@ -261,50 +501,46 @@ impl Wake for SetWaker {
     }
 }
 
-impl<C, I> Driven<C, I> {
-    /// Runs the woken streams until none is left woken (or the bound).
-    fn run_streams(&mut self, cx: &mut Context<'_>) {
-        self.set_waker.task.register(cx.waker());
-        let waker = Waker::from(self.set_waker.clone());
-        let mut set_cx = Context::from_waker(&waker);
-        let mut passes = 0;
-        loop {
-            self.set_waker.woken.store(false, Ordering::Release);
-            match self.streams.poll_next_unpin(&mut set_cx) {
-                Poll::Ready(Some(())) => {}
-                Poll::Ready(None) => return,
-                Poll::Pending => {
-                    passes += 1;
-                    // Past the runtime's budget for this turn, the streams
-                    // would only wake themselves again: the task is woken
-                    // and goes on at its next turn.
-                    if !self.set_waker.woken.load(Ordering::Acquire)
-                        || passes == STREAM_PASSES
-                        || !tokio::task::coop::has_budget_remaining()
-                    {
-                        return;
-                    }
+/// Runs the woken streams of `streams` until none is left woken (or the
+/// bound).
+fn run_streams(
+    streams: &mut FuturesUnordered<Task>,
+    set_waker: &Arc<SetWaker>,
+    cx: &mut Context<'_>,
+) {
+    set_waker.task.register(cx.waker());
+    let waker = Waker::from(set_waker.clone());
+    let mut set_cx = Context::from_waker(&waker);
+    let mut passes = 0;
+    loop {
+        set_waker.woken.store(false, Ordering::Release);
+        match streams.poll_next_unpin(&mut set_cx) {
+            Poll::Ready(Some(())) => {}
+            Poll::Ready(None) => return,
+            Poll::Pending => {
+                passes += 1;
+                // Past the runtime's budget for this turn, the streams
+                // would only wake themselves again: the task is woken
+                // and goes on at its next turn.
+                if !set_waker.woken.load(Ordering::Acquire)
+                    || passes == STREAM_PASSES
+                    || !tokio::task::coop::has_budget_remaining()
+                {
+                    return;
                 }
             }
         }
     }
 }
 
-impl<C, I> Drop for Driven<C, I> {
-    fn drop(&mut self) {
-        // A stream hyper spawned holds the executor, whose list would hold
-        // the stream: a cycle that would keep the connection's HTTP/2 state
-        // (and its streams) allocated for ever. Nothing may stay listed.
-        drop(self.exec.take());
-    }
-}
-
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-impl<C, I> Future for Driven<C, I>
+impl<I, S, B> Future for Driven<I, S>
 where
-    C: Future<Output = Result<(), hyper::Error>>,
-    I: AsyncWrite + Unpin,
+    I: AsyncRead + AsyncWrite + Unpin,
+    S: Service<http::Request<RequestBody>, Response = http::Response<B>, Error = Infallible>,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
 {
     type Output = Result<(), BoxError>;
 
@@ -313,22 +549,35 @@ where
         loop {
             // The streams first: the frames they queue leave with the
             // connection's write below.
-            this.run_streams(cx);
-            let done = this.conn.as_mut().poll(cx);
-            if done.is_ready() {
-                // What the connection wrote last (its GOAWAY, or its
-                // SETTINGS before a bad preface) is sent if the socket takes
-                // it now; a peer that does not read is not waited for. Its
-                // streams are dropped with it (`Drop`), those spawned in
-                // this last poll too.
-                let _ = this.io.write_out(cx);
-                return done.map_err(Into::into);
+            run_streams(&mut this.streams, &this.set_waker, cx);
+            if let Some(k) = &mut this.keepalive {
+                if k.poll_timed_out(cx).is_ready() {
+                    tracing::debug!("keep-alive PING unanswered: connection closed");
+                    this.conn.abrupt_shutdown(Reason::NO_ERROR);
+                    this.keepalive = None;
+                }
             }
-            let spawned = this.exec.take();
-            if spawned.is_empty() {
-                break;
+            match this.conn.poll_accept(cx) {
+                Poll::Ready(Some(Ok((req, reply)))) => {
+                    let answer = this.service.call(req.map(RequestBody::new));
+                    this.streams.push(Box::pin(Respond::Answering {
+                        answer: Box::pin(answer),
+                        reply,
+                    }));
+                }
+                done @ Poll::Ready(_) => {
+                    // What the connection wrote last (its GOAWAY, or its
+                    // SETTINGS before a bad preface) is sent if the socket
+                    // takes it now; a peer that does not read is not waited
+                    // for. Its streams are dropped with it.
+                    let _ = this.io.write_out(cx);
+                    return match done {
+                        Poll::Ready(Some(Err(e))) => Poll::Ready(Err(e.into())),
+                        _ => Poll::Ready(Ok(())),
+                    };
+                }
+                Poll::Pending => break,
             }
-            this.streams.extend(spawned);
         }
         // One write for everything this poll queued; a full socket wakes
         // this task when it has room.
@@ -351,12 +600,12 @@ pub async fn serve<I, S, B>(
     shutdown: impl Future<Output = ()>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    S: HttpService<Incoming, ResBody = B> + Clone + Send + 'static,
+    S: Service<http::Request<RequestBody>, Response = http::Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: Body<Data = Bytes> + Send + 'static,
 {
     let (stop, stopping) = watch::channel(false);
     let mut connections = JoinSet::new();
@@ -376,19 +625,43 @@ pub async fn serve<I, S, B>(
                 None => break,
             },
         };
-        let exec = ConnExec::default();
         let (io, writes) = Coalesced::new(io);
-        let conn = limits
-            .builder(exec.clone())
-            .serve_connection(TokioIo::new(io), service.clone());
+        let builder = limits.builder();
+        let keepalive = limits.keepalive;
+        let service = service.clone();
         let mut stopping = stopping.clone();
         connections.spawn(async move {
+            // The server's SETTINGS wait in `Coalesced` like every write:
+            // each poll of the handshake writes out what it queued.
+            let mut handshake = builder.handshake::<_, Bytes>(io);
+            let handshake = futures_util::future::poll_fn(|cx| {
+                let r = Pin::new(&mut handshake).poll(cx);
+                let _ = writes.write_out(cx);
+                r
+            });
+            let stopped = async {
+                let _ = stopping.wait_for(|s| *s).await;
+            };
+            let mut conn = tokio::select! {
+                r = handshake => match r {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "HTTP/2 handshake failed");
+                        return;
+                    }
+                },
+                () = stopped => return,
+            };
+            let keepalive = keepalive
+                .zip(conn.ping_pong())
+                .map(|(every, pings)| KeepAlive::new(pings, every));
             let mut driven = Driven {
-                conn: Box::pin(conn),
+                conn,
                 io: writes,
-                exec,
+                service,
                 streams: FuturesUnordered::new(),
                 set_waker: Arc::default(),
+                keepalive,
             };
             // The guard `wait_for` returns must not live across an await.
             let stopped = async move {
@@ -397,7 +670,7 @@ pub async fn serve<I, S, B>(
             let result = tokio::select! {
                 r = &mut driven => r,
                 () = stopped => {
-                    driven.conn.as_mut().graceful_shutdown();
+                    driven.conn.graceful_shutdown();
                     driven.await
                 }
             };
@@ -683,30 +956,83 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_connection_dropped_lets_go_of_streams_spawned_in_its_last_poll() {
-        // A stream hyper spawns holds the executor, as this one does.
-        let exec = ConnExec::default();
-        let dropped = Arc::new(AtomicUsize::new(0));
-        let (held, guard) = (exec.clone(), Dropped(dropped.clone()));
-        hyper::rt::Executor::execute(&exec, async move {
-            let _ = (&held, &guard);
+    /// Serves one in-memory connection with keep-alive PINGs every
+    /// `every`; the far end is returned.
+    fn serve_duplex(every: Duration) -> (tokio::io::DuplexStream, tokio::task::JoinHandle<()>) {
+        let (near, far) = tokio::io::duplex(64 * 1024);
+        // One connection, and then no end: an ended `incoming` stops serving.
+        let incoming = futures_util::stream::iter([Ok::<_, io::Error>(near)])
+            .chain(futures_util::stream::pending());
+        let service = hyper::service::service_fn(|_req| async {
+            Ok::<_, Infallible>(http::Response::new(http_body_util::Full::new(Bytes::from(
+                vec![0u8; FRAME_BYTES],
+            ))))
         });
-        let (io, writes) = Coalesced::new(tokio::io::duplex(64).0);
-        drop(io);
-        let driven = Driven {
-            conn: Box::pin(std::future::pending::<Result<(), hyper::Error>>()),
-            io: writes,
-            exec,
-            streams: FuturesUnordered::new(),
-            set_waker: Arc::default(),
+        let limits = H2Limits {
+            keepalive: Some(every),
+            max_concurrent_streams: 100,
+            max_local_error_resets: 1024,
+            max_pending_accept_resets: 20,
+            max_header_list_bytes: 16 * 1024,
         };
-        drop(driven);
-        assert_eq!(
-            dropped.load(Ordering::SeqCst),
-            1,
-            "the spawned stream was let go"
+        let served = tokio::spawn(serve(incoming, limits, service, std::future::pending()));
+        (far, served)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_does_not_answer_pings_is_closed_after_twice_the_interval() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let every = Duration::from_secs(10);
+        let (mut client, served) = serve_duplex(every);
+        let start = tokio::time::Instant::now();
+        // The preface and empty SETTINGS, then nothing: no PING answered.
+        client
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .await
+            .expect("written");
+        let mut got = Vec::new();
+        tokio::time::timeout(every * 10, client.read_to_end(&mut got))
+            .await
+            .expect("closed")
+            .expect("read to the end");
+        let closed = start.elapsed();
+        let mut pings = 0;
+        let mut at = 0;
+        while at + 9 <= got.len() {
+            let len = usize::from(got[at]) << 16
+                | usize::from(got[at + 1]) << 8
+                | usize::from(got[at + 2]);
+            if got[at + 3] == 0x6 && got[at + 4] & 0x1 == 0 {
+                pings += 1;
+            }
+            at += 9 + len;
+        }
+        assert_eq!(pings, 1, "one PING, then the close: {got:?}");
+        assert!(
+            closed >= every * 3 && closed < every * 4,
+            "closed after {closed:?}: a PING at {every:?}, unanswered for twice that"
         );
+        served.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_answers_pings_keeps_its_connection() {
+        let every = Duration::from_secs(10);
+        let (far, served) = serve_duplex(every);
+        let (mut client, conn) = h2::client::handshake(far).await.expect("handshake");
+        let conn = tokio::spawn(conn);
+        // h2's client answers every PING.
+        tokio::time::sleep(every * 10).await;
+        assert!(!conn.is_finished(), "the connection was closed");
+        client = client.ready().await.expect("ready");
+        let req = http::Request::post("http://ballast/unary")
+            .body(())
+            .expect("request");
+        let (response, _) = client.send_request(req, true).expect("sent");
+        let mut body = response.await.expect("response").into_body();
+        let data = body.data().await.expect("a frame").expect("data");
+        assert_eq!(data.len(), FRAME_BYTES);
+        served.abort();
     }
 
     #[tokio::test]

@@ -120,7 +120,7 @@ pub(crate) struct Routes<H> {
 type Request = http::Request<tonic::body::Body>;
 type Response = http::Response<tonic::body::Body>;
 
-impl<H> hyper::service::Service<http::Request<hyper::body::Incoming>> for Routes<H>
+impl<H> hyper::service::Service<http::Request<crate::h2::RequestBody>> for Routes<H>
 where
     H: tower::Service<Request, Response = Response, Error = Infallible>
         + NamedService
@@ -133,7 +133,7 @@ where
     type Error = Infallible;
     type Future = BoxFuture<Response>;
 
-    fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
+    fn call(&self, req: http::Request<crate::h2::RequestBody>) -> Self::Future {
         use tower::ServiceExt;
         let req = req.map(tonic::body::Body::new);
         let name = req
