@@ -22,7 +22,7 @@ use std::{
     net::SocketAddr,
     pin::Pin,
     sync::Arc,
-    task::{Context, Poll},
+    task::{Context, Poll, Waker},
 };
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
@@ -169,12 +169,12 @@ impl PolicyService {
             _permit: permit,
             _subscription: _guard,
         };
-        let mut shutdown = self.shutdown.clone();
-        let mut shed_wait = shed.clone();
+        let shutdown = self.shutdown.clone();
+        let (mut shutdown_wait, mut shed_wait) = (shutdown.clone(), shed.clone());
         let stopped = async move {
             // The guards `wait_for` returns must not outlive this future's poll.
             tokio::select! {
-                _ = async { shutdown.wait_for(|s| *s).await.map(|_| ()) } => {}
+                _ = async { shutdown_wait.wait_for(|s| *s).await.map(|_| ()) } => {}
                 _ = async { shed_wait.wait_for(|s| *s).await.map(|_| ()) } => {}
             }
         };
@@ -184,6 +184,8 @@ impl PolicyService {
             first: Some(first),
             changes: tokio_stream::wrappers::WatchStream::from_changes(rx),
             stopped: Box::pin(stopped),
+            stopped_waker: None,
+            shutdown,
             shed,
             done: false,
             _open: open,
@@ -201,6 +203,11 @@ struct Answers {
     changes: tokio_stream::wrappers::WatchStream<Option<Bytes>>,
     /// Shutdown or shedding.
     stopped: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// The waker `stopped` was last polled with: while it is the same and
+    /// neither watch changed, `stopped` is not polled again (each poll of
+    /// it takes a lock shared by every stream).
+    stopped_waker: Option<Waker>,
+    shutdown: watch::Receiver<bool>,
     shed: watch::Receiver<bool>,
     done: bool,
     /// The stream's count, permit and subscription.
@@ -208,6 +215,18 @@ struct Answers {
 }
 
 impl Answers {
+    /// Whether `stopped` must be polled: never polled with this waker, or a
+    /// watch it waits on changed (these receivers never mark a value seen,
+    /// so a change stays visible).
+    fn may_have_stopped(&self, cx: &Context<'_>) -> bool {
+        !self
+            .stopped_waker
+            .as_ref()
+            .is_some_and(|w| w.will_wake(cx.waker()))
+            || self.shutdown.has_changed().unwrap_or(true)
+            || self.shed.has_changed().unwrap_or(true)
+    }
+
     /// The end of a stream whose answers stopped: shed, or a clean end.
     fn end(&mut self) -> Option<Result<Bytes, Status>> {
         self.done = true;
@@ -223,8 +242,11 @@ impl Stream for Answers {
         if this.done {
             return Poll::Ready(None);
         }
-        if this.stopped.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(this.end());
+        if this.may_have_stopped(cx) {
+            if this.stopped.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(this.end());
+            }
+            this.stopped_waker = Some(cx.waker().clone());
         }
         if let Some(first) = this.first.take() {
             return Poll::Ready(Some(Ok(first)));
@@ -432,6 +454,48 @@ mod answers_tests {
         assert!(s.next().now_or_never().is_none());
         w.stop.send_replace(true);
         assert!(ready(&mut s).is_none(), "a clean end, no status");
+    }
+
+    #[tokio::test]
+    async fn a_parked_stream_polled_again_is_still_woken_by_shutdown_and_shedding() {
+        use futures_util::task::ArcWake;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        struct Count(AtomicUsize);
+        impl ArcWake for Count {
+            fn wake_by_ref(c: &Arc<Self>) {
+                c.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        for shed in [false, true] {
+            let w = world();
+            let mut s = w.service.watch(to_web()).unwrap();
+            ready(&mut s).unwrap().unwrap();
+            let count = Arc::new(Count(AtomicUsize::new(0)));
+            let waker = futures_util::task::waker(count.clone());
+            let mut cx = Context::from_waker(&waker);
+            // Parked, then polled again with the same waker: the second poll
+            // does not register again, and must not need to.
+            assert!(s.as_mut().poll_next(&mut cx).is_pending());
+            assert!(s.as_mut().poll_next(&mut cx).is_pending());
+            if shed {
+                let target = Target::Service {
+                    service: ObjectKey::new("a", "web"),
+                    port: 80,
+                };
+                assert_eq!(w.policy.shed(&Key::Outbound(target)), 1);
+            } else {
+                w.stop.send_replace(true);
+            }
+            assert!(count.0.load(Ordering::SeqCst) > 0, "woken (shed: {shed})");
+            match s.as_mut().poll_next(&mut cx) {
+                Poll::Ready(None) => assert!(!shed, "a shed stream ends with a status"),
+                Poll::Ready(Some(Err(status))) => {
+                    assert!(shed);
+                    assert_eq!(status.code(), Code::ResourceExhausted);
+                }
+                other => panic!("not ended (shed: {shed}): {other:?}"),
+            }
+        }
     }
 
     #[tokio::test]
