@@ -26,7 +26,7 @@
 
 use ballast_bench::{
     percentile,
-    system::{clock_ticks, cpu_ticks, hogs, raise_nofile, wait_for_quiet},
+    system::{clock_ticks, cpu_ticks, dies_with_bench, hogs, raise_nofile, wait_for_quiet},
 };
 use std::{
     io::{Read, Write},
@@ -252,12 +252,13 @@ async fn bench(o: Opts) -> anyhow::Result<()> {
     let want: usize = plan.iter().map(Vec::len).sum();
     anyhow::ensure!(want > 0, "no proxy watches the hot Service (--hot-share)");
     raise_nofile((plan.len() + 64) as u64);
-    let mut child = tokio::process::Command::new(std::env::current_exe()?)
-        .arg("--serve")
-        .args(std::env::args().skip(1))
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
+    let mut child = dies_with_bench(
+        tokio::process::Command::new(std::env::current_exe()?)
+            .arg("--serve")
+            .args(std::env::args().skip(1))
+            .stdout(Stdio::piped()),
+    )
+    .spawn()?;
     let stdout = child
         .stdout
         .take()

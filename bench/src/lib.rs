@@ -93,11 +93,11 @@ pub async fn spawn_listening<const N: usize>(
     markers: [&str; N],
     show: fn(&str) -> bool,
 ) -> anyhow::Result<(Child, [String; N])> {
-    let mut child = cmd
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
+        .stderr(Stdio::piped());
+    let mut child = system::dies_with_bench(child)
         .spawn()
         .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
     let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();

@@ -591,12 +591,13 @@ fn keep_awake(cores: &[u32]) -> anyhow::Result<Vec<tokio::process::Child>> {
     cores
         .iter()
         .map(|core| {
-            tokio::process::Command::new("chrt")
-                .args(["--idle", "0", "taskset", "-c", &core.to_string()])
-                .args(["sh", "-c", "while :; do :; done"])
-                .kill_on_drop(true)
-                .spawn()
-                .map_err(|e| anyhow::anyhow!("chrt: {e}"))
+            system::dies_with_bench(
+                tokio::process::Command::new("chrt")
+                    .args(["--idle", "0", "taskset", "-c", &core.to_string()])
+                    .args(["sh", "-c", "while :; do :; done"]),
+            )
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("chrt: {e}"))
         })
         .collect()
 }

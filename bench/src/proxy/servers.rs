@@ -47,8 +47,8 @@ fn taskset(core: u32, program: &str) -> Command {
     let mut c = Command::new("taskset");
     c.args(["-c", &core.to_string(), program])
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .kill_on_drop(true);
+        .stdout(Stdio::null());
+    crate::system::dies_with_bench(&mut c);
     c
 }
 

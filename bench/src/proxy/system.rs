@@ -312,25 +312,33 @@ pub async fn metric(admin: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
-/// CPU hogs: `sh -c 'while :; do :; done'`, killed when dropped, and by
-/// the kernel when the bench itself dies (a killed bench runs no drop, and
-/// hogs left behind would skew every later measurement).
+/// Makes `cmd`'s child die with the bench: killed when its handle is
+/// dropped, and by the kernel when the bench itself dies (a killed bench
+/// runs no drop, and a controller or hog left behind would skew every later
+/// measurement). The kernel's signal follows the spawning thread, so spawn
+/// from the runtime (its threads live as long as the bench), never from a
+/// blocking task's thread.
+pub fn dies_with_bench(cmd: &mut tokio::process::Command) -> &mut tokio::process::Command {
+    cmd.kill_on_drop(true);
+    // SAFETY: the closure only makes one async-signal-safe call.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    cmd
+}
+
+/// CPU hogs: `sh -c 'while :; do :; done'`, dying with the bench.
 pub fn hogs(n: usize) -> anyhow::Result<Vec<tokio::process::Child>> {
     (0..n)
         .map(|_| {
-            let mut hog = tokio::process::Command::new("sh");
-            hog.args(["-c", "while :; do :; done"]).kill_on_drop(true);
-            // SAFETY: the closure only makes one async-signal-safe call.
-            unsafe {
-                hog.pre_exec(|| {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
-                        Ok(())
-                    } else {
-                        Err(std::io::Error::last_os_error())
-                    }
-                });
-            }
-            hog.spawn()
+            dies_with_bench(tokio::process::Command::new("sh").args(["-c", "while :; do :; done"]))
+                .spawn()
                 .map_err(|e| anyhow::anyhow!("a CPU hog (sh): {e}"))
         })
         .collect()

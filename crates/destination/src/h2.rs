@@ -15,9 +15,10 @@
 //! adapters to every poll.)
 //!
 //! Nothing is queued that h2 would not hold anyway: a connection holds at
-//! most its `SETTINGS_MAX_CONCURRENT_STREAMS` streams, a stream at most one
-//! body frame waiting for window, and a connection's waiting writes are
-//! bounded by [`MAX_COALESCED_BYTES`].
+//! most its `SETTINGS_MAX_CONCURRENT_STREAMS` streams, a stream at most two
+//! body frames past the client's window (one h2 took, one it holds itself,
+//! as hyper's pipe did), and a connection's waiting writes are bounded by
+//! [`MAX_COALESCED_BYTES`].
 
 use bytes::Bytes;
 use futures_util::{
@@ -639,9 +640,12 @@ pub async fn serve<I, S, B>(
                 let _ = writes.write_out(cx);
                 r
             });
-            let stopped = async {
+            // One wait for the stop, through the handshake and the serving.
+            // The guard `wait_for` returns must not live across an await.
+            let stopped = async move {
                 let _ = stopping.wait_for(|s| *s).await;
             };
+            let mut stopped = pin!(stopped);
             let mut conn = tokio::select! {
                 r = handshake => match r {
                     Ok(conn) => conn,
@@ -650,7 +654,7 @@ pub async fn serve<I, S, B>(
                         return;
                     }
                 },
-                () = stopped => return,
+                () = &mut stopped => return,
             };
             let keepalive = keepalive
                 .zip(conn.ping_pong())
@@ -662,10 +666,6 @@ pub async fn serve<I, S, B>(
                 streams: FuturesUnordered::new(),
                 set_waker: Arc::default(),
                 keepalive,
-            };
-            // The guard `wait_for` returns must not live across an await.
-            let stopped = async move {
-                let _ = stopping.wait_for(|s| *s).await;
             };
             let result = tokio::select! {
                 r = &mut driven => r,
