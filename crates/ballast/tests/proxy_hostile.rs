@@ -923,6 +923,39 @@ async fn requests_looping_to_the_proxys_own_listeners_are_refused() {
     assert_back_near(case, &proxy, base, RSS_SLACK, ALLOCATED_SLACK).await;
 }
 
+/// A backend on another loopback address may hold the very port number of
+/// one of the proxy's listeners (the kernel gives ports per address): it is
+/// not the proxy, and requests to it are served, not refused as a loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_sharing_a_listeners_port_on_another_loopback_address_is_not_a_loop() {
+    let fake = FakeController::start(false).await;
+    let proxy = Proxy::start(fake.addr, &[]).await;
+    let mut backends = Vec::new();
+    for (name, listener) in [
+        ("outbound-port", proxy.outbound),
+        ("inbound-port", proxy.inbound),
+        ("admin-port", proxy.admin),
+    ] {
+        assert!(listener.ip().is_loopback(), "{name}: {listener}");
+        let bind = SocketAddr::new("127.0.0.21".parse().unwrap(), listener.port());
+        let backend = Big::start(bind).await;
+        let target = authority(name, WEB_PORT);
+        fake.answer(&target, vec![vec![backend.addr()]]);
+        backends.push((target, backend));
+    }
+    for (target, _) in &backends {
+        eventually(
+            &format!("a 200 from the backend behind {target}"),
+            || async {
+                let a = get(proxy.outbound, target, "/").await.ok()?;
+                assert_ne!(a.header("l5d-proxy-error"), Some("loop"), "{target}: {a:?}");
+                (a.status == StatusCode::OK).then_some(())
+            },
+        )
+        .await;
+    }
+}
+
 /// A slow request with a 48 KiB header to `/slow`, its connection kept open
 /// until the answer (or the end of the test).
 async fn heavy_request(addr: SocketAddr, authority: String) -> Option<TcpStream> {

@@ -13,15 +13,27 @@ impl OwnListeners {
         Self { addrs }
     }
 
-    /// Whether `target` reaches one of the proxy's listeners.
+    /// Whether `target` reaches one of the proxy's listeners, as the kernel
+    /// routes a connect: a listener bound to one address is reached only
+    /// through that address (127.0.0.5 does not reach a listener on
+    /// 127.0.0.1), one bound to the unspecified address through any address
+    /// of this host, and a connect to the unspecified address goes to loopback.
     pub fn is_own(&self, target: SocketAddr) -> bool {
+        let ip = reached(target.ip());
         self.addrs.iter().any(|own| {
             own.port() == target.port()
-                && (own.ip() == target.ip()
-                    || target.ip().is_loopback()
-                    || target.ip().is_unspecified()
-                    || (own.ip().is_unspecified() && is_local(target.ip())))
+                && (reached(own.ip()) == ip || (own.ip().is_unspecified() && is_local(ip)))
         })
+    }
+}
+
+/// The address a connect to `ip` reaches: Linux sends one to the
+/// unspecified address to loopback.
+fn reached(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+        IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+        other => other,
     }
 }
 
@@ -42,9 +54,13 @@ mod tests {
         ]);
         let cases = [
             ("127.0.0.1:4140", true),
-            ("127.0.0.5:4140", true),
+            // Another loopback address does not reach a listener bound to
+            // 127.0.0.1: a backend may hold the same port there.
+            ("127.0.0.5:4140", false),
             ("0.0.0.0:4140", true),
             ("127.0.0.1:4143", true),
+            ("127.0.0.5:4143", true),
+            ("0.0.0.0:4143", true),
             ("127.0.0.1:8080", false),
             // Not an address of this host.
             ("192.0.2.7:4143", false),
