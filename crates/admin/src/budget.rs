@@ -1,7 +1,9 @@
 //! A controller's memory budget (seed 000: a controller the kernel kills
 //! for memory). Each of a controller's parts is bounded on its own; the sum
-//! is bounded here. A thread reads the allocator's resident bytes every
-//! [`SAMPLE_INTERVAL`] and sets the pressure:
+//! is bounded here. A thread reads the heap's resident bytes every
+//! [`SAMPLE_INTERVAL`] (the larger of the allocator's count and the
+//! kernel's anonymous resident memory, which it charges the container for)
+//! and sets the pressure:
 //!
 //! - under [`REFUSE_PERCENT`] of the limit: normal;
 //! - from it: **refusing**: new streams (or scrapes, or certificates) are
@@ -267,10 +269,26 @@ struct BudgetMetrics {
     closed_total: Family<ApiLabels, Counter>,
 }
 
-/// Resident bytes jemalloc maps, or `None` where it cannot tell.
+/// Resident bytes of the heap: the larger of what jemalloc counts and the
+/// process's anonymous resident memory, or `None` where the allocator
+/// cannot tell. The kernel charges the container for the latter: more than
+/// jemalloc counts when its pages are huge (a 2 MiB page is charged whole
+/// from its first touch; `ballast install --controller-huge-pages`), and
+/// by thread stacks and memory allocated outside jemalloc.
 fn resident() -> Option<u64> {
     tikv_jemalloc_ctl::epoch::advance().ok()?;
-    u64::try_from(tikv_jemalloc_ctl::stats::resident::read().ok()?).ok()
+    let heap = u64::try_from(tikv_jemalloc_ctl::stats::resident::read().ok()?).ok()?;
+    let anonymous = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| anonymous_resident(&status));
+    Some(anonymous.map_or(heap, |anon| anon.max(heap)))
+}
+
+/// `RssAnon` of a `/proc/PID/status`, in bytes.
+fn anonymous_resident(status: &str) -> Option<u64> {
+    let line = status.lines().find_map(|l| l.strip_prefix("RssAnon:"))?;
+    let kib: u64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 /// Reads every [`SAMPLE_INTERVAL`] until the budget is dropped.
@@ -367,6 +385,18 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn anonymous_resident_memory_is_read_from_proc_status() {
+        let status =
+            "Name:\tballast\nVmRSS:\t   30000 kB\nRssAnon:\t   20480 kB\nRssFile:\t    9520 kB\n";
+        assert_eq!(anonymous_resident(status), Some(20 * MIB));
+        assert_eq!(anonymous_resident("VmRSS:\t 1 kB\n"), None);
+        assert_eq!(anonymous_resident("RssAnon:\t lots kB\n"), None);
+        assert!(resident().is_some_and(|b| b > 0));
+        let own = std::fs::read_to_string("/proc/self/status").unwrap();
+        assert!(anonymous_resident(&own).is_some_and(|b| b > 0), "{own}");
+    }
 
     #[test]
     fn pressure_rises_by_thresholds_and_falls_with_a_gap() {

@@ -47,6 +47,11 @@ pub struct Args {
     #[arg(long, value_parser = not_empty)]
     controller_log_level: Option<String>,
 
+    /// Whether the destination controller's heap is in transparent huge
+    /// pages (see `install --controller-huge-pages`; default: as installed).
+    #[arg(long, value_name = "true|false")]
+    controller_huge_pages: Option<bool>,
+
     /// Print the CRDs too (they replace the cluster's; see `install --skip-crds`).
     #[arg(long)]
     include_crds: bool,
@@ -164,6 +169,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     if let Some(level) = args.controller_log_level {
         config.log_level = level;
+    }
+    if let Some(huge) = args.controller_huge_pages {
+        config.controller_huge_pages = huge;
     }
     config.crds = args.include_crds;
     print!("{}", install_yaml(&config, &material));

@@ -125,6 +125,10 @@ pub fn read(
         // Whether CRDs were applied is not recorded; `upgrade` prints none
         // unless asked (they are the same for every version so far).
         crds: false,
+        controller_huge_pages: destination["env"].as_array().is_some_and(|env| {
+            let (name, value) = crate::HEAP_HUGE_PAGES_ENV;
+            env.iter().any(|e| e["name"] == name && e["value"] == value)
+        }),
     };
     let roots_what = format!("ConfigMap {ns}/{TRUST_ROOTS_CONFIG_MAP}");
     let issuer_what = format!("Secret {ns}/{ISSUER_SECRET}");
@@ -176,6 +180,7 @@ mod tests {
             webhook_failure_policy: FailurePolicy::Fail,
             webhook_timeout_seconds: 7,
             crds: false,
+            controller_huge_pages: true,
             ..InstallConfig::default()
         };
         let material = KeyMaterial {

@@ -98,7 +98,17 @@ pub struct InstallConfig {
     /// Print the CRDs with the rest (`install_yaml`). Off for clusters that
     /// have Gateway API or Linkerd's own, which ours would replace.
     pub crds: bool,
+    /// The destination controller's heap in transparent huge pages
+    /// ([`HEAP_HUGE_PAGES_ENV`]): a faster fan-out for more resident memory.
+    pub controller_huge_pages: bool,
 }
+
+/// The environment variable, and its value, that puts a `ballast` process's
+/// heap (jemalloc, with its `_rjem_` prefix) in transparent huge pages,
+/// its metadata included. The kernel must allow them (`always` or
+/// `madvise` in /sys/kernel/mm/transparent_hugepage/enabled).
+pub const HEAP_HUGE_PAGES_ENV: (&str, &str) =
+    ("_RJEM_MALLOC_CONF", "thp:always,metadata_thp:always");
 
 impl Default for InstallConfig {
     fn default() -> Self {
@@ -115,6 +125,7 @@ impl Default for InstallConfig {
             webhook_failure_policy: FailurePolicy::Ignore,
             webhook_timeout_seconds: 10,
             crds: true,
+            controller_huge_pages: false,
         }
     }
 }
@@ -522,6 +533,32 @@ mod tests {
                     pdb["spec"]["selector"]["matchLabels"],
                     d["spec"]["selector"]["matchLabels"]
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn huge_pages_are_asked_for_the_destination_controller_only_and_only_when_set() {
+        for huge in [false, true] {
+            let c = InstallConfig {
+                controller_huge_pages: huge,
+                ..InstallConfig::default()
+            };
+            for d in documents(&c).into_iter().map(|d| d.value) {
+                if d["kind"] != "Deployment" {
+                    continue;
+                }
+                let name = d["metadata"]["name"].as_str().unwrap().to_string();
+                let env = &d["spec"]["template"]["spec"]["containers"][0]["env"];
+                let (key, value) = HEAP_HUGE_PAGES_ENV;
+                let asked = env
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|e| e["name"] == key && e["value"] == value);
+                let want = huge && name == manifests::DESTINATION;
+                assert_eq!(asked, want, "{name}: {env}");
+                assert!(env[0]["name"] == "BALLAST_LOG", "{name}: {env}");
             }
         }
     }

@@ -185,6 +185,8 @@ struct Controller<'a> {
     memory_request: &'a str,
     memory_limit: &'a str,
     volumes: Vec<(Value, Value)>,
+    /// Environment beside `BALLAST_LOG`.
+    env: Vec<(&'a str, &'a str)>,
 }
 
 fn deployment(c: &InstallConfig, part: Part, comment: &str, ctl: Controller<'_>) -> Document {
@@ -210,7 +212,10 @@ fn deployment(c: &InstallConfig, part: Part, comment: &str, ctl: Controller<'_>)
         "image": c.controller_image,
         "imagePullPolicy": c.image_pull_policy,
         "args": ctl.args,
-        "env": [{"name": "BALLAST_LOG", "value": c.log_level}],
+        "env": std::iter::once(("BALLAST_LOG", c.log_level.as_str()))
+            .chain(ctl.env.iter().copied())
+            .map(|(name, value)| json!({"name": name, "value": value}))
+            .collect::<Vec<_>>(),
         "ports": ctl.ports.iter().map(|(name, port)| json!({"name": name, "containerPort": port})).collect::<Vec<_>>(),
         "livenessProbe": {"httpGet": {"path": "/live", "port": "admin"}, "periodSeconds": 10, "failureThreshold": 3},
         "readinessProbe": {"httpGet": {"path": "/ready", "port": "admin"}, "periodSeconds": 5, "failureThreshold": 2},
@@ -342,6 +347,11 @@ pub fn destination(c: &InstallConfig) -> Vec<Document> {
                 memory_request: "64Mi",
                 memory_limit: "256Mi",
                 volumes: vec![trust_roots_volume(), identity_token_volume()],
+                env: if c.controller_huge_pages {
+                    vec![crate::HEAP_HUGE_PAGES_ENV]
+                } else {
+                    Vec::new()
+                },
             },
         ),
         service(
@@ -420,6 +430,7 @@ pub fn identity(c: &InstallConfig) -> Vec<Document> {
                     ),
                     trust_roots_volume(),
                 ],
+                env: Vec::new(),
             },
         ),
         service(
@@ -515,6 +526,7 @@ pub fn injector(c: &InstallConfig) -> Vec<Document> {
                     ),
                     trust_roots_volume(),
                 ],
+                env: Vec::new(),
             },
         ),
         service(
@@ -585,6 +597,7 @@ pub fn viz(c: &InstallConfig) -> Vec<Document> {
                 memory_request: "64Mi",
                 memory_limit: "768Mi",
                 volumes: vec![trust_roots_volume(), identity_token_volume()],
+                env: Vec::new(),
             },
         ),
         service(

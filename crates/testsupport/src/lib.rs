@@ -91,16 +91,24 @@ impl Controller {
     /// Starts `ballast destination` with these flags after OS-picked
     /// addresses (a flag given here overrides them).
     pub async fn start_with(args: &[String]) -> Controller {
-        Self::launch(None, args).await
+        Self::launch(None, args, &[]).await
     }
 
     /// [`Controller::start_with`], the process inside `cgroup` from its
     /// first instruction (a shell moves itself in, then execs it).
-    pub async fn start_in(cgroup: &cgroup::MemoryCgroup, args: &[String]) -> Controller {
-        Self::launch(Some(cgroup.procs()), args).await
+    pub async fn start_in(
+        cgroup: &cgroup::MemoryCgroup,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Controller {
+        Self::launch(Some(cgroup.procs()), args, env).await
     }
 
-    async fn launch(cgroup_procs: Option<PathBuf>, args: &[String]) -> Controller {
+    async fn launch(
+        cgroup_procs: Option<PathBuf>,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Controller {
         let mut defaults = Vec::new();
         for flag in ["--addr", "--admin-addr", "--policy-addr"] {
             if !args.iter().any(|a| a == flag) {
@@ -119,6 +127,7 @@ impl Controller {
             }
         };
         cmd.arg("destination").args(defaults).args(args);
+        cmd.envs(env.iter().copied());
         let mut process = proxy::Logged::spawn(cmd);
         let grpc = process.listening("destination gRPC listening on ", 1).await[0];
         let admin = process.listening("admin listening on ", 1).await[0];
