@@ -100,11 +100,12 @@ pub struct Args {
 
     /// Put the destination controller's heap in transparent huge pages
     /// (jemalloc's `thp:always`, through _RJEM_MALLOC_CONF in its
-    /// container): measured a sixth less CPU per update fanned out and a
-    /// quarter to a third off a fan-out after a quiet second, for about 12%
-    /// more resident memory (bench/RESULTS.md). Off by default; the node
-    /// must allow huge pages (`madvise` or `always`). The memory budget
-    /// counts what the kernel charges either way.
+    /// container): measured about a tenth less CPU per update fanned out and
+    /// a fifth off a fan-out after a quiet second, for 12% more resident
+    /// memory with 100,000 streams and twice an idle controller's
+    /// (bench/RESULTS.md). Off by default; the node must allow huge pages
+    /// (`madvise` or `always`). The memory budget counts what the kernel
+    /// charges either way.
     #[arg(long)]
     controller_huge_pages: bool,
 }
