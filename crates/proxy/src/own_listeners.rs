@@ -22,15 +22,20 @@ impl OwnListeners {
         let ip = reached(target.ip());
         self.addrs.iter().any(|own| {
             own.port() == target.port()
-                && (reached(own.ip()) == ip || (own.ip().is_unspecified() && is_local(ip)))
+                && (reached(own.ip()) == ip
+                    // 0.0.0.0 takes IPv4 only; [::] both (Linux's default).
+                    || (own.ip().is_unspecified()
+                        && (own.is_ipv6() || ip.is_ipv4())
+                        && is_local(ip)))
         })
     }
 }
 
-/// The address a connect to `ip` reaches: Linux sends one to the
-/// unspecified address to loopback.
+/// The address a connect to `ip` reaches: an IPv4-mapped IPv6 address
+/// reaches its IPv4 address, and Linux sends a connect to the unspecified
+/// address to loopback.
 fn reached(ip: IpAddr) -> IpAddr {
-    match ip {
+    match ip.to_canonical() {
         IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
         IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
         other => other,
@@ -51,6 +56,7 @@ mod tests {
         let own = OwnListeners::new(vec![
             "127.0.0.1:4140".parse().expect("addr"),
             "0.0.0.0:4143".parse().expect("addr"),
+            "[::]:4191".parse().expect("addr"),
         ]);
         let cases = [
             ("127.0.0.1:4140", true),
@@ -61,6 +67,14 @@ mod tests {
             ("127.0.0.1:4143", true),
             ("127.0.0.5:4143", true),
             ("0.0.0.0:4143", true),
+            ("[::ffff:127.0.0.1]:4140", true),
+            ("[::ffff:127.0.0.5]:4140", false),
+            ("[::1]:4140", false),
+            // An IPv4 listener is not reached over IPv6.
+            ("[::1]:4143", false),
+            // A dual-stack one is reached over IPv4 too.
+            ("127.0.0.1:4191", true),
+            ("127.0.0.5:4191", true),
             ("127.0.0.1:8080", false),
             // Not an address of this host.
             ("192.0.2.7:4143", false),
