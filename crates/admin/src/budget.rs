@@ -278,17 +278,8 @@ struct BudgetMetrics {
 fn resident() -> Option<u64> {
     tikv_jemalloc_ctl::epoch::advance().ok()?;
     let heap = u64::try_from(tikv_jemalloc_ctl::stats::resident::read().ok()?).ok()?;
-    let anonymous = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| anonymous_resident(&status));
+    let anonymous = crate::memory::KernelMemory::read().anonymous;
     Some(anonymous.map_or(heap, |anon| anon.max(heap)))
-}
-
-/// `RssAnon` of a `/proc/PID/status`, in bytes.
-fn anonymous_resident(status: &str) -> Option<u64> {
-    let line = status.lines().find_map(|l| l.strip_prefix("RssAnon:"))?;
-    let kib: u64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
-    kib.checked_mul(1024)
 }
 
 /// Reads every [`SAMPLE_INTERVAL`] until the budget is dropped.
@@ -388,14 +379,9 @@ mod tests {
 
     #[test]
     fn anonymous_resident_memory_is_read_from_proc_status() {
-        let status =
-            "Name:\tballast\nVmRSS:\t   30000 kB\nRssAnon:\t   20480 kB\nRssFile:\t    9520 kB\n";
-        assert_eq!(anonymous_resident(status), Some(20 * MIB));
-        assert_eq!(anonymous_resident("VmRSS:\t 1 kB\n"), None);
-        assert_eq!(anonymous_resident("RssAnon:\t lots kB\n"), None);
         assert!(resident().is_some_and(|b| b > 0));
-        let own = std::fs::read_to_string("/proc/self/status").unwrap();
-        assert!(anonymous_resident(&own).is_some_and(|b| b > 0), "{own}");
+        let own = crate::memory::KernelMemory::read();
+        assert!(own.anonymous.is_some_and(|b| b > 0), "{own:?}");
     }
 
     #[test]

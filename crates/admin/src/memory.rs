@@ -137,16 +137,19 @@ fn to_u64(bytes: usize) -> u64 {
 
 /// The kernel's view of this process's memory, in bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct KernelMemory {
+pub(crate) struct KernelMemory {
     /// `VmRSS`: resident set size now.
     resident: Option<u64>,
     /// `VmHWM`: peak resident set size.
     resident_max: Option<u64>,
+    /// `RssAnon`: anonymous resident memory (the heap, stacks), what the
+    /// memory budget holds against its limit.
+    pub(crate) anonymous: Option<u64>,
 }
 
 impl KernelMemory {
     #[cfg(target_os = "linux")]
-    fn read() -> Self {
+    pub(crate) fn read() -> Self {
         match std::fs::read_to_string("/proc/self/status") {
             Ok(status) => Self::parse(&status),
             Err(error) => {
@@ -157,11 +160,11 @@ impl KernelMemory {
     }
 
     #[cfg(not(target_os = "linux"))]
-    fn read() -> Self {
+    pub(crate) fn read() -> Self {
         Self::default()
     }
 
-    /// Parses the `VmRSS:` and `VmHWM:` lines of `/proc/PID/status`
+    /// Parses the `VmRSS:`, `VmHWM:` and `RssAnon:` lines of `/proc/PID/status`
     /// (`VmRSS:\t    1234 kB`). Lines that do not parse are ignored.
     #[cfg_attr(not(any(target_os = "linux", test)), allow(dead_code))]
     fn parse(status: &str) -> Self {
@@ -173,6 +176,7 @@ impl KernelMemory {
             let slot = match key {
                 "VmRSS" => &mut memory.resident,
                 "VmHWM" => &mut memory.resident_max,
+                "RssAnon" => &mut memory.anonymous,
                 _ => continue,
             };
             let mut words = value.split_whitespace();
@@ -368,20 +372,23 @@ mod tests {
     fn parses_proc_status() {
         let cases = [
             (
-                "Name:\tballast\nVmHWM:\t    2048 kB\nVmRSS:\t    1024 kB\nThreads:\t4\n",
+                "Name:\tballast\nVmHWM:\t    2048 kB\nVmRSS:\t    1024 kB\nRssAnon:\t     512 kB\nThreads:\t4\n",
                 KernelMemory {
                     resident: Some(1024 * 1024),
                     resident_max: Some(2048 * 1024),
+                    anonymous: Some(512 * 1024),
                 },
             ),
             ("", KernelMemory::default()),
             ("VmRSS:\tlots kB\nVmHWM: 12 MB\n", KernelMemory::default()),
+            ("RssAnon:\t lots kB\n", KernelMemory::default()),
             ("VmRSS:\t18446744073709551615 kB\n", KernelMemory::default()),
             (
                 "VmRSS 12 kB\nVmRSS:\t7 kB\n",
                 KernelMemory {
                     resident: Some(7 * 1024),
                     resident_max: None,
+                    anonymous: None,
                 },
             ),
         ];

@@ -194,16 +194,6 @@ async fn a_controller_with_its_heap_in_huge_pages_refuses_streams_instead_of_dyi
     refuses_streams_in_a_memory_cgroup(128 << 20, &[(key, value)]).await;
 }
 
-/// `AnonHugePages` of a process, in bytes.
-fn anonymous_huge_pages(pid: u32) -> Option<u64> {
-    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
-    let line = rollup
-        .lines()
-        .find_map(|l| l.strip_prefix("AnonHugePages:"))?;
-    let kib: u64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
-    Some(kib * 1024)
-}
-
 async fn refuses_streams_in_a_memory_cgroup(limit: u64, env: &[(&str, &str)]) {
     use linkerd2_proxy_api::{
         destination::destination_client::DestinationClient,
@@ -334,7 +324,7 @@ async fn refuses_streams_in_a_memory_cgroup(limit: u64, env: &[(&str, &str)]) {
         }
     }
     let pressure = c.metric("memory_pressure").await;
-    let huge = anonymous_huge_pages(c.pid());
+    let huge = support::proc_bytes(&format!("/proc/{}/smaps_rollup", c.pid()), "AnonHugePages");
     println!(
         "open streams: {}, refused: {}, cgroup peak {} KiB, pressure {pressure:?}, \
          huge pages {:?} KiB",

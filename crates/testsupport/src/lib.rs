@@ -259,3 +259,14 @@ pub fn write_atomic(path: &Path, contents: &str) {
     std::fs::write(&tmp, contents).unwrap();
     std::fs::rename(&tmp, path).unwrap();
 }
+
+/// One `Field:   N kB` line of a /proc file (`/proc/PID/status`,
+/// `/proc/PID/smaps_rollup`), in bytes.
+pub fn proc_bytes(path: &str, field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    let kib: u64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    kib.checked_mul(1024)
+}

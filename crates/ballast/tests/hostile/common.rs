@@ -32,15 +32,7 @@ pub const MB: u64 = 1024 * 1024;
 
 /// One field of /proc/PID/status in bytes (the kernel reports kB).
 pub fn status_bytes(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with(field))?;
-    let kb: u64 = line[field.len()..]
-        .trim_start_matches(':')
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
+    crate::support::proc_bytes(&format!("/proc/{pid}/status"), field)
 }
 
 pub fn rss(pid: u32) -> u64 {
