@@ -170,7 +170,8 @@ async fn a_reused_ip_resolves_to_the_new_pod_with_no_stale_data() {
     );
 }
 
-/// Seed 000 by another road: streams, not pods. A controller in a 64 MiB
+/// Seed 000 by another road: streams, not pods. A controller (in 4 KiB
+/// pages, as `ballast destination` runs by itself) in a 64 MiB
 /// memory cgroup (its --memory-limit left to the default, 75% of that)
 /// serving 2,000 Services of 5 pods each, while clients open Get,
 /// GetProfile, OutboundPolicies.Watch and WatchPort streams for distinct
@@ -182,8 +183,8 @@ async fn a_controller_in_a_memory_cgroup_refuses_streams_instead_of_dying() {
     refuses_streams_in_a_memory_cgroup(64 << 20, &[]).await;
 }
 
-/// The same with the heap in transparent huge pages, as `ballast install
-/// --controller-huge-pages` renders it: the kernel charges a 2 MiB page
+/// The same with the heap in transparent huge pages, as `ballast install`
+/// renders it by default: the kernel charges a 2 MiB page
 /// whole from its first touch, more than the allocator counts, and the
 /// budget must see it. In 128 MiB: in 64, the loaded cluster alone is past
 /// the point of refusal with huge pages. Where the kernel gives no huge

@@ -125,9 +125,16 @@ pub fn read(
         // Whether CRDs were applied is not recorded; `upgrade` prints none
         // unless asked (they are the same for every version so far).
         crds: false,
+        // Any allocator setting with huge pages counts (an older install's
+        // had no `narenas`): an upgrade then renders today's.
         controller_huge_pages: destination["env"].as_array().is_some_and(|env| {
-            let (name, value) = crate::HEAP_HUGE_PAGES_ENV;
-            env.iter().any(|e| e["name"] == name && e["value"] == value)
+            let (name, _) = crate::HEAP_HUGE_PAGES_ENV;
+            env.iter().any(|e| {
+                e["name"] == name
+                    && e["value"]
+                        .as_str()
+                        .is_some_and(|v| v.split(',').any(|o| o == "thp:always"))
+            })
         }),
     };
     let roots_what = format!("ConfigMap {ns}/{TRUST_ROOTS_CONFIG_MAP}");
@@ -180,7 +187,8 @@ mod tests {
             webhook_failure_policy: FailurePolicy::Fail,
             webhook_timeout_seconds: 7,
             crds: false,
-            controller_huge_pages: true,
+            // Not the default, as every field above.
+            controller_huge_pages: false,
             ..InstallConfig::default()
         };
         let material = KeyMaterial {
@@ -218,6 +226,37 @@ mod tests {
         .expect("reads back");
         assert_eq!(format!("{read_config:?}"), format!("{config:?}"));
         assert_eq!(format!("{read_material:?}"), format!("{material:?}"));
+
+        // Huge pages, as rendered today and as an older install asked for
+        // them (without `narenas`): both read back as on.
+        let (_, today) = crate::HEAP_HUGE_PAGES_ENV;
+        for value in [today, "thp:always,metadata_thp:always"] {
+            let huge = InstallConfig {
+                controller_huge_pages: true,
+                ..config.clone()
+            };
+            let text = crate::install_yaml(&huge, &material).replace(today, value);
+            assert!(text.contains(value));
+            let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("parses");
+            let deployments: Vec<Value> = docs
+                .iter()
+                .filter(|d| d["kind"] == "Deployment")
+                .cloned()
+                .collect();
+            let (read_huge, _) = read(&InstalledObjects {
+                namespace: "mesh",
+                deployments: &deployments,
+                trust_roots: find("ConfigMap", TRUST_ROOTS_CONFIG_MAP),
+                issuer: find("Secret", ISSUER_SECRET),
+                injector_tls: find("Secret", INJECTOR_TLS_SECRET),
+                webhook_configuration: find(
+                    "MutatingWebhookConfiguration",
+                    manifests::WEBHOOK_CONFIGURATION,
+                ),
+            })
+            .expect("reads back");
+            assert!(read_huge.controller_huge_pages, "{value}");
+        }
         // Nothing installed: said, naming what is missing.
         let e = read(&InstalledObjects {
             namespace: "mesh",
