@@ -172,6 +172,31 @@ pub fn read(
 mod tests {
     use super::*;
 
+    /// Reads back what an install printed (in namespace `mesh`).
+    fn read_yaml(text: &str) -> Result<(InstallConfig, KeyMaterial), InstalledError> {
+        let docs: Vec<Value> = serde_saphyr::from_multiple(text).expect("parses");
+        let find = |kind: &str, name: &str| {
+            docs.iter()
+                .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        };
+        let deployments: Vec<Value> = docs
+            .iter()
+            .filter(|d| d["kind"] == "Deployment")
+            .cloned()
+            .collect();
+        read(&InstalledObjects {
+            namespace: "mesh",
+            deployments: &deployments,
+            trust_roots: find("ConfigMap", TRUST_ROOTS_CONFIG_MAP),
+            issuer: find("Secret", ISSUER_SECRET),
+            injector_tls: find("Secret", INJECTOR_TLS_SECRET),
+            webhook_configuration: find(
+                "MutatingWebhookConfiguration",
+                manifests::WEBHOOK_CONFIGURATION,
+            ),
+        })
+    }
+
     /// What `install` renders reads back as the configuration and key
     /// material it was rendered from.
     #[test]
@@ -201,29 +226,8 @@ mod tests {
             )
             .expect("webhook tls"),
         };
-        let docs: Vec<Value> =
-            serde_saphyr::from_multiple(&crate::install_yaml(&config, &material)).expect("parses");
-        let find = |kind: &str, name: &str| {
-            docs.iter()
-                .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
-        };
-        let deployments: Vec<Value> = docs
-            .iter()
-            .filter(|d| d["kind"] == "Deployment")
-            .cloned()
-            .collect();
-        let (read_config, read_material) = read(&InstalledObjects {
-            namespace: "mesh",
-            deployments: &deployments,
-            trust_roots: find("ConfigMap", TRUST_ROOTS_CONFIG_MAP),
-            issuer: find("Secret", ISSUER_SECRET),
-            injector_tls: find("Secret", INJECTOR_TLS_SECRET),
-            webhook_configuration: find(
-                "MutatingWebhookConfiguration",
-                manifests::WEBHOOK_CONFIGURATION,
-            ),
-        })
-        .expect("reads back");
+        let (read_config, read_material) =
+            read_yaml(&crate::install_yaml(&config, &material)).expect("reads back");
         assert_eq!(format!("{read_config:?}"), format!("{config:?}"));
         assert_eq!(format!("{read_material:?}"), format!("{material:?}"));
 
@@ -237,24 +241,7 @@ mod tests {
             };
             let text = crate::install_yaml(&huge, &material).replace(today, value);
             assert!(text.contains(value));
-            let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("parses");
-            let deployments: Vec<Value> = docs
-                .iter()
-                .filter(|d| d["kind"] == "Deployment")
-                .cloned()
-                .collect();
-            let (read_huge, _) = read(&InstalledObjects {
-                namespace: "mesh",
-                deployments: &deployments,
-                trust_roots: find("ConfigMap", TRUST_ROOTS_CONFIG_MAP),
-                issuer: find("Secret", ISSUER_SECRET),
-                injector_tls: find("Secret", INJECTOR_TLS_SECRET),
-                webhook_configuration: find(
-                    "MutatingWebhookConfiguration",
-                    manifests::WEBHOOK_CONFIGURATION,
-                ),
-            })
-            .expect("reads back");
+            let (read_huge, _) = read_yaml(&text).expect("reads back");
             assert!(read_huge.controller_huge_pages, "{value}");
         }
         // Nothing installed: said, naming what is missing.
