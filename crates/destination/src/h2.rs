@@ -50,8 +50,6 @@ use tokio::{
     time::{Instant, Sleep},
 };
 
-type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
-
 /// The HTTP/2 settings and bounds of a gRPC server's connections.
 #[derive(Clone, Debug)]
 pub struct H2Limits {
@@ -267,14 +265,17 @@ impl Body for RequestBody {
     }
 }
 
-/// One stream: the service's answer, then its body.
+/// One stream: the service's answer, then its body. Held in its
+/// connection's set of streams itself, its body inline: a stream's poll
+/// follows no pointer to a box of its own (a fan-out polls many streams
+/// once each, and each pointer followed is a likely cache miss).
 enum Respond<F, B> {
     Answering {
         answer: Pin<Box<F>>,
         reply: SendResponse<Bytes>,
     },
     Piping {
-        body: Pin<Box<B>>,
+        body: B,
         tx: SendStream<Bytes>,
         /// A DATA frame that waits for the client's window: the body is not
         /// polled again until it has left.
@@ -286,7 +287,7 @@ enum Respond<F, B> {
 impl<F, B> Future for Respond<F, B>
 where
     F: Future<Output = Result<http::Response<B>, Infallible>>,
-    B: Body<Data = Bytes>,
+    B: Body<Data = Bytes> + Unpin,
 {
     type Output = ();
 
@@ -310,7 +311,7 @@ where
                     let next = match reply.send_response(http::Response::from_parts(head, ()), end)
                     {
                         Ok(tx) if !end => Respond::Piping {
-                            body: Box::pin(body),
+                            body,
                             tx,
                             waiting: None,
                         },
@@ -324,7 +325,7 @@ where
                     *this = next;
                 }
                 Respond::Piping { body, tx, waiting } => {
-                    return match pipe(body.as_mut(), tx, waiting, cx) {
+                    return match pipe(Pin::new(body), tx, waiting, cx) {
                         Poll::Ready(()) => {
                             *this = Respond::Done;
                             Poll::Ready(())
@@ -463,18 +464,22 @@ impl KeepAlive {
 }
 
 /// One connection and its streams, polled streams first.
-struct Driven<I, S> {
+struct Driven<I, S, B>
+where
+    S: Service<http::Request<RequestBody>>,
+{
     conn: Connection<Coalesced<I>, Bytes>,
     /// The connection's transport, to write what each poll queued.
     io: Coalesced<I>,
     service: S,
-    streams: FuturesUnordered<Task>,
+    streams: FuturesUnordered<Respond<S::Future, B>>,
     set_waker: Arc<SetWaker>,
     keepalive: Option<KeepAlive>,
 }
 
-// The service is only ever called through `&self`, never pinned.
-impl<I, S> Unpin for Driven<I, S> {}
+// The service is only ever called through `&self`, never pinned; the
+// streams' set never moves its streams.
+impl<I, S: Service<http::Request<RequestBody>>, B> Unpin for Driven<I, S, B> {}
 
 /// Passes over the woken streams in one poll of a connection, at most.
 /// `FuturesUnordered` gives up its turn (`Pending`, its waker woken) after
@@ -504,8 +509,8 @@ impl Wake for SetWaker {
 
 /// Runs the woken streams of `streams` until none is left woken (or the
 /// bound).
-fn run_streams(
-    streams: &mut FuturesUnordered<Task>,
+fn run_streams<T: Future<Output = ()>>(
+    streams: &mut FuturesUnordered<T>,
     set_waker: &Arc<SetWaker>,
     cx: &mut Context<'_>,
 ) {
@@ -536,12 +541,12 @@ fn run_streams(
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-impl<I, S, B> Future for Driven<I, S>
+impl<I, S, B> Future for Driven<I, S, B>
 where
     I: AsyncRead + AsyncWrite + Unpin,
     S: Service<http::Request<RequestBody>, Response = http::Response<B>, Error = Infallible>,
     S::Future: Send + 'static,
-    B: Body<Data = Bytes> + Send + 'static,
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
 {
     type Output = Result<(), BoxError>;
 
@@ -561,10 +566,10 @@ where
             match this.conn.poll_accept(cx) {
                 Poll::Ready(Some(Ok((req, reply)))) => {
                     let answer = this.service.call(req.map(RequestBody::new));
-                    this.streams.push(Box::pin(Respond::Answering {
+                    this.streams.push(Respond::Answering {
                         answer: Box::pin(answer),
                         reply,
-                    }));
+                    });
                 }
                 done @ Poll::Ready(_) => {
                     // What the connection wrote last (its GOAWAY, or its
@@ -606,7 +611,7 @@ pub async fn serve<I, S, B>(
         + Send
         + 'static,
     S::Future: Send + 'static,
-    B: Body<Data = Bytes> + Send + 'static,
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
 {
     let (stop, stopping) = watch::channel(false);
     let mut connections = JoinSet::new();
