@@ -390,6 +390,16 @@ fn pipe<B: Body<Data = Bytes>>(
                 continue;
             }
             Ok(data) => {
+                // h2 wakes the task a stream last waited with when it
+                // assigns the stream capacity: here that is this stream,
+                // being polled, and the wake would poll it once more for
+                // nothing. A no-op waker takes that place first (checking
+                // for a reset as it does); the stream registers its own
+                // again before it waits.
+                let mut quiet = Context::from_waker(Waker::noop());
+                if tx.poll_reset(&mut quiet).is_ready() {
+                    return Poll::Ready(());
+                }
                 // A claim of one byte: h2 raises it to what is buffered.
                 tx.reserve_capacity(1);
                 *waiting = Some(data);
@@ -782,6 +792,8 @@ mod tests {
         /// Responses made, and dropped.
         called: Arc<AtomicUsize>,
         dropped: Arc<AtomicUsize>,
+        /// Polls of the response bodies.
+        polls: Arc<AtomicUsize>,
         stop: Option<oneshot::Sender<()>>,
         served: tokio::task::JoinHandle<()>,
     }
@@ -804,13 +816,19 @@ mod tests {
             },
         );
         let called = Arc::new(AtomicUsize::new(0));
-        let (counted, calls) = (dropped.clone(), called.clone());
+        let polls = Arc::new(AtomicUsize::new(0));
+        let (counted, calls, polled) = (dropped.clone(), called.clone(), polls.clone());
         let service = hyper::service::service_fn(move |_req| {
             calls.fetch_add(1, Ordering::SeqCst);
             let guard = Dropped(counted.clone());
-            let frames: Frames = Box::pin(WatchStream::new(updates.clone()).map(move |v| {
+            let mut values = WatchStream::new(updates.clone());
+            let polled = polled.clone();
+            let frames: Frames = Box::pin(futures_util::stream::poll_fn(move |cx| {
                 let _ = &guard;
-                Ok(Frame::data(Bytes::from(vec![v; FRAME_BYTES])))
+                polled.fetch_add(1, Ordering::SeqCst);
+                values
+                    .poll_next_unpin(cx)
+                    .map(|v| v.map(|v| Ok(Frame::data(Bytes::from(vec![v; FRAME_BYTES])))))
             }));
             async move { Ok::<_, Infallible>(http::Response::new(StreamBody::new(frames))) }
         });
@@ -830,6 +848,7 @@ mod tests {
             writes,
             called,
             dropped,
+            polls,
             stop: Some(stop),
             served,
         }
@@ -913,6 +932,28 @@ mod tests {
         assert!(
             (1..=2).contains(&writes),
             "16 streams' updates took {writes} writes"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_update_polls_its_stream_once_and_h2_does_not_wake_it_again() {
+        let (tx, rx) = watch::channel(0u8);
+        let s = server(rx).await;
+        let (_client, mut streams) = open(s.addr, 1).await;
+        let body = &mut streams[0];
+        const UPDATES: usize = 20;
+        let before = s.polls.load(Ordering::SeqCst);
+        for v in 1..=UPDATES as u8 {
+            tx.send_replace(v);
+            assert_eq!(next(body).await, v);
+        }
+        // Per update: the poll that takes it and the one that finds nothing
+        // more. A wake by h2's capacity for the stream being polled would
+        // add a third.
+        let polls = s.polls.load(Ordering::SeqCst) - before;
+        assert!(
+            polls <= 2 * UPDATES + 2,
+            "{UPDATES} updates polled the body {polls} times"
         );
     }
 
