@@ -4,8 +4,9 @@
 //! stream holds no encoder and no buffer of its own.
 
 use super::server::{FrameStream, PolicyService};
-use crate::server::{decode, grpc_response};
+use crate::server::{decode, grpc_response, ResponseBody};
 use bytes::Bytes;
+use futures_util::Stream;
 use http::HeaderMap;
 use http_body::Frame;
 use linkerd2_proxy_api::{inbound::PortSpec, outbound::TrafficSpec};
@@ -94,7 +95,7 @@ impl<A: PolicyApi> NamedService for PolicyGrpc<A> {
 }
 
 impl<A: PolicyApi> tower::Service<http::Request<tonic::body::Body>> for PolicyGrpc<A> {
-    type Response = http::Response<tonic::body::Body>;
+    type Response = http::Response<ResponseBody>;
     type Error = Infallible;
     type Future = BoxFuture<Self::Response>;
 
@@ -126,18 +127,19 @@ impl<A: PolicyApi> tower::Service<http::Request<tonic::body::Body>> for PolicyGr
     }
 }
 
-fn answer_once(answer: Result<Bytes, Status>) -> http::Response<tonic::body::Body> {
+fn answer_once(answer: Result<Bytes, Status>) -> http::Response<ResponseBody> {
     match answer {
-        Ok(frame) => answer_stream(Ok(Box::pin(futures_util::stream::once(async move {
-            Ok(frame)
-        })))),
+        Ok(frame) => grpc_response(ResponseBody::Boxed(tonic::body::Body::new(FrameBody {
+            stream: futures_util::stream::iter(Some(Ok(frame))),
+            ended: false,
+        }))),
         Err(status) => status.into_http(),
     }
 }
 
-fn answer_stream(stream: Result<FrameStream, Status>) -> http::Response<tonic::body::Body> {
+fn answer_stream(stream: Result<FrameStream, Status>) -> http::Response<ResponseBody> {
     match stream {
-        Ok(stream) => grpc_response(tonic::body::Body::new(FrameBody {
+        Ok(stream) => grpc_response(ResponseBody::Policy(FrameBody {
             stream,
             ended: false,
         })),
@@ -147,12 +149,15 @@ fn answer_stream(stream: Result<FrameStream, Status>) -> http::Response<tonic::b
 
 /// A response body of shared frames, then the status as trailers: the
 /// stream's error if it ended with one, else OK.
-struct FrameBody {
-    stream: FrameStream,
+pub struct FrameBody<S = FrameStream> {
+    stream: S,
     ended: bool,
 }
 
-impl http_body::Body for FrameBody {
+impl<S> http_body::Body for FrameBody<S>
+where
+    S: Stream<Item = Result<Bytes, Status>> + Unpin,
+{
     type Data = Bytes;
     type Error = Infallible;
 
@@ -163,7 +168,7 @@ impl http_body::Body for FrameBody {
         if self.ended {
             return Poll::Ready(None);
         }
-        let status = match self.stream.as_mut().poll_next(cx) {
+        let status = match Pin::new(&mut self.stream).poll_next(cx) {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(Some(Ok(frame))) => return Poll::Ready(Some(Ok(Frame::data(frame)))),
             Poll::Ready(Some(Err(status))) => status,

@@ -43,8 +43,9 @@ pub struct PolicyService {
 }
 
 /// A Watch stream's messages, each one whole gRPC frame shared with every
-/// other stream on its subscription.
-pub type FrameStream = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send>>;
+/// other stream on its subscription. A type of its own, not a boxed
+/// stream: the response body holds it inline.
+pub type FrameStream = Answers;
 
 impl PolicyService {
     pub fn new(
@@ -180,7 +181,7 @@ impl PolicyService {
         };
         // No task and no queue per stream: the response body polls the
         // subscription's latest answer when the client has room for it.
-        Ok(Box::pin(Answers {
+        Ok(Answers {
             first: Some(first),
             changes: tokio_stream::wrappers::WatchStream::from_changes(rx),
             stopped: Box::pin(stopped),
@@ -189,7 +190,7 @@ impl PolicyService {
             shed,
             done: false,
             _open: open,
-        }))
+        })
     }
 }
 
@@ -198,7 +199,7 @@ impl PolicyService {
 /// the stream for memory (`RESOURCE_EXHAUSTED` with a retry hint). One
 /// state machine rather than a stack of stream combinators: it is polled
 /// once per stream per change.
-struct Answers {
+pub struct Answers {
     first: Option<Bytes>,
     changes: tokio_stream::wrappers::WatchStream<Option<Bytes>>,
     /// Shutdown or shedding.
@@ -475,8 +476,8 @@ mod answers_tests {
             let mut cx = Context::from_waker(&waker);
             // Parked, then polled again with the same waker: the second poll
             // does not register again, and must not need to.
-            assert!(s.as_mut().poll_next(&mut cx).is_pending());
-            assert!(s.as_mut().poll_next(&mut cx).is_pending());
+            assert!(Pin::new(&mut s).poll_next(&mut cx).is_pending());
+            assert!(Pin::new(&mut s).poll_next(&mut cx).is_pending());
             if shed {
                 let target = Target::Service {
                     service: ObjectKey::new("a", "web"),
@@ -487,7 +488,7 @@ mod answers_tests {
                 w.stop.send_replace(true);
             }
             assert!(count.0.load(Ordering::SeqCst) > 0, "woken (shed: {shed})");
-            match s.as_mut().poll_next(&mut cx) {
+            match Pin::new(&mut s).poll_next(&mut cx) {
                 Poll::Ready(None) => assert!(!shed, "a shed stream ends with a status"),
                 Poll::Ready(Some(Err(status))) => {
                     assert!(shed);

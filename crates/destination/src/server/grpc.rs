@@ -4,7 +4,10 @@
 //! buffer of its own per stream).
 
 use super::{DestinationService, StreamBody};
+use crate::index::{EndpointSet, ProfileView};
+use bytes::Bytes;
 use http::{header::CONTENT_TYPE, HeaderValue};
+use http_body::{Body, Frame, SizeHint};
 use linkerd2_proxy_api::destination::GetDestination;
 use std::{
     convert::Infallible,
@@ -40,7 +43,7 @@ impl NamedService for DestinationGrpc {
 type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, Infallible>> + Send>>;
 
 impl tower::Service<http::Request<tonic::body::Body>> for DestinationGrpc {
-    type Response = http::Response<tonic::body::Body>;
+    type Response = http::Response<ResponseBody>;
     type Error = Infallible;
     type Future = BoxFuture<Self::Response>;
 
@@ -64,9 +67,13 @@ impl tower::Service<http::Request<tonic::body::Body>> for DestinationGrpc {
                 Err(status) => return Ok(status.into_http()),
             };
             let opened = if profile {
-                service.get_profile(&request).map(response)
+                service
+                    .get_profile(&request)
+                    .map(|body| grpc_response(ResponseBody::Profile(body)))
             } else {
-                service.get(&request).map(response)
+                service
+                    .get(&request)
+                    .map(|body| grpc_response(ResponseBody::Endpoints(body)))
             };
             Ok(opened.unwrap_or_else(|status| status.into_http()))
         })
@@ -92,18 +99,72 @@ pub(crate) async fn decode<M: prost::Message + Default + Send + 'static>(
         .ok_or_else(|| Status::invalid_argument("missing request message"))
 }
 
-fn response<V: PartialEq + Send + Sync + 'static>(
-    body: StreamBody<V>,
-) -> http::Response<tonic::body::Body> {
-    grpc_response(tonic::body::Body::new(body))
-}
-
 /// A gRPC response around `body` (its messages and trailers).
-pub(crate) fn grpc_response(body: tonic::body::Body) -> http::Response<tonic::body::Body> {
+pub(crate) fn grpc_response(body: ResponseBody) -> http::Response<ResponseBody> {
     let mut res = http::Response::new(body);
     res.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     res
+}
+
+/// A response body of the controller's routes. The bodies of the streams
+/// a change reaches are held inline (in the connection's set of streams,
+/// `crate::h2`): a fan-out polls each of them once, and tonic's body
+/// would add a box, a call through a vtable and an error mapping to every
+/// poll. Anything else (errors, unary answers, health) is tonic's.
+pub enum ResponseBody {
+    Endpoints(StreamBody<EndpointSet>),
+    Profile(StreamBody<ProfileView>),
+    Policy(crate::policy::grpc::FrameBody),
+    Boxed(tonic::body::Body),
+}
+
+impl Default for ResponseBody {
+    /// An empty body: a response that is its headers (a gRPC error).
+    fn default() -> Self {
+        ResponseBody::Boxed(tonic::body::Body::default())
+    }
+}
+
+/// A frame of a body whose errors cannot happen, as `ResponseBody`'s.
+fn infallible(
+    frame: Poll<Option<Result<Frame<Bytes>, Infallible>>>,
+) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+    frame.map(|f| f.map(|f| f.map_err(|never| match never {})))
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        // Every variant is `Unpin`.
+        match self.get_mut() {
+            ResponseBody::Endpoints(b) => infallible(Pin::new(b).poll_frame(cx)),
+            ResponseBody::Profile(b) => infallible(Pin::new(b).poll_frame(cx)),
+            ResponseBody::Policy(b) => infallible(Pin::new(b).poll_frame(cx)),
+            ResponseBody::Boxed(b) => Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ResponseBody::Endpoints(b) => b.is_end_stream(),
+            ResponseBody::Profile(b) => b.is_end_stream(),
+            ResponseBody::Policy(b) => b.is_end_stream(),
+            ResponseBody::Boxed(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ResponseBody::Boxed(b) => b.size_hint(),
+            _ => SizeHint::default(),
+        }
+    }
 }
 
 /// The controller's gRPC services on one connection, chosen by the
@@ -118,11 +179,13 @@ pub(crate) struct Routes<H> {
 }
 
 type Request = http::Request<tonic::body::Body>;
-type Response = http::Response<tonic::body::Body>;
+type Response = http::Response<ResponseBody>;
+/// tonic's health service answers with tonic's body.
+type HealthResponse = http::Response<tonic::body::Body>;
 
 impl<H> hyper::service::Service<http::Request<crate::h2::RequestBody>> for Routes<H>
 where
-    H: tower::Service<Request, Response = Response, Error = Infallible>
+    H: tower::Service<Request, Response = HealthResponse, Error = Infallible>
         + NamedService
         + Clone
         + Send
@@ -147,7 +210,8 @@ where
             return Box::pin(self.destination.clone().oneshot(req));
         }
         if name == Some(H::NAME) {
-            return Box::pin(self.health.clone().oneshot(req));
+            let answer = self.health.clone().oneshot(req);
+            return Box::pin(async move { Ok(answer.await?.map(ResponseBody::Boxed)) });
         }
         if let Some(s) = (self.outbound.as_ref()).filter(|_| name == Some(OutboundGrpc::NAME)) {
             return Box::pin(s.clone().oneshot(req));

@@ -17,6 +17,7 @@ mod translate;
 mod updates;
 
 pub use grpc::DestinationGrpc;
+pub use grpc::ResponseBody;
 pub(crate) use grpc::{decode, grpc_response};
 pub use translate::{
     default_retry_budget, weighted_addr, MeshConfig, DEFAULT_PROXY_INBOUND_PORT, DEFAULT_WEIGHT,
