@@ -96,6 +96,13 @@ struct Slot {
     state: SlotState,
 }
 
+impl Slot {
+    fn mark_taken(&mut self, version: u64) {
+        self.seen = Some(version);
+        self.lacking_since = None;
+    }
+}
+
 #[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
 enum SlotState {
     #[default]
@@ -233,27 +240,32 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
     /// many were cut.
     fn wake_readers(&self, version: u64) -> usize {
         let now = Instant::now();
-        let mut readers = self.lock_readers();
         let mut cut = 0;
-        for slot in readers
-            .slots
-            .iter_mut()
-            .filter(|s| s.state == SlotState::Open)
+        // Woken once the lock is released: the streams woken first are
+        // polled (on another worker) while the rest are woken, and each
+        // takes this lock.
+        let mut woken = Vec::new();
         {
-            if let Some(seen) = slot.seen.filter(|seen| *seen < version) {
-                // Its time starts at the first publication it lacks; one
-                // whose take raced a publication starts again at the next
-                // one: a late cut, never an early one.
-                let since = *slot.lacking_since.get_or_insert(now);
-                if seen + 1 < version && now.duration_since(since) > self.limits.send_wait {
-                    slot.state = SlotState::Cut;
-                    cut += 1;
+            let mut readers = self.lock_readers();
+            for slot in readers
+                .slots
+                .iter_mut()
+                .filter(|s| s.state == SlotState::Open)
+            {
+                if let Some(seen) = slot.seen.filter(|seen| *seen < version) {
+                    // Its time starts at the first publication it lacks; one
+                    // whose take raced a publication starts again at the next
+                    // one: a late cut, never an early one.
+                    let since = *slot.lacking_since.get_or_insert(now);
+                    if seen + 1 < version && now.duration_since(since) > self.limits.send_wait {
+                        slot.state = SlotState::Cut;
+                        cut += 1;
+                    }
                 }
-            }
-            if let Some(w) = slot.waker.take() {
-                w.wake();
+                woken.extend(slot.waker.take());
             }
         }
+        woken.into_iter().for_each(Waker::wake);
         cut
     }
 
@@ -321,9 +333,10 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
     }
 
     /// Takes what is new for `cursor`, or registers `cx`'s waker to be woken
-    /// by the next publication (then `Pending`).
+    /// by the next publication (then `Pending`). One acquisition of the
+    /// readers' lock either way: every stream of the feed takes it.
     pub fn poll_catch_up(&self, cursor: &mut Cursor<V>, cx: &mut Context<'_>) -> Poll<Next<V>> {
-        {
+        let head = {
             let mut readers = self.lock_readers();
             let Some(slot) = readers.slots.get_mut(cursor.slot) else {
                 return Poll::Ready(Next::Cut);
@@ -333,21 +346,36 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
                 SlotState::Shed => return Poll::Ready(Next::Shed),
                 SlotState::Free | SlotState::Open => {}
             }
-            if cursor.seen == Some(self.tx.borrow().version) {
+            // Read under the lock: a publication after this wakes the
+            // waker registered here.
+            let head = cursor.rx.borrow_and_update().clone();
+            if cursor.seen == Some(head.version) {
                 match &slot.waker {
                     Some(w) if w.will_wake(cx.waker()) => {}
                     _ => slot.waker = Some(cx.waker().clone()),
                 }
                 return Poll::Pending;
             }
-        }
-        Poll::Ready(Next::Up(self.catch_up(cursor)))
+            slot.mark_taken(head.version);
+            head
+        };
+        Poll::Ready(Next::Up(self.take(cursor, head)))
     }
 
     /// The messages that bring a stream from what `cursor` last took to the
     /// latest answer, marking it taken.
     pub fn catch_up(&self, cursor: &mut Cursor<V>) -> CatchUp<V> {
         let head = cursor.rx.borrow_and_update().clone();
+        if let Some(slot) = self.lock_readers().slots.get_mut(cursor.slot) {
+            slot.mark_taken(head.version);
+        }
+        self.take(cursor, head)
+    }
+
+    /// The messages from what `cursor` last took to `head`, which it takes.
+    /// Outside the readers' lock: a new stream's whole answer may be
+    /// encoded here.
+    fn take(&self, cursor: &mut Cursor<V>, head: Arc<Head<V>>) -> CatchUp<V> {
         let oldest = head.version - head.changes.len() as u64;
         let kind = match cursor.seen {
             Some(seen) if seen == head.version => Kind::Nothing,
@@ -358,10 +386,6 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
             None => Kind::Full(self.full(&head)),
         };
         cursor.seen = Some(head.version);
-        if let Some(slot) = self.lock_readers().slots.get_mut(cursor.slot) {
-            slot.seen = Some(head.version);
-            slot.lacking_since = None;
-        }
         CatchUp { head, kind }
     }
 
