@@ -3,7 +3,7 @@
 //! out its subscription's answers as shared, already-encoded frames, so a
 //! stream holds no encoder and no buffer of its own.
 
-use super::server::{FrameStream, PolicyService};
+use super::server::{Answers, PolicyService};
 use crate::server::{decode, grpc_response, ResponseBody};
 use bytes::Bytes;
 use futures_util::Stream;
@@ -29,7 +29,7 @@ pub trait PolicyApi: Send + Sync + 'static {
     const WATCH: &'static str;
     type Request: prost::Message + Default + Send + 'static;
     fn get(service: &PolicyService, req: Self::Request) -> Result<Bytes, Status>;
-    fn watch(service: &PolicyService, req: Self::Request) -> Result<FrameStream, Status>;
+    fn watch(service: &PolicyService, req: Self::Request) -> Result<Answers, Status>;
 }
 
 /// `OutboundPolicies` (`Get`, `Watch`).
@@ -46,7 +46,7 @@ impl PolicyApi for Outbound {
     fn get(service: &PolicyService, req: TrafficSpec) -> Result<Bytes, Status> {
         service.get(req)
     }
-    fn watch(service: &PolicyService, req: TrafficSpec) -> Result<FrameStream, Status> {
+    fn watch(service: &PolicyService, req: TrafficSpec) -> Result<Answers, Status> {
         service.watch(req)
     }
 }
@@ -59,7 +59,7 @@ impl PolicyApi for Inbound {
     fn get(service: &PolicyService, req: PortSpec) -> Result<Bytes, Status> {
         service.get_port(&req)
     }
-    fn watch(service: &PolicyService, req: PortSpec) -> Result<FrameStream, Status> {
+    fn watch(service: &PolicyService, req: PortSpec) -> Result<Answers, Status> {
         service.watch_port(&req)
     }
 }
@@ -137,7 +137,7 @@ fn answer_once(answer: Result<Bytes, Status>) -> http::Response<ResponseBody> {
     }
 }
 
-fn answer_stream(stream: Result<FrameStream, Status>) -> http::Response<ResponseBody> {
+fn answer_stream(stream: Result<Answers, Status>) -> http::Response<ResponseBody> {
     match stream {
         Ok(stream) => grpc_response(ResponseBody::Policy(FrameBody {
             stream,
@@ -149,7 +149,7 @@ fn answer_stream(stream: Result<FrameStream, Status>) -> http::Response<Response
 
 /// A response body of shared frames, then the status as trailers: the
 /// stream's error if it ended with one, else OK.
-pub struct FrameBody<S = FrameStream> {
+pub struct FrameBody<S = Answers> {
     stream: S,
     ended: bool,
 }

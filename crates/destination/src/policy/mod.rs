@@ -13,7 +13,7 @@ mod server;
 mod translate;
 
 pub use grpc::{InboundGrpc, OutboundGrpc};
-pub use server::{FrameStream, PolicyService, DEFAULT_MAX_POLICY_STREAMS};
+pub use server::{Answers, PolicyService, DEFAULT_MAX_POLICY_STREAMS};
 pub use translate::{
     inbound_server, outbound_policy, PolicyConfig, DEFAULT_DETECT_TIMEOUT, DEFAULT_EWMA_DECAY,
     DEFAULT_EWMA_RTT, DEFAULT_FAILFAST_TIMEOUT, DEFAULT_QUEUE_CAPACITY,

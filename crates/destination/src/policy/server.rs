@@ -42,11 +42,6 @@ pub struct PolicyService {
     memory: MemoryBudget,
 }
 
-/// A Watch stream's messages, each one whole gRPC frame shared with every
-/// other stream on its subscription. A type of its own, not a boxed
-/// stream: the response body holds it inline.
-pub type FrameStream = Answers;
-
 impl PolicyService {
     pub fn new(
         policy: Arc<PolicyStore>,
@@ -89,7 +84,7 @@ impl PolicyService {
     }
 
     /// `OutboundPolicies.Watch`: the answers as gRPC frames.
-    pub fn watch(&self, spec: TrafficSpec) -> Result<FrameStream, Status> {
+    pub fn watch(&self, spec: TrafficSpec) -> Result<Answers, Status> {
         let target = self.outbound_target(spec)?;
         let permit = self.permit("OutboundPolicies.Watch")?;
         let watch = self.policy.watch_outbound(target);
@@ -106,7 +101,7 @@ impl PolicyService {
     }
 
     /// `InboundServerPolicies.WatchPort`: the answers as gRPC frames.
-    pub fn watch_port(&self, spec: &PortSpec) -> Result<FrameStream, Status> {
+    pub fn watch_port(&self, spec: &PortSpec) -> Result<Answers, Status> {
         let (pod, port) = inbound_key(spec)?;
         let permit = self.permit("InboundServerPolicies.WatchPort")?;
         let watch = self.policy.watch_inbound(pod, port);
@@ -148,7 +143,7 @@ impl PolicyService {
         watch: PolicyWatch,
         api: &'static str,
         permit: OwnedSemaphorePermit,
-    ) -> Result<FrameStream, Status> {
+    ) -> Result<Answers, Status> {
         let PolicyWatch {
             mut rx,
             shed,
@@ -198,7 +193,9 @@ impl PolicyService {
 /// target goes (`NOT_FOUND`), the controller stops (a clean end) or sheds
 /// the stream for memory (`RESOURCE_EXHAUSTED` with a retry hint). One
 /// state machine rather than a stack of stream combinators: it is polled
-/// once per stream per change.
+/// once per stream per change. Its messages are whole gRPC frames shared
+/// with every other stream on its subscription; the response body holds
+/// it inline (`crate::server::ResponseBody`).
 pub struct Answers {
     first: Option<Bytes>,
     changes: tokio_stream::wrappers::WatchStream<Option<Bytes>>,
@@ -413,7 +410,7 @@ mod answers_tests {
     }
 
     /// The next item, which must be there already.
-    fn ready(s: &mut FrameStream) -> Option<Result<Bytes, Status>> {
+    fn ready(s: &mut Answers) -> Option<Result<Bytes, Status>> {
         s.next().now_or_never().expect("an item is ready")
     }
 
