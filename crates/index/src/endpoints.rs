@@ -83,15 +83,11 @@ impl Index {
     /// controller would list them: live, ready pods with an IP, whose named
     /// target port resolves on that pod.
     fn derive_endpoints(&self, svc: &Service, port: u16, set: &mut EndpointSet) {
-        let Some(names) = self.pods_by_namespace.get(&svc.key.namespace) else {
+        let Some(pods) = self.pods_by_namespace.get(&svc.key.namespace) else {
             return;
         };
         let target = svc.port(port).map(|p| &p.target_port);
-        for name in names {
-            let key = ObjectKey::new(svc.key.namespace.clone(), name.clone());
-            let Some(pod) = self.pods.get(&key) else {
-                continue;
-            };
+        for pod in pods.values() {
             if !pod.is_live() || !pod.ready || !svc.selects(&pod.labels) {
                 continue;
             }

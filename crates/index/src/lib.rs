@@ -31,7 +31,7 @@ use crate::resource::{
 };
 use policy::{PolicyObjects, RouteProblem};
 use std::{
-    collections::{BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     net::{IpAddr, SocketAddr},
     sync::Arc,
 };
@@ -197,9 +197,12 @@ pub struct ClusterIpConflict {
 pub struct Index {
     config: IndexConfig,
     pods: HashMap<ObjectKey, Arc<Pod>>,
-    pods_by_namespace: HashMap<Arc<str>, BTreeSet<Arc<str>>>,
+    /// The same pods by namespace, held here too so that a selector's scan
+    /// of a namespace (a pod's Services, a Service's pods) reads them in
+    /// place rather than looking each up by key.
+    pods_by_namespace: HashMap<Arc<str>, BTreeMap<Arc<str>, Arc<Pod>>>,
     services: HashMap<ObjectKey, Arc<Service>>,
-    services_by_namespace: HashMap<Arc<str>, BTreeSet<Arc<str>>>,
+    services_by_namespace: HashMap<Arc<str>, BTreeMap<Arc<str>, Arc<Service>>>,
     services_by_ip: HashMap<IpAddr, BTreeSet<ObjectKey>>,
     /// Cluster IPs claimed by more than one Service, reported once each.
     cluster_ip_conflicts: HashSet<IpAddr>,
@@ -381,7 +384,7 @@ impl Index {
         self.pods_by_namespace
             .entry(pod.key.namespace.clone())
             .or_default()
-            .insert(pod.key.name.clone());
+            .insert(pod.key.name.clone(), pod.clone());
         self.pods.insert(pod.key.clone(), pod.clone());
         self.touch_pod(&pod, ch);
         self.ips.insert(&pod);
@@ -419,15 +422,10 @@ impl Index {
                 ch.ips.insert(host);
             }
         }
-        if let Some(names) = self.services_by_namespace.get(&pod.key.namespace) {
-            for name in names {
-                let key = ObjectKey::new(pod.key.namespace.clone(), name.clone());
-                if self
-                    .services
-                    .get(&key)
-                    .is_some_and(|s| s.selects(&pod.labels))
-                {
-                    ch.services.insert(key);
+        if let Some(services) = self.services_by_namespace.get(&pod.key.namespace) {
+            for svc in services.values() {
+                if svc.selects(&pod.labels) {
+                    ch.services.insert(svc.key.clone());
                 }
             }
         }
@@ -459,7 +457,7 @@ impl Index {
         self.services_by_namespace
             .entry(svc.key.namespace.clone())
             .or_default()
-            .insert(svc.key.name.clone());
+            .insert(svc.key.name.clone(), svc.clone());
         ch.services.insert(svc.key.clone());
         self.policy.service_changed(&svc.key, ch);
         self.services.insert(svc.key.clone(), svc);
