@@ -2,7 +2,8 @@
 //! [`store::Store`] that sources (Kubernetes, a manifests directory) apply
 //! [`store::Op`]s to, holding the pure [`index::Index`] (crate
 //! `ballast-index`, re-exported here as `index` and `resource`); the
-//! bounded per-subscriber [`feed`]s it answers through; the subscription
+//! bounded per-subscriber [`feed`]s it answers through (and [`latest`]
+//! values where every message is a whole answer); the subscription
 //! registry both APIs share ([`shared`]) and which of its entries a change
 //! reaches ([`reach`]); and the controller's
 //! [`metrics`]. It knows neither Kubernetes' client nor gRPC: the sources
@@ -11,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod feed;
+pub mod latest;
 pub mod metrics;
 pub mod reach;
 pub mod shared;

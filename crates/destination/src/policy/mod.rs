@@ -30,6 +30,7 @@ use crate::{
     shared::{Reach, Shared},
     store::{Observer, Store},
 };
+use ballast_store::latest::{Latest, LatestReader};
 use bytes::Bytes;
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -41,7 +42,6 @@ use std::{
     hash::Hash,
     sync::{Arc, Mutex, MutexGuard},
 };
-use tokio::sync::watch;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
@@ -132,18 +132,16 @@ struct Entry<V> {
     view: V,
     /// The answer as one whole gRPC frame, encoded once for every stream;
     /// `None`: the target is not known (the stream ends with NOT_FOUND).
-    tx: watch::Sender<Option<Bytes>>,
-    /// Turns true when the memory budget's closing step closes every
-    /// stream of this entry ([`PolicyStore::shed`]).
-    shed: watch::Sender<bool>,
+    /// Closed when the memory budget's closing step closes every stream of
+    /// this entry ([`PolicyStore::shed`]).
+    tx: Arc<Latest<Option<Bytes>>>,
 }
 
 /// A watcher's handle on one shared answer; leaving drops the
 /// subscription with its last watcher.
 pub struct PolicyWatch {
-    rx: watch::Receiver<Option<Bytes>>,
-    /// True once the stream is to close to relieve memory.
-    shed: watch::Receiver<bool>,
+    /// Ends (`None`) once the stream is to close to relieve memory.
+    rx: LatestReader<Option<Bytes>>,
     _guard: Guard,
 }
 
@@ -168,8 +166,8 @@ pub struct Held {
 struct Guard {
     policy: Arc<PolicyStore>,
     key: Key,
-    /// Set when the entry was shed: its watchers were released then.
-    shed: watch::Receiver<bool>,
+    /// Closed when the entry was shed: its watchers were released then.
+    answer: Arc<Latest<Option<Bytes>>>,
 }
 
 impl PolicyStore {
@@ -200,24 +198,24 @@ impl PolicyStore {
     }
 
     pub fn watch_outbound(self: &Arc<Self>, target: Target) -> PolicyWatch {
-        let (rx, shed) = self.join(
+        let answer = self.join(
             |subs| &mut subs.outbound,
             &target,
             |index| index.outbound_policy(&target),
             |view| self.encode_outbound(view),
         );
-        self.watch(rx, shed, Key::Outbound(target))
+        self.watch(answer, Key::Outbound(target))
     }
 
     pub fn watch_inbound(self: &Arc<Self>, pod: ObjectKey, port: u16) -> PolicyWatch {
         let key = (pod, port);
-        let (rx, shed) = self.join(
+        let answer = self.join(
             |subs| &mut subs.inbound,
             &key,
             |index| index.inbound_policy(&key.0, key.1),
             |view| self.encode_inbound(view),
         );
-        self.watch(rx, shed, Key::Inbound(key.0, key.1))
+        self.watch(answer, Key::Inbound(key.0, key.1))
     }
 
     /// Joins the shared answer of `key` in the registry `pick` chooses,
@@ -228,7 +226,7 @@ impl PolicyStore {
         key: &K,
         view_of: impl FnOnce(&Index) -> V,
         encode: impl FnOnce(&V) -> Option<Bytes>,
-    ) -> (watch::Receiver<Option<Bytes>>, watch::Receiver<bool>) {
+    ) -> Arc<Latest<Option<Bytes>>> {
         // Lock order: the store's, then ours (as in `Observer::changed`).
         self.store.with_index(|index| {
             let mut subs = self.lock();
@@ -237,29 +235,22 @@ impl PolicyStore {
                 let msg = encode(&view);
                 Entry {
                     view,
-                    tx: watch::Sender::new(msg),
-                    shed: watch::Sender::new(false),
+                    tx: Latest::new(msg),
                 }
             });
-            let joined = (entry.tx.subscribe(), entry.shed.subscribe());
+            let joined = entry.tx.clone();
             self.count(&subs);
             joined
         })
     }
 
-    fn watch(
-        self: &Arc<Self>,
-        rx: watch::Receiver<Option<Bytes>>,
-        shed: watch::Receiver<bool>,
-        key: Key,
-    ) -> PolicyWatch {
+    fn watch(self: &Arc<Self>, answer: Arc<Latest<Option<Bytes>>>, key: Key) -> PolicyWatch {
         PolicyWatch {
-            rx,
-            shed: shed.clone(),
+            rx: answer.reader(),
             _guard: Guard {
                 policy: self.clone(),
                 key,
-                shed,
+                answer,
             },
         }
     }
@@ -271,13 +262,13 @@ impl PolicyStore {
         held.extend(subs.outbound.held().map(|(target, e, streams)| Held {
             api: "OutboundPolicies.Watch",
             key: Key::Outbound(target.clone()),
-            bytes: e.tx.borrow().as_ref().map_or(0, Bytes::len),
+            bytes: e.tx.with(|m| m.as_ref().map_or(0, Bytes::len)),
             streams,
         }));
         held.extend(subs.inbound.held().map(|((pod, port), e, streams)| Held {
             api: "InboundServerPolicies.WatchPort",
             key: Key::Inbound(pod.clone(), *port),
-            bytes: e.tx.borrow().as_ref().map_or(0, Bytes::len),
+            bytes: e.tx.with(|m| m.as_ref().map_or(0, Bytes::len)),
             streams,
         }));
         held
@@ -290,11 +281,11 @@ impl PolicyStore {
         let mut subs = self.lock();
         let closed = match key {
             Key::Outbound(t) => subs.outbound.take(t).map(|(e, n)| {
-                e.shed.send_replace(true);
+                e.tx.close();
                 n
             }),
             Key::Inbound(pod, port) => subs.inbound.take(&(pod.clone(), *port)).map(|(e, n)| {
-                e.shed.send_replace(true);
+                e.tx.close();
                 n
             }),
         };
@@ -422,7 +413,7 @@ impl Drop for Guard {
         let mut subs = self.policy.lock();
         // Checked under the lock the shedding took: a shed entry's watchers
         // were released with it, and its key may hold a new entry now.
-        if *self.shed.borrow() {
+        if self.answer.is_closed() {
             return;
         }
         match &self.key {
@@ -437,7 +428,7 @@ impl PolicyWatch {
     /// The current answer as a gRPC frame, marking it seen; `None` if the
     /// target is unknown.
     pub fn current(&mut self) -> Option<Bytes> {
-        self.rx.borrow_and_update().clone()
+        self.rx.current()
     }
 }
 
@@ -493,7 +484,7 @@ mod tests {
     fn changed(watches: &[(&str, PolicyWatch)]) -> Vec<String> {
         watches
             .iter()
-            .filter(|(_, w)| w.rx.has_changed().unwrap_or(true))
+            .filter(|(_, w)| w.rx.has_changed())
             .map(|(name, _)| name.to_string())
             .collect()
     }

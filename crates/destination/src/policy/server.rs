@@ -11,6 +11,7 @@
 use super::{PolicyMetrics, PolicyStore, PolicyWatch};
 use crate::{authority, index::Target, resource::ObjectKey};
 use ballast_admin::MemoryBudget;
+use ballast_store::latest::LatestReader;
 use bytes::Bytes;
 use futures_util::Stream;
 use linkerd2_proxy_api::{
@@ -144,14 +145,9 @@ impl PolicyService {
         api: &'static str,
         permit: OwnedSemaphorePermit,
     ) -> Result<Answers, Status> {
-        let PolicyWatch {
-            mut rx,
-            shed,
-            _guard,
-        } = watch;
+        let PolicyWatch { mut rx, _guard } = watch;
         let first = rx
-            .borrow_and_update()
-            .clone()
+            .current()
             .ok_or_else(|| Status::not_found("no such target"))?;
         let gauge = self
             .policy
@@ -166,23 +162,19 @@ impl PolicyService {
             _subscription: _guard,
         };
         let shutdown = self.shutdown.clone();
-        let (mut shutdown_wait, mut shed_wait) = (shutdown.clone(), shed.clone());
+        let mut shutdown_wait = shutdown.clone();
         let stopped = async move {
-            // The guards `wait_for` returns must not outlive this future's poll.
-            tokio::select! {
-                _ = async { shutdown_wait.wait_for(|s| *s).await.map(|_| ()) } => {}
-                _ = async { shed_wait.wait_for(|s| *s).await.map(|_| ()) } => {}
-            }
+            // The guard `wait_for` returns must not outlive this future's poll.
+            let _ = shutdown_wait.wait_for(|s| *s).await.map(|_| ());
         };
         // No task and no queue per stream: the response body polls the
         // subscription's latest answer when the client has room for it.
         Ok(Answers {
             first: Some(first),
-            changes: tokio_stream::wrappers::WatchStream::from_changes(rx),
+            changes: rx,
             stopped: Box::pin(stopped),
             stopped_waker: None,
             shutdown,
-            shed,
             done: false,
             _open: open,
         })
@@ -198,37 +190,38 @@ impl PolicyService {
 /// it inline (`crate::server::ResponseBody`).
 pub struct Answers {
     first: Option<Bytes>,
-    changes: tokio_stream::wrappers::WatchStream<Option<Bytes>>,
-    /// Shutdown or shedding.
+    /// The subscription's answer; it ends (`None`) when the stream is shed.
+    changes: LatestReader<Option<Bytes>>,
+    /// Shutdown.
     stopped: Pin<Box<dyn Future<Output = ()> + Send>>,
     /// The waker `stopped` was last polled with: while it is the same and
-    /// neither watch changed, `stopped` is not polled again (each poll of
-    /// it takes a lock shared by every stream).
+    /// the shutdown watch did not change, `stopped` is not polled again
+    /// (each poll of it takes a lock shared by every stream).
     stopped_waker: Option<Waker>,
     shutdown: watch::Receiver<bool>,
-    shed: watch::Receiver<bool>,
     done: bool,
     /// The stream's count, permit and subscription.
     _open: OpenStream,
 }
 
 impl Answers {
-    /// Whether `stopped` must be polled: never polled with this waker, or a
-    /// watch it waits on changed (these receivers never mark a value seen,
-    /// so a change stays visible).
+    /// Whether `stopped` must be polled: never polled with this waker, or
+    /// the watch it waits on changed (this receiver never marks a value
+    /// seen, so a change stays visible).
     fn may_have_stopped(&self, cx: &Context<'_>) -> bool {
         !self
             .stopped_waker
             .as_ref()
             .is_some_and(|w| w.will_wake(cx.waker()))
             || self.shutdown.has_changed().unwrap_or(true)
-            || self.shed.has_changed().unwrap_or(true)
     }
 
     /// The end of a stream whose answers stopped: shed, or a clean end.
     fn end(&mut self) -> Option<Result<Bytes, Status>> {
         self.done = true;
-        (*self.shed.borrow()).then(|| Err(crate::server::memory_closed()))
+        self.changes
+            .is_closed()
+            .then(|| Err(crate::server::memory_closed()))
     }
 }
 
@@ -247,9 +240,12 @@ impl Stream for Answers {
             this.stopped_waker = Some(cx.waker().clone());
         }
         if let Some(first) = this.first.take() {
+            if this.changes.is_closed() {
+                return Poll::Ready(this.end());
+            }
             return Poll::Ready(Some(Ok(first)));
         }
-        match Pin::new(&mut this.changes).poll_next(cx) {
+        match this.changes.poll_changed(cx) {
             Poll::Ready(Some(Some(frame))) => Poll::Ready(Some(Ok(frame))),
             Poll::Ready(Some(None)) => {
                 this.done = true;
