@@ -824,7 +824,7 @@ mod tests {
         assert_eq!(f.leave(&reader), Left::Open);
         assert!(f.lock_readers().slots.is_empty(), "slots given back");
 
-        // A reader that has never been polled is not cut (hyper polls a new
+        // A reader that has never been polled is not cut (its connection polls a new
         // body at once); nor is one that takes every version, however late.
         let fresh = f.cursor();
         tokio::time::advance(10 * wait).await;

@@ -1,14 +1,14 @@
 //! One stream's response body, reading its subscription's feed directly.
 //!
-//! There is no task and no queue per stream: when hyper polls the body (as
-//! the client's flow control allows), it takes what is new in the feed,
-//! shared frames encoded once for every stream, and hands them over one by
-//! one; when there is nothing new it leaves its waker in the feed's slot
-//! for the next publication. A stream holds its cursor, the frames it is
-//! handing over (references), and its admission permit. A client that does
-//! not read leaves its body unpolled: the feed cuts it at a later
-//! publication (`--stream-send-wait`), its subscription is released then,
-//! and the body ends with `RESOURCE_EXHAUSTED` if it is ever polled again.
+//! There is no task and no queue per stream: when its connection polls the body
+//! (as the client's flow control allows), it takes what is new in the feed,
+//! shared frames encoded once for every stream, and hands them over one by one;
+//! when there is nothing new it leaves its waker in the feed's slot for the
+//! next publication. A stream holds its cursor, the frames it is handing over
+//! (references), and its admission permit. A client that does not read leaves
+//! its body unpolled: the feed cuts it at a later publication
+//! (`--stream-send-wait`), its subscription is released then, and the body ends
+//! with `RESOURCE_EXHAUSTED` if it is ever polled again.
 
 use crate::{
     feed::{CatchUp, Next},

@@ -1,7 +1,7 @@
 //! Linkerd's Destination gRPC API over the store.
 //!
-//! A stream is its response body and nothing else: when hyper polls it, it
-//! takes the messages that bring its client up to date from its shared
+//! A stream is its response body and nothing else: when its connection polls
+//! it, it takes the messages that bring its client up to date from its shared
 //! subscription (encoded once per change for every stream, see
 //! [`crate::feed`]); when there is nothing new, the next change wakes it. A
 //! client that does not read is cut by its subscription at a later change
