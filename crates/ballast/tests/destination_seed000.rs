@@ -398,12 +398,13 @@ async fn refuses_streams_in_a_memory_cgroup(limit: u64, env: &[(&str, &str)]) {
             cgroup.peak() / 1024
         );
     } else {
-        // With huge pages the kernel charges more than the process maps: a
-        // huge page partly given back stays charged whole until the kernel
-        // splits it, which it does under pressure, before any kill. Measured
-        // at 20,000 streams: 86 MiB anonymous, up to 101 MiB charged, of a
-        // 96 MiB --memory-limit. The charge stays inside the quarter of the
-        // container's limit left for what the budget does not count.
+        // With huge pages the kernel charges more than the process maps
+        // (most likely huge pages partly given back, charged whole until the
+        // kernel splits them, which it does under pressure, before any kill).
+        // Measured at 20,000 streams: 86 MiB anonymous, up to 101 MiB
+        // charged, of a 96 MiB --memory-limit. The charge stays inside the
+        // quarter of the container's limit left for what the budget does not
+        // count.
         assert!(
             cgroup.peak() < limit,
             "the cgroup reached its limit ({} KiB): {} KiB",
