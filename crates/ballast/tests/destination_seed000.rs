@@ -400,7 +400,7 @@ async fn refuses_streams_in_a_memory_cgroup(limit: u64, env: &[(&str, &str)]) {
         // Not held with huge pages, and said so in the README: after the
         // refusals start (85%) the process's anonymous memory still grows, in
         // 2 MiB pages, past the closing step's 95% (to 94 MiB with that step
-        // disabled), and with the step's own work was measured up to 97 MiB,
+        // disabled), and with the step's own work was measured up to 98 MiB,
         // the cgroup's charge up to 104 MiB, against a 96 MiB --memory-limit
         // (about 20,500 streams). What holds is the container's own limit:
         // the kernel never reached it and killed nothing.
