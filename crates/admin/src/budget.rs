@@ -12,6 +12,10 @@
 //! - from [`CLOSE_PERCENT`]: **closing**: the owner closes its costliest
 //!   work first, until the pressure falls.
 //!
+//! Under pressure the allocator hands freed pages back to the kernel at
+//! once rather than after its decay time, so that what the owner closes,
+//! and what work in flight frees, shows in the next reading.
+//!
 //! The owner asks [`MemoryBudget::refuse`] before new work and follows
 //! [`MemoryBudget::watch`] for the closing step. The limit defaults to
 //! [`DEFAULT_LIMIT_PERCENT`] of the container's memory limit (cgroup v2
@@ -35,7 +39,7 @@ use std::{
         atomic::{AtomicU8, Ordering},
         Arc, Weak,
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 use tokio::sync::watch;
 
@@ -60,10 +64,6 @@ pub const RETRY_AFTER: Duration = Duration::from_secs(5);
 /// The metadata key of gRPC's retry hint: milliseconds a client should wait
 /// before it tries again.
 pub const RETRY_PUSHBACK_KEY: &str = "grpc-retry-pushback-ms";
-/// While under pressure, how often freed pages are handed back to the
-/// kernel (jemalloc would keep them for 10 s, and resident memory with
-/// them).
-const PURGE_EVERY: Duration = Duration::from_millis(500);
 /// The sampler thread's stack: it reads counters and sets a flag.
 const SAMPLER_STACK: usize = 256 * 1024;
 
@@ -284,7 +284,6 @@ fn resident() -> Option<u64> {
 
 /// Reads every [`SAMPLE_INTERVAL`] until the budget is dropped.
 fn sample(limit: u64, budget: Weak<Inner>) {
-    let mut purged = Instant::now();
     loop {
         std::thread::sleep(SAMPLE_INTERVAL);
         let Some(inner) = budget.upgrade() else {
@@ -298,11 +297,11 @@ fn sample(limit: u64, budget: Weak<Inner>) {
         };
         let before = Pressure::from_u8(inner.pressure.load(Ordering::Relaxed));
         let now = before.next(bytes, limit);
-        // Pages freed by closed work go back to the kernel now, so that the
-        // reading falls with them.
-        if now > Pressure::Normal && purged.elapsed() >= PURGE_EVERY {
-            crate::release_unused_memory();
-            purged = Instant::now();
+        // Under pressure, what is freed (closed work, a buffer grown into a
+        // larger one) leaves resident memory at once, so that the reading
+        // falls with it; jemalloc would keep it for 10 s.
+        if (before == Pressure::Normal) != (now == Pressure::Normal) {
+            crate::memory::return_freed_memory_at_once(now > Pressure::Normal);
         }
         inner.set(now);
     }
@@ -437,10 +436,10 @@ mod tests {
     fn a_limit_below_resident_memory_refuses_within_a_few_samples() {
         // One byte: whatever this process holds is over it.
         let budget = MemoryBudget::start(Some(1));
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while budget.pressure() != Pressure::Closing {
             assert!(
-                Instant::now() < deadline,
+                std::time::Instant::now() < deadline,
                 "the sampler never read the limit"
             );
             std::thread::sleep(SAMPLE_INTERVAL);
