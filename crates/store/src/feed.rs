@@ -17,6 +17,7 @@
 //! within [`FeedLimits::send_wait`] of that version's publication does not
 //! read: the next publication cuts it ([`Published::cut`]).
 
+use crate::slots::Slots;
 use bytes::Bytes;
 use prometheus_client::metrics::gauge::Gauge;
 use std::{
@@ -77,11 +78,8 @@ pub struct Feed<V> {
     readers: Mutex<Readers>,
 }
 
-/// The readers of one feed, one slot each (reused once freed).
-struct Readers {
-    slots: Vec<Slot>,
-    free: Vec<usize>,
-}
+/// The readers of one feed, one slot each.
+type Readers = Slots<Slot>;
 
 #[derive(Default)]
 struct Slot {
@@ -175,10 +173,7 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
                 history: limits.history.max(1),
                 ..limits
             },
-            readers: Mutex::new(Readers {
-                slots: Vec::new(),
-                free: Vec::new(),
-            }),
+            readers: Mutex::new(Readers::new()),
             encoder,
             tx: watch::Sender::new(Arc::new(Head {
                 version: 0,
@@ -247,11 +242,7 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
         let mut woken = Vec::new();
         {
             let mut readers = self.lock_readers();
-            for slot in readers
-                .slots
-                .iter_mut()
-                .filter(|s| s.state == SlotState::Open)
-            {
+            for slot in readers.iter_mut().filter(|s| s.state == SlotState::Open) {
                 if let Some(seen) = slot.seen.filter(|seen| *seen < version) {
                     // Its time starts at the first publication it lacks; one
                     // whose take raced a publication starts again at the next
@@ -274,7 +265,7 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
     /// places count as released from this moment.
     pub fn shed_all(&self) -> usize {
         let mut shed = 0;
-        for slot in self.lock_readers().slots.iter_mut() {
+        for slot in self.lock_readers().iter_mut() {
             if slot.state == SlotState::Open {
                 slot.state = SlotState::Shed;
                 shed += 1;
@@ -299,7 +290,7 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
 
     /// Wakes every waiting reader (to notice a shutdown).
     pub fn wake_all(&self) {
-        for slot in self.lock_readers().slots.iter_mut() {
+        for slot in self.lock_readers().iter_mut() {
             if let Some(w) = slot.waker.take() {
                 w.wake();
             }
@@ -313,18 +304,10 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
 
     /// A cursor for a new stream: it has seen nothing.
     pub fn cursor(&self) -> Cursor<V> {
-        let mut readers = self.lock_readers();
-        let slot = match readers.free.pop() {
-            Some(i) => i,
-            None => {
-                readers.slots.push(Slot::default());
-                readers.slots.len() - 1
-            }
-        };
-        readers.slots[slot] = Slot {
+        let slot = self.lock_readers().take(Slot {
             state: SlotState::Open,
             ..Slot::default()
-        };
+        });
         Cursor {
             rx: self.tx.subscribe(),
             seen: None,
@@ -338,7 +321,7 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
     pub fn poll_catch_up(&self, cursor: &mut Cursor<V>, cx: &mut Context<'_>) -> Poll<Next<V>> {
         let head = {
             let mut readers = self.lock_readers();
-            let Some(slot) = readers.slots.get_mut(cursor.slot) else {
+            let Some(slot) = readers.get_mut(cursor.slot) else {
                 return Poll::Ready(Next::Cut);
             };
             match slot.state {
@@ -366,7 +349,7 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
     /// latest answer, marking it taken.
     pub fn catch_up(&self, cursor: &mut Cursor<V>) -> CatchUp<V> {
         let head = cursor.rx.borrow_and_update().clone();
-        if let Some(slot) = self.lock_readers().slots.get_mut(cursor.slot) {
+        if let Some(slot) = self.lock_readers().get_mut(cursor.slot) {
             slot.mark_taken(head.version);
         }
         self.take(cursor, head)
@@ -400,20 +383,17 @@ impl<V> Feed<V> {
     /// Frees `cursor`'s slot; says whether it had been cut.
     pub fn leave(&self, cursor: &Cursor<V>) -> Left {
         let mut readers = self.lock_readers();
-        let Some(slot) = readers.slots.get_mut(cursor.slot) else {
-            return Left::Open;
-        };
-        let was = std::mem::take(slot).state;
-        if was == SlotState::Free {
+        // Freed once: a cursor left twice finds its place free.
+        if readers
+            .get_mut(cursor.slot)
+            .is_none_or(|slot| slot.state == SlotState::Free)
+        {
             return Left::Open;
         }
-        readers.free.push(cursor.slot);
-        if readers.free.len() == readers.slots.len() {
-            // The last reader left: give the slots back.
-            readers.slots = Vec::new();
-            readers.free = Vec::new();
-        }
-        match was {
+        match readers
+            .free(cursor.slot)
+            .map_or(SlotState::Free, |slot| slot.state)
+        {
             SlotState::Cut | SlotState::Shed => Left::WasCut,
             _ => Left::Open,
         }
@@ -822,7 +802,7 @@ mod tests {
         );
         assert_eq!(f.leave(&idle), Left::WasCut);
         assert_eq!(f.leave(&reader), Left::Open);
-        assert!(f.lock_readers().slots.is_empty(), "slots given back");
+        assert!(!f.lock_readers().holds_memory(), "slots given back");
 
         // A reader that has never been polled is not cut (its connection polls a new
         // body at once); nor is one that takes every version, however late.

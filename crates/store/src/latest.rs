@@ -14,6 +14,7 @@
 //! the vector with the last of them). What holds readers bounds them (the
 //! policy API's stream limit).
 
+use crate::slots::Slots;
 use std::{
     sync::{Arc, Mutex, MutexGuard},
     task::{Context, Poll, Waker},
@@ -31,15 +32,9 @@ struct State<T> {
     /// Once set, readers get nothing more ([`LatestReader::poll_changed`]
     /// answers `None`).
     closed: bool,
-    slots: Vec<Slot>,
-    free: Vec<usize>,
-}
-
-#[derive(Default)]
-struct Slot {
-    open: bool,
-    /// Set while its reader waits for a version it has not seen.
-    waker: Option<Waker>,
+    /// Set in a reader's place while it waits for a version it has not
+    /// seen.
+    wakers: Slots<Option<Waker>>,
 }
 
 /// One reader's place: the version it saw last.
@@ -56,8 +51,7 @@ impl<T: Clone> Latest<T> {
                 value,
                 version: 0,
                 closed: false,
-                slots: Vec::new(),
-                free: Vec::new(),
+                wakers: Slots::new(),
             }),
         })
     }
@@ -70,14 +64,7 @@ impl<T: Clone> Latest<T> {
     /// A new reader that has seen the current value.
     pub fn reader(self: &Arc<Self>) -> LatestReader<T> {
         let mut s = self.lock();
-        let slot = match s.free.pop() {
-            Some(i) => i,
-            None => {
-                s.slots.push(Slot::default());
-                s.slots.len() - 1
-            }
-        };
-        s.slots[slot].open = true;
+        let slot = s.wakers.take(None);
         LatestReader {
             latest: self.clone(),
             slot,
@@ -105,7 +92,7 @@ impl<T: Clone> Latest<T> {
         let woken: Vec<Waker> = {
             let mut s = self.lock();
             f(&mut s);
-            s.slots.iter_mut().filter_map(|s| s.waker.take()).collect()
+            s.wakers.iter_mut().filter_map(Option::take).collect()
         };
         woken.into_iter().for_each(Waker::wake);
     }
@@ -121,8 +108,7 @@ impl<T: Clone> Latest<T> {
 
     /// Readers holding a slot.
     pub fn readers(&self) -> usize {
-        let s = self.lock();
-        s.slots.len() - s.free.len()
+        self.lock().wakers.taken()
     }
 }
 
@@ -155,7 +141,9 @@ impl<T: Clone> LatestReader<T> {
             self.seen = s.version;
             return Poll::Ready(Some(s.value.clone()));
         }
-        let waker = &mut s.slots[self.slot].waker;
+        let Some(waker) = s.wakers.get_mut(self.slot) else {
+            return Poll::Pending;
+        };
         if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             *waker = Some(cx.waker().clone());
         }
@@ -166,16 +154,7 @@ impl<T: Clone> LatestReader<T> {
 impl<T> Drop for LatestReader<T> {
     fn drop(&mut self) {
         let mut s = self.latest.state.lock().unwrap_or_else(|e| e.into_inner());
-        let State { slots, free, .. } = &mut *s;
-        if let Some(slot) = slots.get_mut(self.slot) {
-            *slot = Slot::default();
-            free.push(self.slot);
-        }
-        if free.len() == slots.len() {
-            // The last reader left: give the slots back.
-            *slots = Vec::new();
-            *free = Vec::new();
-        }
+        s.wakers.free(self.slot);
     }
 }
 
@@ -262,13 +241,12 @@ mod tests {
         drop(readers.next());
         let again = latest.reader();
         assert_eq!(again.slot, 0, "the freed slot");
-        assert_eq!(latest.lock().slots.len(), 4, "no new slot");
+        assert_eq!(latest.lock().wakers.iter_mut().count(), 4, "no new slot");
         drop(readers);
         drop(again);
         assert_eq!(latest.readers(), 0);
-        assert_eq!(
-            latest.lock().slots.capacity(),
-            0,
+        assert!(
+            !latest.lock().wakers.holds_memory(),
             "the vector went with the last"
         );
     }

@@ -3,7 +3,8 @@
 //! [`store::Op`]s to, holding the pure [`index::Index`] (crate
 //! `ballast-index`, re-exported here as `index` and `resource`); the
 //! bounded per-subscriber [`feed`]s it answers through (and [`latest`]
-//! values where every message is a whole answer); the subscription
+//! values where every message is a whole answer), both keeping their
+//! readers' places in [`slots`]; the subscription
 //! registry both APIs share ([`shared`]) and which of its entries a change
 //! reaches ([`reach`]); and the controller's
 //! [`metrics`]. It knows neither Kubernetes' client nor gRPC: the sources
@@ -16,6 +17,7 @@ pub mod latest;
 pub mod metrics;
 pub mod reach;
 pub mod shared;
+mod slots;
 pub mod store;
 
 pub use ballast_index as index;
