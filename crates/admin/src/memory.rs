@@ -302,6 +302,52 @@ fn dirty_bytes() -> Result<usize, tikv_jemalloc_ctl::Error> {
     Ok(pages.saturating_mul(page))
 }
 
+/// Serializes changes to the arenas' decay times: a purge sets them to 0
+/// and back, and must not put back a time [`return_freed_memory_at_once`]
+/// changed meanwhile (an arena would keep the wrong time for good).
+static DECAY: std::sync::Mutex<ReturnFreed> = std::sync::Mutex::new(ReturnFreed::AfterDecay);
+
+/// When freed pages go back to the kernel, as [`return_freed_memory_at_once`]
+/// last set it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReturnFreed {
+    /// After jemalloc's configured decay time (`opt.dirty_decay_ms`).
+    AfterDecay,
+    /// When freed (decay time 0).
+    AtOnce,
+}
+
+impl ReturnFreed {
+    /// The decay time in milliseconds, or `None` if it cannot be read.
+    fn decay_ms(self) -> Option<isize> {
+        use tikv_jemalloc_ctl::{Access, AsName};
+        match self {
+            Self::AtOnce => Some(0),
+            Self::AfterDecay => Access::<isize>::read(b"opt.dirty_decay_ms\0".name()).ok(),
+        }
+    }
+}
+
+fn lock_decay() -> std::sync::MutexGuard<'static, ReturnFreed> {
+    DECAY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Sets the dirty decay time of every arena there is, and of those made
+/// from now on. Setting 0 purges what is dirty. Failures are ignored.
+fn set_every_arena_decay(ms: isize) {
+    use tikv_jemalloc_ctl::{arenas, Access, AsName};
+    let _ = Access::<isize>::write(b"arenas.dirty_decay_ms\0".name(), ms);
+    let Ok(n) = arenas::narenas::read() else {
+        return;
+    };
+    for i in 0..n {
+        let key = format!("arena.{i}.dirty_decay_ms\0");
+        let _ = Access::<isize>::write(key.as_bytes().name(), ms);
+    }
+}
+
 /// Returns the allocator's unused dirty pages to the kernel now, instead of
 /// after jemalloc's decay time (10 s by default). Call it after a large,
 /// transient allocation, such as loading a whole cluster, so that RSS shows
@@ -309,18 +355,13 @@ fn dirty_bytes() -> Result<usize, tikv_jemalloc_ctl::Error> {
 /// allocator in use) are ignored: this only affects how soon memory is
 /// returned.
 pub fn release_unused_memory() {
-    use tikv_jemalloc_ctl::{arenas, Access, AsName};
-    let Ok(n) = arenas::narenas::read() else {
-        return;
-    };
-    for i in 0..n {
-        let key = format!("arena.{i}.dirty_decay_ms\0");
-        let name = key.as_bytes().name();
-        // Setting the decay time to zero purges at once; then restore it.
-        if let Ok(previous) = Access::<isize>::read(name) {
-            let _ = Access::<isize>::write(name, 0);
-            let _ = Access::<isize>::write(name, previous);
-        }
+    let mode = lock_decay();
+    // A decay time of zero purges at once (jemalloc's `arena.<i>.purge`
+    // takes no value, which the safe mallctl wrapper cannot pass); then put
+    // back the time the switch below wants, not the one read before.
+    set_every_arena_decay(0);
+    if let Some(ms) = mode.decay_ms() {
+        set_every_arena_decay(ms);
     }
 }
 
@@ -332,23 +373,15 @@ pub fn release_unused_memory() {
 /// Costs a `madvise` per freed extent while on. Failures (another
 /// allocator in use) are ignored: only how soon memory is returned changes.
 pub fn return_freed_memory_at_once(on: bool) {
-    use tikv_jemalloc_ctl::{arenas, Access, AsName};
-    let decay = if on {
-        0
+    let mut mode = lock_decay();
+    let wanted = if on {
+        ReturnFreed::AtOnce
     } else {
-        match Access::<isize>::read(b"opt.dirty_decay_ms\0".name()) {
-            Ok(configured) => configured,
-            Err(_) => return,
-        }
+        ReturnFreed::AfterDecay
     };
-    // Arenas made from now on, then every arena there is.
-    let _ = Access::<isize>::write(b"arenas.dirty_decay_ms\0".name(), decay);
-    let Ok(n) = arenas::narenas::read() else {
-        return;
-    };
-    for i in 0..n {
-        let key = format!("arena.{i}.dirty_decay_ms\0");
-        let _ = Access::<isize>::write(key.as_bytes().name(), decay);
+    if let Some(ms) = wanted.decay_ms() {
+        *mode = wanted;
+        set_every_arena_decay(ms);
     }
 }
 
@@ -516,6 +549,49 @@ mod tests {
             "dirty after freeing 16 MiB: {dirty_on} bytes switched on, {dirty_off} off"
         );
         release_unused_memory();
+    }
+
+    #[test]
+    fn a_purge_puts_back_the_decay_time_the_switch_last_set() {
+        use tikv_jemalloc_ctl::{arenas, Access, AsName};
+        let _exclusive = exclusive_jemalloc();
+        let decays = || {
+            let n = arenas::narenas::read().expect("narenas");
+            let mut all: Vec<isize> = (0..n)
+                // Arenas not made yet cannot be read; they take arenas.dirty_decay_ms.
+                .filter_map(|i| {
+                    Access::<isize>::read(format!("arena.{i}.dirty_decay_ms\0").as_bytes().name())
+                        .ok()
+                })
+                .collect();
+            all.push(Access::<isize>::read(b"arenas.dirty_decay_ms\0".name()).expect("decay"));
+            all.dedup();
+            all
+        };
+        let configured =
+            Access::<isize>::read(b"opt.dirty_decay_ms\0".name()).expect("opt.dirty_decay_ms");
+        return_freed_memory_at_once(true);
+        release_unused_memory();
+        assert_eq!(decays(), [0], "a purge while switched on");
+        return_freed_memory_at_once(false);
+        release_unused_memory();
+        assert_eq!(decays(), [configured], "a purge while switched off");
+        // The switch and a purge on another thread, interleaved many times:
+        // whatever the order, the arenas end with the time the switch last
+        // set (a purge that put back the time it read would leave a stale one).
+        let mut on = false;
+        for round in 0..500 {
+            let purging = std::thread::spawn(release_unused_memory);
+            while !purging.is_finished() {
+                on = !on;
+                return_freed_memory_at_once(on);
+            }
+            purging.join().expect("the purging thread");
+            let want = if on { 0 } else { configured };
+            assert_eq!(decays(), [want], "round {round}");
+        }
+        return_freed_memory_at_once(false);
+        assert_eq!(decays(), [configured]);
     }
 
     #[test]
