@@ -71,11 +71,11 @@ struct Entry<V> {
 }
 
 /// A subscription as the memory budget's closing step weighs it.
-#[derive(Clone, Debug)]
-pub struct Held {
+#[derive(Clone, Copy, Debug)]
+pub struct Held<'a> {
     /// `Get` or `GetProfile`.
     pub method: &'static str,
-    pub target: Target,
+    pub target: &'a Target,
     /// Encoded bytes it holds for its streams ([`Feed::held_bytes`]).
     pub bytes: usize,
     pub streams: usize,
@@ -253,39 +253,28 @@ impl Store {
         }
     }
 
-    /// The `Get` and `GetProfile` subscriptions as the memory budget's
-    /// closing step weighs them: method, target, bytes held, streams.
-    pub fn held(&self) -> Vec<Held> {
-        let inner = self.lock();
-        let mut held = Vec::with_capacity(inner.get.entries.len() + inner.profile.entries.len());
-        for (method, entries) in [
-            (
-                Method::Get,
-                inner
-                    .get
-                    .entries
-                    .held()
-                    .map(|(t, e, n)| (t, e.feed.held_bytes(), n))
-                    .collect::<Vec<_>>(),
-            ),
-            (
-                Method::Profile,
-                inner
-                    .profile
-                    .entries
-                    .held()
-                    .map(|(t, e, n)| (t, e.feed.held_bytes(), n))
-                    .collect(),
-            ),
-        ] {
-            held.extend(entries.into_iter().map(|(target, bytes, streams)| Held {
-                method: method.label(),
-                target: target.clone(),
-                bytes,
-                streams,
-            }));
+    /// Shows `f` each `Get` and `GetProfile` subscription as the memory
+    /// budget's closing step weighs it (method, target, bytes held,
+    /// streams), under the store's lock: nothing is copied, so that the
+    /// step allocates little when memory is scarce.
+    pub fn for_each_held(&self, mut f: impl FnMut(Held<'_>)) {
+        fn show<V: PartialEq + Send + Sync + 'static>(
+            method: Method,
+            subs: &Subs<V>,
+            f: &mut impl FnMut(Held<'_>),
+        ) {
+            for (target, e, streams) in subs.entries.held() {
+                f(Held {
+                    method: method.label(),
+                    target,
+                    bytes: e.feed.held_bytes(),
+                    streams,
+                });
+            }
         }
-        held
+        let inner = self.lock();
+        show(Method::Get, &inner.get, &mut f);
+        show(Method::Profile, &inner.profile, &mut f);
     }
 
     /// Closes every stream of one subscription to relieve memory; each

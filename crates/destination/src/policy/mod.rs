@@ -137,6 +137,13 @@ struct Entry<V> {
     tx: Arc<Latest<Option<Bytes>>>,
 }
 
+impl<V> Entry<V> {
+    /// Encoded bytes of its answer, shared by its streams.
+    fn answer_bytes(&self) -> usize {
+        self.tx.with(|m| m.as_ref().map_or(0, Bytes::len))
+    }
+}
+
 /// A watcher's handle on one shared answer; leaving drops the
 /// subscription with its last watcher.
 pub struct PolicyWatch {
@@ -152,12 +159,28 @@ pub enum Key {
     Inbound(ObjectKey, u16),
 }
 
+/// A [`Key`] borrowed from the store.
+#[derive(Clone, Copy, Debug)]
+pub enum KeyRef<'a> {
+    Outbound(&'a Target),
+    Inbound(&'a ObjectKey, u16),
+}
+
+impl KeyRef<'_> {
+    pub fn to_key(self) -> Key {
+        match self {
+            KeyRef::Outbound(target) => Key::Outbound(target.clone()),
+            KeyRef::Inbound(pod, port) => Key::Inbound(pod.clone(), port),
+        }
+    }
+}
+
 /// A policy subscription as the memory budget's closing step weighs it.
-#[derive(Clone, Debug)]
-pub struct Held {
+#[derive(Clone, Copy, Debug)]
+pub struct Held<'a> {
     /// `OutboundPolicies.Watch` or `InboundServerPolicies.WatchPort`.
     pub api: &'static str,
-    pub key: Key,
+    pub key: KeyRef<'a>,
     /// Encoded bytes of its answer, shared by its streams.
     pub bytes: usize,
     pub streams: usize,
@@ -255,23 +278,27 @@ impl PolicyStore {
         }
     }
 
-    /// The subscriptions as the memory budget's closing step weighs them.
-    pub fn held(&self) -> Vec<Held> {
+    /// Shows `f` each subscription as the memory budget's closing step
+    /// weighs it, under the store's lock: nothing is copied, so that the
+    /// step allocates little when memory is scarce.
+    pub fn for_each_held(&self, mut f: impl FnMut(Held<'_>)) {
         let subs = self.lock();
-        let mut held = Vec::with_capacity(subs.outbound.len() + subs.inbound.len());
-        held.extend(subs.outbound.held().map(|(target, e, streams)| Held {
-            api: "OutboundPolicies.Watch",
-            key: Key::Outbound(target.clone()),
-            bytes: e.tx.with(|m| m.as_ref().map_or(0, Bytes::len)),
-            streams,
-        }));
-        held.extend(subs.inbound.held().map(|((pod, port), e, streams)| Held {
-            api: "InboundServerPolicies.WatchPort",
-            key: Key::Inbound(pod.clone(), *port),
-            bytes: e.tx.with(|m| m.as_ref().map_or(0, Bytes::len)),
-            streams,
-        }));
-        held
+        for (target, e, streams) in subs.outbound.held() {
+            f(Held {
+                api: "OutboundPolicies.Watch",
+                key: KeyRef::Outbound(target),
+                bytes: e.answer_bytes(),
+                streams,
+            });
+        }
+        for ((pod, port), e, streams) in subs.inbound.held() {
+            f(Held {
+                api: "InboundServerPolicies.WatchPort",
+                key: KeyRef::Inbound(pod, *port),
+                bytes: e.answer_bytes(),
+                streams,
+            });
+        }
     }
 
     /// Closes every stream of one subscription to relieve memory: each
