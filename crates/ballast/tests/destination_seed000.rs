@@ -44,6 +44,45 @@ impl AnonPeak {
     }
 }
 
+/// Services in the clusters of the memory cgroup tests, each with
+/// `PODS_PER_SERVICE` pods.
+const SERVICES: usize = 2_000;
+const PODS_PER_SERVICE: usize = 5;
+
+/// An address `10.base.x.y`, the `i`th of its range (`i` under 64,000).
+fn ip(base: u8, i: usize) -> String {
+    format!("10.{base}.{}.{}", i / 250, i % 250 + 1)
+}
+
+/// Writes `services` Services `svc-N` in namespace `shop`, each with `pods`
+/// pods `svc-N-P` on port 8080, 100 Services a file (a file holds at most
+/// 1,024 documents).
+fn write_cluster(dir: &std::path::Path, services: usize, pods: usize) {
+    use support::manifests::service;
+    for file in 0..services.div_ceil(100) {
+        let mut parts = Vec::new();
+        for s in file * 100..((file + 1) * 100).min(services) {
+            let name = format!("svc-{s}");
+            parts.push(service("shop", &name, &ip(96, s), 80, 8080));
+            for p in 0..pods {
+                let (pod, pod_ip) = (format!("{name}-{p}"), ip(1, s * pods + p));
+                parts.push(PodSpec::new("shop", &pod, &name, &pod_ip, 8080).yaml());
+            }
+        }
+        write_atomic(&dir.join(format!("cluster-{file}.yaml")), &docs(&parts));
+    }
+}
+
+/// Whether `status` is the budget's answer: RESOURCE_EXHAUSTED with the
+/// retry hint.
+fn shed_by_memory(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::ResourceExhausted
+        && status
+            .metadata()
+            .get("grpc-retry-pushback-ms")
+            .is_some_and(|v| v.to_str().ok() == Some("5000"))
+}
+
 /// The `pod` label `Get(IP:PORT)` answers with, or `None` for a bare address.
 async fn pod_at(c: &Controller, addr: &str) -> Option<String> {
     let mut s = c.get(addr).await.unwrap();
@@ -235,11 +274,9 @@ async fn refuses_streams_in_a_memory_cgroup(limit: u64, env: &[(&str, &str)]) {
         inbound::{inbound_server_policies_client::InboundServerPoliciesClient, PortSpec},
         outbound::{outbound_policies_client::OutboundPoliciesClient, traffic_spec, TrafficSpec},
     };
-    use support::{cgroup::MemoryCgroup, eventually, manifests::service};
+    use support::{cgroup::MemoryCgroup, eventually};
     use tonic::{transport::Channel, Code};
 
-    const SERVICES: usize = 2_000;
-    const PODS_PER_SERVICE: usize = 5;
     /// Refusals seen before the clients stop opening streams.
     const REFUSALS: usize = 200;
     /// One stream of each kind per Service, one inbound per pod.
@@ -256,23 +293,7 @@ async fn refuses_streams_in_a_memory_cgroup(limit: u64, env: &[(&str, &str)]) {
         }
     };
     let dir = tempfile::tempdir().unwrap();
-    let ip = |base: u8, i: usize| format!("10.{base}.{}.{}", i / 250, i % 250 + 1);
-    // 100 Services a file: a file holds at most 1,024 documents.
-    for file in 0..SERVICES / 100 {
-        let mut parts = Vec::new();
-        for s in file * 100..(file + 1) * 100 {
-            let name = format!("svc-{s}");
-            parts.push(service("shop", &name, &ip(96, s), 80, 8080));
-            for p in 0..PODS_PER_SERVICE {
-                let (pod, pod_ip) = (format!("{name}-{p}"), ip(1, s * PODS_PER_SERVICE + p));
-                parts.push(PodSpec::new("shop", &pod, &name, &pod_ip, 8080).yaml());
-            }
-        }
-        write_atomic(
-            &dir.path().join(format!("cluster-{file}.yaml")),
-            &docs(&parts),
-        );
-    }
+    write_cluster(dir.path(), SERVICES, PODS_PER_SERVICE);
     let mut c = Controller::start_in(
         &cgroup,
         &["--manifests".into(), dir.path().display().to_string()],
@@ -392,14 +413,7 @@ async fn refuses_streams_in_a_memory_cgroup(limit: u64, env: &[(&str, &str)]) {
         cgroup.peak() / 1024,
         limit / 1024
     );
-    let memory_refusals = refused
-        .iter()
-        .filter(|s| {
-            s.metadata()
-                .get("grpc-retry-pushback-ms")
-                .is_some_and(|v| v.to_str().ok() == Some("5000"))
-        })
-        .count();
+    let memory_refusals = refused.iter().filter(|s| shed_by_memory(s)).count();
     assert!(
         memory_refusals > 0,
         "no refusal carried the retry hint: {:?}",
@@ -483,6 +497,230 @@ async fn refuses_streams_in_a_memory_cgroup(limit: u64, env: &[(&str, &str)]) {
         .expect("a stream is taken again");
     let _ = next(&mut again).await;
     assert_eq!(cgroup.oom_kills(), 0);
+    c.signal("TERM");
+    assert!(c.wait(std::time::Duration::from_secs(20)).await.success());
+}
+
+/// The cluster grows while the controller is at its limit: what it holds
+/// for the streams it has (the index, each subscription's answers) grows
+/// past the closing point (95% of `--memory-limit`), streams are closed
+/// with RESOURCE_EXHAUSTED and the retry hint (the costliest per stream
+/// first: the closing step's unit tests check the order), memory stays
+/// under `--memory-limit` throughout, and the streams it keeps follow the
+/// changes.
+#[tokio::test]
+async fn a_cluster_growing_at_the_limit_has_streams_closed_and_stays_under_it() {
+    use futures_util::FutureExt;
+    use linkerd2_proxy_api::destination::{destination_client::DestinationClient, Update};
+    use support::{cgroup::MemoryCgroup, eventually};
+    use tonic::{transport::Channel, Streaming};
+
+    const LIMIT: u64 = 64 << 20;
+    const MEMORY_LIMIT: u64 = LIMIT / 4 * 3;
+    /// Refusals seen before the clients stop opening streams.
+    const REFUSALS: usize = 50;
+    /// Pods a file of the growth adds, spread over the Services.
+    const GROWTH_FILE: usize = 100;
+    /// Pods added at most: far more than what frees room for them.
+    const GROWTH_MAX: usize = 60_000;
+
+    let cgroup = match MemoryCgroup::create(LIMIT) {
+        Ok(cgroup) => cgroup,
+        Err(why) => {
+            support::proxy::netns::cannot_run("controller in a memory cgroup", &why);
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    write_cluster(dir.path(), SERVICES, PODS_PER_SERVICE);
+    let mut c = Controller::start_in(
+        &cgroup,
+        &["--manifests".into(), dir.path().display().to_string()],
+        &[],
+    )
+    .await;
+    match seen(next(&mut c.get("svc-1999.shop.svc.cluster.local:80").await.unwrap()).await) {
+        Seen::Add(eps) => assert_eq!(eps.len(), PODS_PER_SERVICE, "the whole cluster is loaded"),
+        other => panic!("expected the last Service's endpoints, got {other:?}"),
+    }
+
+    // Get streams, Service after Service, until the controller refuses.
+    let mut channels = Vec::new();
+    for _ in 0..24 {
+        channels.push(
+            Channel::from_shared(format!("http://{}", c.grpc))
+                .unwrap()
+                .connect()
+                .await
+                .expect("connect"),
+        );
+    }
+    let mut open: Vec<(usize, Streaming<Update>)> = Vec::new();
+    let mut refused = 0;
+    for i in 0..channels.len() * 1_000 {
+        let s = i % SERVICES;
+        let authority = format!("svc-{s}.shop.svc.cluster.local:80");
+        match DestinationClient::new(channels[i % channels.len()].clone())
+            .get(support::req(&authority))
+            .await
+        {
+            Ok(r) => open.push((s, r.into_inner())),
+            Err(status) => {
+                assert!(shed_by_memory(&status), "stream {i}: {status:?}");
+                refused += 1;
+                if refused >= REFUSALS {
+                    break;
+                }
+            }
+        }
+    }
+    assert!(
+        refused >= REFUSALS,
+        "never refused ({} streams)",
+        open.len()
+    );
+    let opened = open.len();
+
+    // The cluster grows: pods join every Service, a file at a time, until
+    // the closing step has closed streams.
+    let anon_peak = AnonPeak::start(c.pid());
+    let mut added = vec![0usize; SERVICES];
+    let mut closed = 0.0;
+    let mut file = 0;
+    while closed == 0.0 {
+        assert!(
+            file * GROWTH_FILE < GROWTH_MAX,
+            "{} pods added and no stream closed (pressure {:?})",
+            file * GROWTH_FILE,
+            c.metric("memory_pressure").await
+        );
+        let mut parts = Vec::new();
+        for k in file * GROWTH_FILE..(file + 1) * GROWTH_FILE {
+            let s = k % SERVICES;
+            let pod = format!("svc-{s}-grown-{}", added[s]);
+            added[s] += 1;
+            parts.push(PodSpec::new("shop", &pod, &format!("svc-{s}"), &ip(2, k), 8080).yaml());
+        }
+        write_atomic(
+            &dir.path().join(format!("grown-{file}.yaml")),
+            &docs(&parts),
+        );
+        file += 1;
+        assert!(
+            c.process.child.try_wait().expect("wait").is_none(),
+            "the controller died after {} pods added: {:?}",
+            file * GROWTH_FILE,
+            c.process.logs_containing("")
+        );
+        // At the pace the controller takes them: the Pods known, or
+        // streams closed meanwhile.
+        let pods = (SERVICES * PODS_PER_SERVICE + file * GROWTH_FILE) as f64;
+        closed = eventually("the grown pods known, or streams closed", || async {
+            let known = c.metric("destination_index_objects{kind=\"Pod\"}").await;
+            let closed = c
+                .metric("memory_closed_total{api=\"Get\"}")
+                .await
+                .unwrap_or(0.0);
+            (known == Some(pods) || closed > 0.0).then_some(closed)
+        })
+        .await;
+    }
+    // Closing stops once memory is back under the closing point.
+    eventually("memory pressure below closing", || async {
+        c.metric("memory_pressure").await.is_some_and(|p| p <= 1.0)
+    })
+    .await;
+    let anon_peak = anon_peak.stop();
+    let closed = c
+        .metric("memory_closed_total{api=\"Get\"}")
+        .await
+        .unwrap_or(0.0);
+    println!(
+        "Get streams opened {opened}, pods added {}, streams closed {closed}, \
+         anonymous peak {} KiB, cgroup peak {} KiB, --memory-limit {} KiB",
+        file * GROWTH_FILE,
+        anon_peak / 1024,
+        cgroup.peak() / 1024,
+        MEMORY_LIMIT / 1024
+    );
+    assert!(
+        c.process.child.try_wait().expect("wait").is_none(),
+        "the controller died"
+    );
+    assert_eq!(
+        cgroup.oom_kills(),
+        0,
+        "the kernel killed a process in the cgroup"
+    );
+    assert!(
+        anon_peak > 0 && anon_peak < MEMORY_LIMIT,
+        "anonymous memory went past --memory-limit ({} KiB): {} KiB",
+        MEMORY_LIMIT / 1024,
+        anon_peak / 1024
+    );
+    // The cgroup's charge counts more than the process's memory (the
+    // binary's pages, the sockets' buffers: measured 2 MiB more here),
+    // what the 25% between --memory-limit and the container's limit is for.
+    assert!(
+        cgroup.peak() < LIMIT,
+        "the cgroup reached its limit ({} KiB): {} KiB",
+        LIMIT / 1024,
+        cgroup.peak() / 1024
+    );
+    assert!(
+        closed < opened as f64,
+        "every stream was closed ({closed} of {opened})"
+    );
+
+    // What the clients see: the closed streams ended with the budget's
+    // answer; the others follow their Service to its last pod.
+    // Endpoints as a client keeps them, from the stream's updates.
+    fn follow(endpoints: &mut std::collections::BTreeSet<std::net::SocketAddr>, update: Update) {
+        match seen(update) {
+            Seen::Add(eps) => endpoints.extend(eps.into_keys()),
+            Seen::Remove(gone) => endpoints.retain(|a| !gone.contains(a)),
+            Seen::NoEndpoints { .. } => endpoints.clear(),
+        }
+    }
+    let mut ended = 0;
+    let mut kept = Vec::new();
+    for (s, mut stream) in open {
+        let mut endpoints = std::collections::BTreeSet::new();
+        let mut end = None;
+        while let Some(next) = stream.message().now_or_never() {
+            match next {
+                Ok(Some(update)) => follow(&mut endpoints, update),
+                Ok(None) => panic!("svc-{s}'s stream ended without a status"),
+                Err(status) => {
+                    end = Some(status);
+                    break;
+                }
+            }
+        }
+        match end {
+            Some(status) => {
+                assert!(shed_by_memory(&status), "svc-{s}'s stream: {status:?}");
+                ended += 1;
+            }
+            None if kept.len() < 3 && added[s] > 0 => kept.push((s, stream, endpoints)),
+            None => {}
+        }
+    }
+    assert!(
+        ended > 0,
+        "no client saw its stream closed ({closed} counted)"
+    );
+    assert!(
+        ended as f64 <= closed,
+        "{ended} streams ended, {closed} counted as closed"
+    );
+    assert!(!kept.is_empty(), "no stream kept");
+    for (s, mut stream, mut endpoints) in kept {
+        let want = PODS_PER_SERVICE + added[s];
+        while endpoints.len() != want {
+            follow(&mut endpoints, next(&mut stream).await);
+        }
+    }
     c.signal("TERM");
     assert!(c.wait(std::time::Duration::from_secs(20)).await.success());
 }
