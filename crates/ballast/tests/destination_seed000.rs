@@ -73,6 +73,64 @@ fn write_cluster(dir: &std::path::Path, services: usize, pods: usize) {
     }
 }
 
+/// A controller in a memory cgroup of `limit` bytes, with `env`, over the
+/// cluster of [`write_cluster`], loaded whole; `None` where no memory
+/// cgroup can be made (said).
+async fn loaded_in_cgroup(
+    limit: u64,
+    env: &[(&str, &str)],
+) -> Option<(support::cgroup::MemoryCgroup, tempfile::TempDir, Controller)> {
+    let cgroup = match support::cgroup::MemoryCgroup::create(limit) {
+        Ok(cgroup) => cgroup,
+        Err(why) => {
+            support::proxy::netns::cannot_run("controller in a memory cgroup", &why);
+            return None;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    write_cluster(dir.path(), SERVICES, PODS_PER_SERVICE);
+    let c = Controller::start_in(
+        &cgroup,
+        &["--manifests".into(), dir.path().display().to_string()],
+        env,
+    )
+    .await;
+    match seen(next(&mut c.get("svc-1999.shop.svc.cluster.local:80").await.unwrap()).await) {
+        Seen::Add(eps) => assert_eq!(eps.len(), PODS_PER_SERVICE, "the whole cluster is loaded"),
+        other => panic!("expected the last Service's endpoints, got {other:?}"),
+    }
+    Some((cgroup, dir, c))
+}
+
+/// `n` HTTP/2 connections to the controller's gRPC port (each takes at most
+/// 1,000 concurrent streams).
+async fn connect(c: &Controller, n: usize) -> Vec<tonic::transport::Channel> {
+    let mut channels = Vec::with_capacity(n);
+    for _ in 0..n {
+        channels.push(
+            tonic::transport::Channel::from_shared(format!("http://{}", c.grpc))
+                .unwrap()
+                .connect()
+                .await
+                .expect("connect"),
+        );
+    }
+    channels
+}
+
+/// The controller still runs, and the kernel killed nothing in its cgroup.
+fn alive_and_never_killed(c: &mut Controller, cgroup: &support::cgroup::MemoryCgroup) {
+    assert!(
+        c.process.child.try_wait().expect("wait").is_none(),
+        "the controller died"
+    );
+    assert_eq!(
+        cgroup.oom_kills(),
+        0,
+        "the kernel killed a process in the cgroup"
+    );
+}
+
 /// Whether `status` is the budget's answer: RESOURCE_EXHAUSTED with the
 /// retry hint.
 fn shed_by_memory(status: &tonic::Status) -> bool {
@@ -274,8 +332,8 @@ async fn refuses_streams_in_a_memory_cgroup(limit: u64, env: &[(&str, &str)]) {
         inbound::{inbound_server_policies_client::InboundServerPoliciesClient, PortSpec},
         outbound::{outbound_policies_client::OutboundPoliciesClient, traffic_spec, TrafficSpec},
     };
-    use support::{cgroup::MemoryCgroup, eventually};
-    use tonic::{transport::Channel, Code};
+    use support::eventually;
+    use tonic::Code;
 
     /// Refusals seen before the clients stop opening streams.
     const REFUSALS: usize = 200;
@@ -285,25 +343,9 @@ async fn refuses_streams_in_a_memory_cgroup(limit: u64, env: &[(&str, &str)]) {
     /// hold at 1-5 KiB each, so the controller must refuse well before.
     const MAX_STREAMS: usize = 2 * PER_PASS;
 
-    let cgroup = match MemoryCgroup::create(limit) {
-        Ok(cgroup) => cgroup,
-        Err(why) => {
-            support::proxy::netns::cannot_run("controller in a memory cgroup", &why);
-            return;
-        }
+    let Some((cgroup, _dir, mut c)) = loaded_in_cgroup(limit, env).await else {
+        return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    write_cluster(dir.path(), SERVICES, PODS_PER_SERVICE);
-    let mut c = Controller::start_in(
-        &cgroup,
-        &["--manifests".into(), dir.path().display().to_string()],
-        env,
-    )
-    .await;
-    match seen(next(&mut c.get("svc-1999.shop.svc.cluster.local:80").await.unwrap()).await) {
-        Seen::Add(eps) => assert_eq!(eps.len(), PODS_PER_SERVICE, "the whole cluster is loaded"),
-        other => panic!("expected the last Service's endpoints, got {other:?}"),
-    }
     assert_eq!(
         c.metric("memory_limit_bytes").await,
         Some((limit * 3 / 4) as f64),
@@ -311,16 +353,7 @@ async fn refuses_streams_in_a_memory_cgroup(limit: u64, env: &[(&str, &str)]) {
     );
 
     // A connection takes at most 1,000 concurrent streams.
-    let mut channels = Vec::new();
-    for _ in 0..MAX_STREAMS.div_ceil(1_000) + 4 {
-        channels.push(
-            Channel::from_shared(format!("http://{}", c.grpc))
-                .unwrap()
-                .connect()
-                .await
-                .expect("connect"),
-        );
-    }
+    let channels = connect(&c, MAX_STREAMS.div_ceil(1_000) + 4).await;
     let mut open: Vec<Box<dyn std::any::Any + Send>> = Vec::new();
     let mut refused = Vec::new();
     let anon_peak = AnonPeak::start(c.pid());
@@ -420,15 +453,7 @@ async fn refuses_streams_in_a_memory_cgroup(limit: u64, env: &[(&str, &str)]) {
         refused.first()
     );
     assert!(pressure.is_some_and(|p| p >= 1.0), "{pressure:?}");
-    assert!(
-        c.process.child.try_wait().expect("wait").is_none(),
-        "the controller died"
-    );
-    assert_eq!(
-        cgroup.oom_kills(),
-        0,
-        "the kernel killed a process in the cgroup"
-    );
+    alive_and_never_killed(&mut c, &cgroup);
     let memory_limit = limit / 4 * 3;
     let anonymous = support::proc_bytes(&format!("/proc/{}/status", c.pid()), "RssAnon");
     println!(
@@ -512,8 +537,8 @@ async fn refuses_streams_in_a_memory_cgroup(limit: u64, env: &[(&str, &str)]) {
 async fn a_cluster_growing_at_the_limit_has_streams_closed_and_stays_under_it() {
     use futures_util::FutureExt;
     use linkerd2_proxy_api::destination::{destination_client::DestinationClient, Update};
-    use support::{cgroup::MemoryCgroup, eventually};
-    use tonic::{transport::Channel, Streaming};
+    use support::eventually;
+    use tonic::Streaming;
 
     const LIMIT: u64 = 64 << 20;
     const MEMORY_LIMIT: u64 = LIMIT / 4 * 3;
@@ -524,37 +549,12 @@ async fn a_cluster_growing_at_the_limit_has_streams_closed_and_stays_under_it() 
     /// Pods added at most: far more than what frees room for them.
     const GROWTH_MAX: usize = 60_000;
 
-    let cgroup = match MemoryCgroup::create(LIMIT) {
-        Ok(cgroup) => cgroup,
-        Err(why) => {
-            support::proxy::netns::cannot_run("controller in a memory cgroup", &why);
-            return;
-        }
+    let Some((cgroup, dir, mut c)) = loaded_in_cgroup(LIMIT, &[]).await else {
+        return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    write_cluster(dir.path(), SERVICES, PODS_PER_SERVICE);
-    let mut c = Controller::start_in(
-        &cgroup,
-        &["--manifests".into(), dir.path().display().to_string()],
-        &[],
-    )
-    .await;
-    match seen(next(&mut c.get("svc-1999.shop.svc.cluster.local:80").await.unwrap()).await) {
-        Seen::Add(eps) => assert_eq!(eps.len(), PODS_PER_SERVICE, "the whole cluster is loaded"),
-        other => panic!("expected the last Service's endpoints, got {other:?}"),
-    }
 
     // Get streams, Service after Service, until the controller refuses.
-    let mut channels = Vec::new();
-    for _ in 0..24 {
-        channels.push(
-            Channel::from_shared(format!("http://{}", c.grpc))
-                .unwrap()
-                .connect()
-                .await
-                .expect("connect"),
-        );
-    }
+    let channels = connect(&c, 24).await;
     let mut open: Vec<(usize, Streaming<Update>)> = Vec::new();
     let mut refused = 0;
     for i in 0..channels.len() * 1_000 {
@@ -643,15 +643,7 @@ async fn a_cluster_growing_at_the_limit_has_streams_closed_and_stays_under_it() 
         cgroup.peak() / 1024,
         MEMORY_LIMIT / 1024
     );
-    assert!(
-        c.process.child.try_wait().expect("wait").is_none(),
-        "the controller died"
-    );
-    assert_eq!(
-        cgroup.oom_kills(),
-        0,
-        "the kernel killed a process in the cgroup"
-    );
+    alive_and_never_killed(&mut c, &cgroup);
     assert!(
         anon_peak > 0 && anon_peak < MEMORY_LIMIT,
         "anonymous memory went past --memory-limit ({} KiB): {} KiB",
