@@ -400,14 +400,16 @@ pub fn compact_thread_allocations() {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// Serializes the tests that read jemalloc, so that only the sampler can
-    /// raise the high-water mark while the spike test runs.
+    /// Serializes the crate's tests that read jemalloc or change its decay
+    /// times (a started memory budget switches them), so that only the
+    /// sampler can raise the high-water mark while the spike test runs and
+    /// no other test switches the decay under one that checks it.
     static JEMALLOC_READERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-    fn exclusive_jemalloc() -> std::sync::MutexGuard<'static, ()> {
+    pub(crate) fn exclusive_jemalloc() -> std::sync::MutexGuard<'static, ()> {
         JEMALLOC_READERS
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -578,7 +580,8 @@ mod tests {
         assert_eq!(decays(), [configured], "a purge while switched off");
         // The switch and a purge on another thread, interleaved many times:
         // whatever the order, the arenas end with the time the switch last
-        // set (a purge that put back the time it read would leave a stale one).
+        // set (a purge that put back the time it read would leave a stale
+        // one). Read under the decay lock, as every writer takes it.
         let mut on = false;
         for round in 0..500 {
             let purging = std::thread::spawn(release_unused_memory);
@@ -587,8 +590,21 @@ mod tests {
                 return_freed_memory_at_once(on);
             }
             purging.join().expect("the purging thread");
+            let (mode, times) = {
+                let mode = lock_decay();
+                (*mode, decays())
+            };
+            assert_eq!(
+                mode,
+                if on {
+                    ReturnFreed::AtOnce
+                } else {
+                    ReturnFreed::AfterDecay
+                },
+                "round {round}"
+            );
             let want = if on { 0 } else { configured };
-            assert_eq!(decays(), [want], "round {round}");
+            assert_eq!(times, [want], "round {round}");
         }
         return_freed_memory_at_once(false);
         assert_eq!(decays(), [configured]);
