@@ -356,6 +356,11 @@ fn set_every_arena_decay(ms: isize) {
 /// returned.
 pub fn release_unused_memory() {
     let mode = lock_decay();
+    if *mode == ReturnFreed::AtOnce {
+        // Every arena's decay time is 0 already: freed pages went back as
+        // they were freed, and nothing is left to purge.
+        return;
+    }
     // A decay time of zero purges at once (jemalloc's `arena.<i>.purge`
     // takes no value, which the safe mallctl wrapper cannot pass); then put
     // back the time the switch below wants, not the one read before.

@@ -315,20 +315,11 @@ async fn after_a_restart_100_clients_end_with_exactly_the_current_set() {
                 };
                 if let Ok(resp) = stream {
                     let mut stream = resp.into_inner();
+                    // A new set per stream: what a client knows starts
+                    // over with each connection.
                     let mut set = BTreeSet::new();
-                    let mut first = true;
                     while let Ok(Some(msg)) = stream.message().await {
-                        match seen(msg) {
-                            Seen::Add(m) => {
-                                if first {
-                                    set.clear();
-                                }
-                                set.extend(m.keys().copied());
-                            }
-                            Seen::Remove(r) => set.retain(|a| !r.contains(a)),
-                            Seen::NoEndpoints { .. } => set.clear(),
-                        }
-                        first = false;
+                        seen(msg).apply_to(&mut set);
                         tx.send_modify(|sets| sets[i] = set.clone());
                     }
                 }

@@ -666,14 +666,6 @@ async fn a_cluster_growing_at_the_limit_has_streams_closed_and_stays_under_it() 
 
     // What the clients see: the closed streams ended with the budget's
     // answer; the others follow their Service to its last pod.
-    // Endpoints as a client keeps them, from the stream's updates.
-    fn follow(endpoints: &mut std::collections::BTreeSet<std::net::SocketAddr>, update: Update) {
-        match seen(update) {
-            Seen::Add(eps) => endpoints.extend(eps.into_keys()),
-            Seen::Remove(gone) => endpoints.retain(|a| !gone.contains(a)),
-            Seen::NoEndpoints { .. } => endpoints.clear(),
-        }
-    }
     let mut ended = 0;
     let mut kept = Vec::new();
     for (s, mut stream) in open {
@@ -681,7 +673,7 @@ async fn a_cluster_growing_at_the_limit_has_streams_closed_and_stays_under_it() 
         let mut end = None;
         while let Some(next) = stream.message().now_or_never() {
             match next {
-                Ok(Some(update)) => follow(&mut endpoints, update),
+                Ok(Some(update)) => seen(update).apply_to(&mut endpoints),
                 Ok(None) => panic!("svc-{s}'s stream ended without a status"),
                 Err(status) => {
                     end = Some(status);
@@ -710,7 +702,7 @@ async fn a_cluster_growing_at_the_limit_has_streams_closed_and_stays_under_it() 
     for (s, mut stream, mut endpoints) in kept {
         let want = PODS_PER_SERVICE + added[s];
         while endpoints.len() != want {
-            follow(&mut endpoints, next(&mut stream).await);
+            seen(next(&mut stream).await).apply_to(&mut endpoints);
         }
     }
     c.signal("TERM");

@@ -63,14 +63,6 @@ fn weigh(base: usize, bytes: usize, streams: usize) -> usize {
     base + bytes / streams.max(1)
 }
 
-/// Open streams of every subscription of both stores.
-fn open_streams(store: &Store, policy: &PolicyStore) -> usize {
-    let mut open = 0usize;
-    store.for_each_held(|h| open = open.saturating_add(h.streams));
-    policy.for_each_held(|h| open = open.saturating_add(h.streams));
-    open
-}
-
 /// The subscriptions to close this round, costliest per stream first: as
 /// they are offered one by one, it holds only those that would be chosen
 /// so far, at most about `SHED_PERCENT` of the subscriptions, and builds a
@@ -167,7 +159,7 @@ impl Choice {
 
 /// Chooses among the open subscriptions of both stores.
 pub fn choose(store: &Store, policy: &PolicyStore) -> Vec<Candidate> {
-    let mut choice = Choice::new(open_streams(store, policy));
+    let mut choice = Choice::new(store.open_streams() + policy.open_streams());
     store.for_each_held(|h| {
         choice.offer(
             weigh(DESTINATION_STREAM_BYTES, h.bytes, h.streams),

@@ -27,6 +27,10 @@ impl<K> Reach<K> for () {
 pub struct Shared<K, E, X = ()> {
     entries: HashMap<K, Held<E>>,
     reach: X,
+    /// Watchers of every entry, kept as they join and leave: the memory
+    /// budget's closing step needs the total without a visit of every
+    /// entry.
+    watchers: usize,
 }
 
 struct Held<E> {
@@ -39,6 +43,7 @@ impl<K, E, X: Default> Default for Shared<K, E, X> {
         Self {
             entries: HashMap::new(),
             reach: X::default(),
+            watchers: 0,
         }
     }
 }
@@ -56,6 +61,7 @@ impl<K: Eq + Hash + Clone, E, X: Reach<K>> Shared<K, E, X> {
             watchers: 0,
         });
         held.watchers += 1;
+        self.watchers += 1;
         (&mut held.entry, created)
     }
 
@@ -63,7 +69,9 @@ impl<K: Eq + Hash + Clone, E, X: Reach<K>> Shared<K, E, X> {
     /// its last watcher.
     pub fn release(&mut self, key: &K, n: usize) -> Option<E> {
         let held = self.entries.get_mut(key)?;
-        held.watchers = held.watchers.saturating_sub(n);
+        let gone = n.min(held.watchers);
+        held.watchers -= gone;
+        self.watchers -= gone;
         if held.watchers > 0 {
             return None;
         }
@@ -81,7 +89,13 @@ impl<K: Eq + Hash + Clone, E, X: Reach<K>> Shared<K, E, X> {
     pub fn take(&mut self, key: &K) -> Option<(E, usize)> {
         let held = self.entries.remove(key)?;
         self.reach.remove(key);
+        self.watchers -= held.watchers;
         Some((held.entry, held.watchers))
+    }
+
+    /// Watchers of every entry together.
+    pub fn watchers(&self) -> usize {
+        self.watchers
     }
 
     /// The index of the keys.
@@ -144,5 +158,35 @@ mod tests {
         assert_eq!(shared.release(&"b", 5), Some(8));
         assert!(shared.is_empty());
         assert_eq!(made, 1);
+    }
+
+    #[test]
+    fn the_watcher_total_is_the_sum_over_entries_whatever_the_order() {
+        let mut shared: Shared<u8, ()> = Shared::default();
+        // A fixed pseudo-random walk of joins, releases (some of more
+        // watchers than held) and takes over a few keys.
+        let mut x: u32 = 0x2545_f491;
+        let mut most = 0;
+        for step in 0..5_000 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let key = (x % 7) as u8;
+            match (x >> 8) % 4 {
+                0 | 1 => {
+                    shared.join(&key, || ());
+                }
+                2 => {
+                    shared.release(&key, ((x >> 12) % 4) as usize);
+                }
+                _ => {
+                    shared.take(&key);
+                }
+            }
+            let sum: usize = shared.held().map(|(_, _, n)| n).sum();
+            assert_eq!(shared.watchers(), sum, "step {step}");
+            most = most.max(sum);
+        }
+        assert!(most >= 5, "the walk held several watchers at once: {most}");
     }
 }

@@ -277,6 +277,13 @@ impl Store {
         show(Method::Profile, &inner.profile, &mut f);
     }
 
+    /// Open `Get` and `GetProfile` streams together, from the counts kept
+    /// as streams join and leave (no visit of the subscriptions).
+    pub fn open_streams(&self) -> usize {
+        let inner = self.lock();
+        inner.get.entries.watchers() + inner.profile.entries.watchers()
+    }
+
     /// Closes every stream of one subscription to relieve memory; each
     /// ends with `RESOURCE_EXHAUSTED` at its next poll, and the
     /// subscription goes with the last. Returns how many were closed.

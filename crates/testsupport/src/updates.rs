@@ -16,6 +16,18 @@ pub enum Seen {
     NoEndpoints { exists: bool },
 }
 
+impl Seen {
+    /// Applies the update to `endpoints` as a client keeps them: an add
+    /// joins, a remove leaves, no endpoints empties.
+    pub fn apply_to(self, endpoints: &mut BTreeSet<SocketAddr>) {
+        match self {
+            Seen::Add(eps) => endpoints.extend(eps.into_keys()),
+            Seen::Remove(gone) => endpoints.retain(|a| !gone.contains(a)),
+            Seen::NoEndpoints { .. } => endpoints.clear(),
+        }
+    }
+}
+
 pub fn sock(a: &TcpAddress) -> SocketAddr {
     let ip = IpAddr::try_from(a.ip.expect("ip")).expect("valid ip");
     SocketAddr::new(ip, a.port as u16)

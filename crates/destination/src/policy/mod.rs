@@ -301,6 +301,13 @@ impl PolicyStore {
         }
     }
 
+    /// Open streams of both policy APIs together, from the counts kept as
+    /// streams join and leave (no visit of the subscriptions).
+    pub fn open_streams(&self) -> usize {
+        let subs = self.lock();
+        subs.outbound.watchers() + subs.inbound.watchers()
+    }
+
     /// Closes every stream of one subscription to relieve memory: each
     /// ends with `RESOURCE_EXHAUSTED`, and the subscription is gone now (a
     /// new watcher makes a new one). Returns how many streams it had.

@@ -392,6 +392,8 @@ async fn the_closing_step_closes_the_costliest_streams_first() {
                 .get(RETRY_PUSHBACK_KEY)
                 .is_some_and(|v| v.to_str().ok() == Some("5000"))
     };
+    // The stores' counts, which the round takes its share of.
+    assert_eq!((s.store.open_streams(), policy.open_streams()), (21, 1));
     // 22 streams: a round closes 5% of them, one subscription here.
     assert_eq!(crate::shed::round(&s.store, &policy, &budget), 1);
     let ended = watch.next().await.expect("the policy stream's end");
@@ -402,6 +404,7 @@ async fn the_closing_step_closes_the_costliest_streams_first() {
         Read::End(status) => assert!(hinted(&status), "{status:?}"),
         Read::Message(_) => panic!("the lone stream was not closed"),
     }
+    assert_eq!((s.store.open_streams(), policy.open_streams()), (20, 0));
     // The shared subscription's streams still follow changes.
     s.store.update(vec![pod("web-2", "10.0.0.2")]);
     for body in &mut shared {
@@ -426,5 +429,8 @@ async fn the_closing_step_closes_the_costliest_streams_first() {
         })
         .expect("a stream");
     update(&mut again).await;
+    assert_eq!(s.store.open_streams(), 21);
+    drop(shared);
+    assert_eq!(s.store.open_streams(), 1, "streams dropped leave the count");
     drop(s.stop);
 }
