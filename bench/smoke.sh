@@ -20,8 +20,8 @@
 # given (SKIP_BUILD=1: nothing).
 # Usage (from anywhere): [BALLAST=PATH] [PROXY=PATH] [SKIP_BUILD=1] bench/smoke.sh [NAME...]
 #   NAME: run only these (index-memory tls-floor destination-bench kube-bench
-#   policy-bench scale-bench fanout-floor idle-floor proxy-bench mtls-bench tap-bench
-#   viz-bench).
+#   policy-bench scale-bench fanout-floor idle-floor vcpu-stalls proxy-bench mtls-bench
+#   tap-bench viz-bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,7 +31,7 @@ export RUST_BACKTRACE=0
 BIN=target/debug
 SMOKE_TIMEOUT=${SMOKE_TIMEOUT:-600}
 
-known=" index-memory tls-floor destination-bench kube-bench policy-bench scale-bench fanout-floor idle-floor proxy-bench mtls-bench tap-bench viz-bench "
+known=" index-memory tls-floor destination-bench kube-bench policy-bench scale-bench fanout-floor idle-floor vcpu-stalls proxy-bench mtls-bench tap-bench viz-bench "
 for name in "$@"; do
   if [[ "$known" != *" $name "* ]]; then
     echo "bench/smoke.sh: unknown bench binary $name (known:$known)" >&2
@@ -137,6 +137,9 @@ run fanout-floor --proxies 500 --rounds 3 --busy 2
 
 # What a pause costs memory-bound work: a 4 MiB walk after 0 and 20 ms.
 run idle-floor --mib 4 --hops 20000 --gaps 0,20 --repeats 1
+
+# How long the machine stops a spinning thread: 1, then 2 spinners, 1 s each.
+run vcpu-stalls --spinners 2 --seconds 1
 
 # Every target (direct, ballast, ballast-2hop, haproxy, haproxy-2hop), one
 # round: 1 s of oha at 50/s, 1 s of wrk on 2 connections, 10 idle
