@@ -148,7 +148,8 @@ fn main() -> anyhow::Result<()> {
         let after = steal_ticks();
         any_readings += spun.iter().map(|s| s.readings).min().unwrap_or(0);
         let counts: Vec<usize> = spun.iter().map(|s| s.gaps.len() + s.dropped).collect();
-        let gaps: Vec<(Duration, Duration)> = spun.iter().flat_map(|s| s.gaps.clone()).collect();
+        let gaps: Vec<(Duration, Duration)> =
+            spun.iter().flat_map(|s| s.gaps.iter().copied()).collect();
         let bucket = |lo: f64, hi: f64| {
             gaps.iter()
                 .filter(|(_, g)| (lo..hi).contains(&ms(*g)))
