@@ -924,6 +924,15 @@ struct Rounds {
     /// Write to the update on the first expected stream, per round: the
     /// source's and the index's part, before the fan-out.
     first: Vec<Duration>,
+    /// With `--source kube`, per round: the write until the bench's API
+    /// server had stored and broadcast the changes, and until its first watch
+    /// handed an event line to its connection (hyper's write follows).
+    applied: Vec<Duration>,
+    line_out: Vec<Duration>,
+    /// With `--source kube`: each expected stream's update timed from that
+    /// first watch line instead of the write: the controller's part and the
+    /// reader's, without the bench's API server.
+    from_line_out: Vec<Duration>,
     /// Updates on streams of other Services or APIs (by API).
     others: [usize; 4],
     /// Second updates on an expected stream within a round.
@@ -1028,11 +1037,14 @@ async fn rounds(
         match &b.api {
             None => write_atomic(&path, &text)?,
             Some(api) => {
+                api.mark_watch_lines();
                 for doc in changed {
                     api.try_apply(doc).map_err(anyhow::Error::msg)?;
                 }
+                out.applied.push(t0.elapsed());
             }
         }
+        let mut arrivals = Vec::with_capacity(want);
         let mut got = 0;
         let mut last = t0;
         let mut first = None;
@@ -1068,6 +1080,7 @@ async fn rounds(
                 seen[id] = true;
                 got += 1;
                 let took = at - t0;
+                arrivals.push(at);
                 match b.streams[id].api {
                     Api::Get => out.get.push(took),
                     _ => out.outbound.push(took),
@@ -1075,6 +1088,15 @@ async fn rounds(
                 last = last.max(at);
                 first = Some(first.unwrap_or(at).min(at));
             }
+        }
+        if let Some(line) = b
+            .api
+            .as_ref()
+            .and_then(|api| api.first_watch_line_since_mark())
+        {
+            out.line_out.push(line.saturating_duration_since(t0));
+            out.from_line_out
+                .extend(arrivals.iter().map(|at| at.saturating_duration_since(line)));
         }
         out.until_last.push(last - t0);
         out.in_order.push((last - t0).as_millis() as u64);
@@ -1099,6 +1121,9 @@ async fn rounds(
     out.outbound.sort();
     out.until_last.sort();
     out.first.sort();
+    out.applied.sort();
+    out.line_out.sort();
+    out.from_line_out.sort();
     let per_round = |ticks: u64| ticks as f64 / tck * 1e3 / o.rounds as f64;
     out.cpu = (
         per_round(cpu_ticks(b.controller.pid()).saturating_sub(cpu_before.0)),
@@ -1254,6 +1279,28 @@ impl Report {
                 );
             }
             println!();
+            if self.sets.iter().any(|(_, r, _)| !r.line_out.is_empty()) {
+                println!("The same rounds timed from the bench's API server (the write above is the bench applying the changed objects; a stream's update is timed here from the first watch event line the API server handed to its connection, whatever stream it was for):");
+                println!();
+                println!("| rounds | the apply itself, p50 / p99 | write to the first watch line, p50 / p99 | first watch line to each stream's update: p50 | **p99** | max |");
+                println!("|---|---|---|---|---|---|");
+                for (name, r, _) in &self.sets {
+                    if r.line_out.is_empty() {
+                        continue;
+                    }
+                    println!(
+                        "| {name} | {} / {} | {} / {} | {} | **{}** | {} |",
+                        ms(percentile(&r.applied, 0.5)),
+                        ms(percentile(&r.applied, 0.99)),
+                        ms(percentile(&r.line_out, 0.5)),
+                        ms(percentile(&r.line_out, 0.99)),
+                        ms(percentile(&r.from_line_out, 0.5)),
+                        ms(percentile(&r.from_line_out, 0.99)),
+                        ms(percentile(&r.from_line_out, 1.0)),
+                    );
+                }
+                println!();
+            }
             println!("| rounds | other processes' CPU (cores) | load avg after | CPU per round: controller / bench | controller CPU per stream updated |");
             println!("|---|---|---|---|---|");
             for (name, r, _) in &self.sets {

@@ -140,6 +140,9 @@ pub(crate) struct Shared {
     pub admission_calls: Mutex<Vec<AdmissionCall>>,
     /// How webhooks named by Service are reached; none: such calls fail to connect.
     pub dialer: Mutex<Option<ServiceDialer>>,
+    /// When a watch first handed an event line to its connection since
+    /// [`ApiServer::mark_watch_lines`]; `None` until one did.
+    pub first_line_out: Mutex<Option<Instant>>,
 }
 
 impl Shared {
@@ -264,6 +267,7 @@ impl ApiServer {
             tokens: Mutex::new(std::collections::HashMap::new()),
             admission_calls: Mutex::new(Vec::new()),
             dialer: Mutex::new(None),
+            first_line_out: Mutex::new(None),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         ApiServer {
@@ -333,6 +337,19 @@ impl ApiServer {
             Ok(v) => v,
             Err(e) => panic!("ballast-testkit: {e}"),
         }
+    }
+
+    /// Forgets when a watch last handed out an event line, so that
+    /// [`ApiServer::first_watch_line_since_mark`] tells the next one: a
+    /// benchmark's clock for when a change left the API server.
+    pub fn mark_watch_lines(&self) {
+        *lock(&self.shared.first_line_out) = None;
+    }
+
+    /// When a watch first handed an event line to its connection (for hyper to
+    /// write) since [`ApiServer::mark_watch_lines`]; `None` if none has.
+    pub fn first_watch_line_since_mark(&self) -> Option<Instant> {
+        *lock(&self.shared.first_line_out)
     }
 
     /// [`ApiServer::apply`], with the reason as an error instead of a panic.
