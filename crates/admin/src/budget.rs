@@ -1,9 +1,10 @@
 //! A controller's memory budget (seed 000: a controller the kernel kills
 //! for memory). Each of a controller's parts is bounded on its own; the sum
 //! is bounded here. A thread reads the heap's resident bytes every
-//! [`SAMPLE_INTERVAL`] (the larger of the allocator's count and the
-//! kernel's anonymous resident memory, which it charges the container for)
-//! and sets the pressure:
+//! [`SAMPLE_INTERVAL`] (the larger of the allocator's count, refreshed
+//! every [`ALLOCATOR_READ_EVERY`] readings, and the kernel's anonymous
+//! resident memory, which it charges the container for, read at each) and
+//! sets the pressure:
 //!
 //! - under [`REFUSE_PERCENT`] of the limit: normal;
 //! - from it: **refusing**: new streams (or scrapes, or certificates) are
@@ -55,8 +56,9 @@ pub const RESUME_PERCENT: u64 = 80;
 /// work is closed.
 pub const CLOSE_PERCENT: u64 = 95;
 /// How often resident memory is read: what arrives between two readings is
-/// what overshoots a threshold. A reading is one jemalloc epoch refresh
-/// (microseconds).
+/// what overshoots a threshold. A reading is one `pread` of
+/// `/proc/self/statm` (microseconds), and every [`ALLOCATOR_READ_EVERY`]
+/// one jemalloc epoch refresh too.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(10);
 /// How long a client refused for memory is told to wait before it retries
 /// (gRPC's `grpc-retry-pushback-ms`).
@@ -269,27 +271,73 @@ struct BudgetMetrics {
     closed_total: Family<ApiLabels, Counter>,
 }
 
-/// Resident bytes of the heap: the larger of what jemalloc counts and the
-/// process's anonymous resident memory, or `None` where the allocator
-/// cannot tell. The kernel charges the container for the latter: more than
-/// jemalloc counts when its pages are huge (a 2 MiB page is charged whole
-/// from its first touch; `ballast install --controller-huge-pages`), and
-/// by thread stacks and memory allocated outside jemalloc.
-fn resident() -> Option<u64> {
+/// How many sampler readings share one reading of jemalloc's count: it is
+/// refreshed every tenth (100 ms). Its refresh merges every arena's
+/// statistics (about 100 µs, nine tenths of an idle controller's sampling
+/// CPU when done at every tick); the kernel's count, read at every tick, is
+/// what follows pages as they are touched.
+pub const ALLOCATOR_READ_EVERY: u32 = 10;
+
+/// jemalloc's count of its resident pages, refreshed.
+fn heap_resident() -> Option<u64> {
     tikv_jemalloc_ctl::epoch::advance().ok()?;
-    let heap = u64::try_from(tikv_jemalloc_ctl::stats::resident::read().ok()?).ok()?;
-    let anonymous = crate::memory::KernelMemory::read().anonymous;
-    Some(anonymous.map_or(heap, |anon| anon.max(heap)))
+    u64::try_from(tikv_jemalloc_ctl::stats::resident::read().ok()?).ok()
+}
+
+/// Readings of the heap's resident bytes: the larger of what jemalloc
+/// counts and the process's anonymous resident memory, or `None` where the
+/// allocator cannot tell. The kernel charges the container for the latter:
+/// more than jemalloc counts when its pages are huge (a 2 MiB page is
+/// charged whole from its first touch; `ballast install
+/// --controller-huge-pages`), and by thread stacks and memory allocated
+/// outside jemalloc. The kernel's count is read at each reading, the
+/// allocator's every [`ALLOCATOR_READ_EVERY`] (at each when the kernel's
+/// cannot be read).
+struct Resident<H, K> {
+    heap: H,
+    kernel: K,
+    last_heap: Option<u64>,
+    readings: u32,
+}
+
+impl Resident<fn() -> Option<u64>, Box<dyn FnMut() -> Option<u64> + Send>> {
+    /// This process's: jemalloc's count and `/proc/self/statm`.
+    fn process() -> Self {
+        let statm = crate::memory::Statm::open();
+        Resident::new(heap_resident, Box::new(move || statm.as_ref()?.anonymous()))
+    }
+}
+
+impl<H: FnMut() -> Option<u64>, K: FnMut() -> Option<u64>> Resident<H, K> {
+    fn new(heap: H, kernel: K) -> Self {
+        Resident {
+            heap,
+            kernel,
+            last_heap: None,
+            readings: 0,
+        }
+    }
+
+    fn read(&mut self) -> Option<u64> {
+        let kernel = (self.kernel)();
+        if self.readings == 0 || kernel.is_none() {
+            self.last_heap = (self.heap)();
+        }
+        self.readings = (self.readings + 1) % ALLOCATOR_READ_EVERY;
+        let heap = self.last_heap?;
+        Some(kernel.map_or(heap, |anon| anon.max(heap)))
+    }
 }
 
 /// Reads every [`SAMPLE_INTERVAL`] until the budget is dropped.
 fn sample(limit: u64, budget: Weak<Inner>) {
+    let mut resident = Resident::process();
     loop {
         std::thread::sleep(SAMPLE_INTERVAL);
         let Some(inner) = budget.upgrade() else {
             return;
         };
-        let Some(bytes) = resident() else {
+        let Some(bytes) = resident.read() else {
             tracing::warn!(
                 "the allocator does not report resident bytes; --memory-limit is not enforced"
             );
@@ -377,10 +425,61 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     #[test]
-    fn anonymous_resident_memory_is_read_from_proc_status() {
-        assert!(resident().is_some_and(|b| b > 0));
-        let own = crate::memory::KernelMemory::read();
-        assert!(own.anonymous.is_some_and(|b| b > 0), "{own:?}");
+    fn anonymous_resident_memory_is_read_from_proc_statm_as_status_says() {
+        let _serial = crate::memory::tests::exclusive_jemalloc();
+        assert!(Resident::process().read().is_some_and(|b| b > 0));
+        let statm = crate::memory::Statm::open().expect("/proc/self/statm");
+        let fast = statm.anonymous().expect("statm read");
+        let status = crate::memory::KernelMemory::read()
+            .anonymous
+            .expect("RssAnon read");
+        // Read one after the other while other tests may allocate: close,
+        // not equal. Read twice from the one open file: it is read afresh.
+        assert!(fast.abs_diff(status) < 8 * MIB, "{fast} / {status}");
+        let held = vec![1u8; 32 * MIB as usize];
+        let grown = statm.anonymous().expect("statm read again");
+        assert!(grown >= fast + 24 * MIB, "{fast} then {grown}");
+        drop(held);
+    }
+
+    #[test]
+    fn the_allocator_is_read_every_tenth_reading_and_the_larger_count_wins() {
+        let heap_reads = std::cell::Cell::new(0u64);
+        let heap = || {
+            heap_reads.set(heap_reads.get() + 1);
+            Some(100 * heap_reads.get())
+        };
+        // The kernel's count swings around the heap's.
+        let mut kernel_reads = 0u64;
+        let mut r = Resident::new(heap, || {
+            kernel_reads += 1;
+            Some(if kernel_reads.is_multiple_of(2) {
+                1_000
+            } else {
+                1
+            })
+        });
+        let readings: Vec<u64> = (0..25).map(|_| r.read().expect("a figure")).collect();
+        // Readings 1, 11 and 21 read the heap (100, 200, 300).
+        assert_eq!(heap_reads.get(), 3);
+        assert_eq!(&readings[..3], &[100, 1_000, 100]);
+        assert_eq!(&readings[9..13], &[1_000, 200, 1_000, 200]);
+        assert_eq!(&readings[19..23], &[1_000, 300, 1_000, 300]);
+
+        // Where the kernel cannot tell, the heap is read at every reading.
+        let reads = std::cell::Cell::new(0u64);
+        let mut r = Resident::new(
+            || {
+                reads.set(reads.get() + 1);
+                Some(reads.get())
+            },
+            || None,
+        );
+        let readings: Vec<u64> = (0..12).map(|_| r.read().expect("a figure")).collect();
+        assert_eq!(readings, (1..=12).collect::<Vec<_>>());
+        // No heap figure at all: none, as where jemalloc cannot tell.
+        let mut r = Resident::new(|| None, || Some(7));
+        assert_eq!(r.read(), None);
     }
 
     #[test]

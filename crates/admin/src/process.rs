@@ -25,6 +25,11 @@ use prometheus_client::registry::{Registry, Unit};
 
 /// `AT_CLKTCK` in the ELF auxiliary vector.
 const AT_CLKTCK: u64 = 17;
+/// `AT_PAGESZ` in the ELF auxiliary vector.
+const AT_PAGESZ: u64 = 6;
+/// The page size when the auxiliary vector cannot be read (x86-64's, and
+/// the common one on arm64).
+const DEFAULT_PAGE_SIZE: u64 = 4096;
 /// Clock ticks per second when the auxiliary vector cannot be read.
 const DEFAULT_CLOCK_TICKS: u64 = 100;
 
@@ -150,11 +155,21 @@ pub(crate) fn soft_open_files_limit(limits: &str) -> Option<u64> {
 fn clock_ticks() -> u64 {
     std::fs::read("/proc/self/auxv")
         .ok()
-        .and_then(|auxv| clock_ticks_in(&auxv))
+        .and_then(|auxv| auxv_value(&auxv, AT_CLKTCK))
         .unwrap_or(DEFAULT_CLOCK_TICKS)
 }
 
-pub(crate) fn clock_ticks_in(auxv: &[u8]) -> Option<u64> {
+/// `AT_PAGESZ` from `/proc/self/auxv` (what `sysconf(_SC_PAGESIZE)`
+/// returns), else 4096.
+pub(crate) fn page_size() -> u64 {
+    std::fs::read("/proc/self/auxv")
+        .ok()
+        .and_then(|auxv| auxv_value(&auxv, AT_PAGESZ))
+        .unwrap_or(DEFAULT_PAGE_SIZE)
+}
+
+/// The non-zero value of `key` in an auxiliary vector.
+pub(crate) fn auxv_value(auxv: &[u8], wanted: u64) -> Option<u64> {
     const WORD: usize = std::mem::size_of::<usize>();
     let word = |b: &[u8]| -> Option<u64> {
         let bytes: [u8; WORD] = b.try_into().ok()?;
@@ -162,9 +177,9 @@ pub(crate) fn clock_ticks_in(auxv: &[u8]) -> Option<u64> {
     };
     auxv.chunks_exact(2 * WORD)
         .filter_map(|entry| Some((word(&entry[..WORD])?, word(&entry[WORD..])?)))
-        .find(|&(key, _)| key == AT_CLKTCK)
-        .map(|(_, ticks)| ticks)
-        .filter(|&ticks| ticks > 0)
+        .find(|&(key, _)| key == wanted)
+        .map(|(_, value)| value)
+        .filter(|&value| value > 0)
 }
 
 #[derive(Debug)]
@@ -254,16 +269,18 @@ mod tests {
     }
 
     #[test]
-    fn clock_ticks_come_from_the_auxiliary_vector() {
+    fn clock_ticks_and_the_page_size_come_from_the_auxiliary_vector() {
         let mut auxv = Vec::new();
         for (key, value) in [(6usize, 4096usize), (AT_CLKTCK as usize, 250), (0, 0)] {
             auxv.extend_from_slice(&key.to_ne_bytes());
             auxv.extend_from_slice(&value.to_ne_bytes());
         }
-        assert_eq!(clock_ticks_in(&auxv), Some(250));
-        assert_eq!(clock_ticks_in(&auxv[..8]), None);
-        // This process's own vector has it (Linux).
+        assert_eq!(auxv_value(&auxv, AT_CLKTCK), Some(250));
+        assert_eq!(auxv_value(&auxv, AT_PAGESZ), Some(4096));
+        assert_eq!(auxv_value(&auxv[..8], AT_CLKTCK), None);
+        // This process's own vector has both (Linux).
         assert!(clock_ticks() > 0);
+        assert!(page_size() >= 4096 && page_size().is_power_of_two());
     }
 
     #[test]
