@@ -293,35 +293,17 @@ fn heap_resident() -> Option<u64> {
 /// outside jemalloc. The kernel's count is read at each reading, the
 /// allocator's every [`ALLOCATOR_READ_EVERY`] (at each when the kernel's
 /// cannot be read).
-struct Resident<H, K> {
-    heap: H,
-    kernel: K,
+#[derive(Default)]
+struct Resident {
     last_heap: Option<u64>,
     readings: u32,
 }
 
-impl Resident<fn() -> Option<u64>, Box<dyn FnMut() -> Option<u64> + Send>> {
-    /// This process's: jemalloc's count and `/proc/self/statm`.
-    fn process() -> Self {
-        let statm = crate::memory::Statm::open();
-        Resident::new(heap_resident, Box::new(move || statm.as_ref()?.anonymous()))
-    }
-}
-
-impl<H: FnMut() -> Option<u64>, K: FnMut() -> Option<u64>> Resident<H, K> {
-    fn new(heap: H, kernel: K) -> Self {
-        Resident {
-            heap,
-            kernel,
-            last_heap: None,
-            readings: 0,
-        }
-    }
-
-    fn read(&mut self) -> Option<u64> {
-        let kernel = (self.kernel)();
+impl Resident {
+    /// One reading, given the kernel's count now and how to read the heap's.
+    fn read(&mut self, kernel: Option<u64>, heap: impl FnOnce() -> Option<u64>) -> Option<u64> {
         if self.readings == 0 || kernel.is_none() {
-            self.last_heap = (self.heap)();
+            self.last_heap = heap();
         }
         self.readings = (self.readings + 1) % ALLOCATOR_READ_EVERY;
         let heap = self.last_heap?;
@@ -331,13 +313,15 @@ impl<H: FnMut() -> Option<u64>, K: FnMut() -> Option<u64>> Resident<H, K> {
 
 /// Reads every [`SAMPLE_INTERVAL`] until the budget is dropped.
 fn sample(limit: u64, budget: Weak<Inner>) {
-    let mut resident = Resident::process();
+    let statm = crate::memory::Statm::open();
+    let mut resident = Resident::default();
     loop {
         std::thread::sleep(SAMPLE_INTERVAL);
         let Some(inner) = budget.upgrade() else {
             return;
         };
-        let Some(bytes) = resident.read() else {
+        let kernel = statm.as_ref().and_then(crate::memory::Statm::anonymous);
+        let Some(bytes) = resident.read(kernel, heap_resident) else {
             tracing::warn!(
                 "the allocator does not report resident bytes; --memory-limit is not enforced"
             );
@@ -427,9 +411,11 @@ mod tests {
     #[test]
     fn anonymous_resident_memory_is_read_from_proc_statm_as_status_says() {
         let _serial = crate::memory::tests::exclusive_jemalloc();
-        assert!(Resident::process().read().is_some_and(|b| b > 0));
         let statm = crate::memory::Statm::open().expect("/proc/self/statm");
         let fast = statm.anonymous().expect("statm read");
+        assert!(Resident::default()
+            .read(Some(fast), heap_resident)
+            .is_some_and(|b| b > 0));
         let status = crate::memory::KernelMemory::read()
             .anonymous
             .expect("RssAnon read");
@@ -450,16 +436,13 @@ mod tests {
             Some(100 * heap_reads.get())
         };
         // The kernel's count swings around the heap's.
-        let mut kernel_reads = 0u64;
-        let mut r = Resident::new(heap, || {
-            kernel_reads += 1;
-            Some(if kernel_reads.is_multiple_of(2) {
-                1_000
-            } else {
-                1
+        let mut r = Resident::default();
+        let readings: Vec<u64> = (1..=25u64)
+            .map(|n| {
+                let kernel = if n.is_multiple_of(2) { 1_000 } else { 1 };
+                r.read(Some(kernel), heap).expect("a figure")
             })
-        });
-        let readings: Vec<u64> = (0..25).map(|_| r.read().expect("a figure")).collect();
+            .collect();
         // Readings 1, 11 and 21 read the heap (100, 200, 300).
         assert_eq!(heap_reads.get(), 3);
         assert_eq!(&readings[..3], &[100, 1_000, 100]);
@@ -468,18 +451,20 @@ mod tests {
 
         // Where the kernel cannot tell, the heap is read at every reading.
         let reads = std::cell::Cell::new(0u64);
-        let mut r = Resident::new(
-            || {
-                reads.set(reads.get() + 1);
-                Some(reads.get())
-            },
-            || None,
-        );
-        let readings: Vec<u64> = (0..12).map(|_| r.read().expect("a figure")).collect();
+        let mut r = Resident::default();
+        let readings: Vec<u64> = (0..12)
+            .map(|_| {
+                r.read(None, || {
+                    reads.set(reads.get() + 1);
+                    Some(reads.get())
+                })
+                .expect("a figure")
+            })
+            .collect();
         assert_eq!(readings, (1..=12).collect::<Vec<_>>());
         // No heap figure at all: none, as where jemalloc cannot tell.
-        let mut r = Resident::new(|| None, || Some(7));
-        assert_eq!(r.read(), None);
+        let mut r = Resident::default();
+        assert_eq!(r.read(Some(7), || None), None);
     }
 
     #[test]

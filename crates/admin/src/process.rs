@@ -82,11 +82,7 @@ impl ProcessSample {
             cpu_seconds: stat.map(|s| (s.utime + s.stime) as f64 / ticks as f64),
             open_fds: open_fds(
                 std::fs::metadata("/proc/self/fd").map(|m| m.len()).ok(),
-                || {
-                    std::fs::read_dir("/proc/self/fd")
-                        .ok()
-                        .map(|dir| dir.count() as u64)
-                },
+                walk_open_fds,
             ),
             max_fds: std::fs::read_to_string("/proc/self/limits")
                 .ok()
@@ -108,6 +104,13 @@ pub(crate) fn open_fds(dir_size: Option<u64>, walk: impl FnOnce() -> Option<u64>
         Some(n) if n > 0 => Some(n),
         _ => walk(),
     }
+}
+
+/// The entries of `/proc/self/fd`, counted one by one.
+fn walk_open_fds() -> Option<u64> {
+    std::fs::read_dir("/proc/self/fd")
+        .ok()
+        .map(|dir| dir.count() as u64)
 }
 
 /// The fields of `/proc/self/stat` these metrics use, in clock ticks.
@@ -300,13 +303,8 @@ mod tests {
             .map(|_| std::fs::File::open("/proc/self/stat"))
             .collect::<Result<_, _>>()
             .expect("open /proc/self/stat");
-        let walk = || {
-            std::fs::read_dir("/proc/self/fd")
-                .ok()
-                .map(|d| d.count() as u64)
-        };
         let fast = ProcessSample::read().open_fds.expect("open files read");
-        let walked = walk().expect("/proc/self/fd walked");
+        let walked = walk_open_fds().expect("/proc/self/fd walked");
         assert!(fast >= 200 && walked >= 200, "{fast} / {walked}");
         assert!(fast.abs_diff(walked) < 100, "{fast} / {walked}");
         drop(held);

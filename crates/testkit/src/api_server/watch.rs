@@ -267,7 +267,8 @@ impl WatchStream {
                             self.namespace.as_deref(),
                             &self.filter,
                         ) {
-                            super::lock(&self.shared.first_line_out).get_or_insert_with(std::time::Instant::now);
+                            super::lock(&self.shared.first_line_out)
+                                .get_or_insert_with(std::time::Instant::now);
                             self.pending.push_back(line);
                         }
                     }
