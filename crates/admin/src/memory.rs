@@ -194,20 +194,21 @@ impl KernelMemory {
     }
 }
 
-/// `/proc/self/statm`, kept open: the memory budget's sampler reads the
-/// process's anonymous resident memory from it every 10 ms with one
-/// `pread` (no path lookup, no allocation). It holds what `RssAnon` of
-/// `/proc/self/status` says: the kernel counts `resident` as file, shared
-/// and anonymous pages, and `shared` as the first two.
+/// `/proc/self/statm`, kept open: the memory budget's sampler (and the
+/// proxy's memory limit) read the process's anonymous resident memory from
+/// it every 10 ms with one `pread` (no path lookup, no allocation). It
+/// holds what `RssAnon` of `/proc/self/status` says: the kernel counts
+/// `resident` as file, shared and anonymous pages, and `shared` as the
+/// first two.
 #[derive(Debug)]
-pub(crate) struct Statm {
+pub struct Statm {
     file: std::fs::File,
     page_size: u64,
 }
 
 impl Statm {
     /// Opens `/proc/self/statm`; `None` where there is none.
-    pub(crate) fn open() -> Option<Self> {
+    pub fn open() -> Option<Self> {
         let file = std::fs::File::open("/proc/self/statm").ok()?;
         Some(Statm {
             file,
@@ -216,7 +217,7 @@ impl Statm {
     }
 
     /// Anonymous resident memory now, in bytes.
-    pub(crate) fn anonymous(&self) -> Option<u64> {
+    pub fn anonymous(&self) -> Option<u64> {
         use std::os::unix::fs::FileExt;
         // Seven numbers of at most 20 digits each and their separators.
         let mut buf = [0u8; 192];
