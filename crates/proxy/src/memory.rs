@@ -35,6 +35,9 @@ pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(10);
 /// in a proxy: at every reading that was half the sampler's CPU, idle. A
 /// burst that allocates touches its pages, and the kernel's count follows
 /// every page touched: a burst is still read every [`SAMPLE_INTERVAL`].
+/// One that reuses pages an earlier burst freed (still resident, so the
+/// kernel's count does not move) is seen at the next scheduled refresh, at
+/// most 100 ms later; those pages are charged to the container already.
 pub const ALLOCATED_READ_EVERY: u32 = 10;
 
 /// How far the kernel's anonymous resident memory moves (either way) before
