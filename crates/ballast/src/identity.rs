@@ -313,10 +313,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         controller::stopped(stop_rx.clone()),
     ));
 
+    // Ready once the issuer loaded and, when serving TLS, the controller's
+    // own certificate is issued: until then a TLS client is refused.
     let ready = service.clone();
+    let serving_tls = tls_config.is_some().then(|| own_store.clone());
     let admin_state = AdminState::new(
         Arc::new(registry),
-        Readiness::from_fn(move || ready.status().is_ready()),
+        Readiness::from_fn(move || {
+            ready.status().is_ready() && serving_tls.as_ref().is_none_or(|own| own.is_ready())
+        }),
     );
     let admin_task = tokio::spawn(
         AdminServer::new(admin_state).serve(admin, controller::stopped(stop_rx.clone())),
