@@ -29,6 +29,7 @@
 //! stream it has while new connections pile onto the others. Refusing with
 //! a hint spreads the retries instead.
 
+use crate::memory::AllocatorReadings;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge},
@@ -291,22 +292,26 @@ fn heap_resident() -> Option<u64> {
 /// charged whole from its first touch; `ballast install
 /// --controller-huge-pages`), and by thread stacks and memory allocated
 /// outside jemalloc. The kernel's count is read at each reading, the
-/// allocator's every [`ALLOCATOR_READ_EVERY`] (at each when the kernel's
-/// cannot be read).
-#[derive(Default)]
+/// allocator's on [`AllocatorReadings`]' schedule: every
+/// [`ALLOCATOR_READ_EVERY`] (at each when the kernel's cannot be read). A
+/// move of the kernel's count needs no early refresh here: the kernel's
+/// count is in the figure.
 struct Resident {
-    last_heap: Option<u64>,
-    readings: u32,
+    heap: AllocatorReadings,
+}
+
+impl Default for Resident {
+    fn default() -> Self {
+        Resident {
+            heap: AllocatorReadings::every(ALLOCATOR_READ_EVERY),
+        }
+    }
 }
 
 impl Resident {
     /// One reading, given the kernel's count now and how to read the heap's.
     fn read(&mut self, kernel: Option<u64>, heap: impl FnOnce() -> Option<u64>) -> Option<u64> {
-        if self.readings == 0 || kernel.is_none() {
-            self.last_heap = heap();
-        }
-        self.readings = (self.readings + 1) % ALLOCATOR_READ_EVERY;
-        let heap = self.last_heap?;
+        let heap = self.heap.read(kernel, heap)?;
         Some(kernel.map_or(heap, |anon| anon.max(heap)))
     }
 }

@@ -43,7 +43,7 @@ mod server;
 pub use budget::{MemoryBudget, Pressure};
 pub use memory::{
     compact_thread_allocations, register_memory_metrics, release_unused_memory,
-    spawn_memory_sampler, Statm, MEMORY_SAMPLE_INTERVAL,
+    spawn_memory_sampler, AllocatorReadings, Statm, MEMORY_SAMPLE_INTERVAL,
 };
 pub use process::{register_build_info, register_process_metrics};
 pub use readiness::Readiness;

@@ -237,6 +237,68 @@ pub(crate) fn anonymous_in_statm(statm: &str, page_size: u64) -> Option<u64> {
     resident.checked_sub(shared)?.checked_mul(page_size)
 }
 
+/// When a sampler that reads the kernel's count at every tick ([`Statm`])
+/// also refreshes the allocator's statistics, which is what costs (a
+/// jemalloc epoch merges every arena's: 30-100 µs, where the `pread` takes
+/// microseconds): every `every` readings (the first included), at once when
+/// the kernel's count moved [`AllocatorReadings::or_when_moved`] bytes either
+/// way since the last refresh, and at every reading where the kernel's count
+/// cannot be read. The controllers' budget and the proxy's memory limit
+/// share this schedule; each compares what it reads its own way.
+#[derive(Debug)]
+pub struct AllocatorReadings {
+    every: u32,
+    moved: Option<u64>,
+    /// The allocator's figure at the last refresh.
+    last: Option<u64>,
+    /// The kernel's count at the last refresh.
+    kernel_then: Option<u64>,
+    /// Readings since the last refresh.
+    since: u32,
+}
+
+impl AllocatorReadings {
+    /// Refreshes every `every` readings (at least every one).
+    pub const fn every(every: u32) -> Self {
+        AllocatorReadings {
+            every: if every == 0 { 1 } else { every },
+            moved: None,
+            last: None,
+            kernel_then: None,
+            since: 0,
+        }
+    }
+
+    /// Also refreshes at the reading where the kernel's count has moved
+    /// `bytes` either way since the last refresh (small moves add up).
+    pub const fn or_when_moved(mut self, bytes: u64) -> Self {
+        self.moved = Some(bytes);
+        self
+    }
+
+    /// One reading, given the kernel's count now and how to refresh the
+    /// allocator's: the allocator's figure as last refreshed, or `None`
+    /// while it cannot tell (it is asked again at the next reading).
+    pub fn read(
+        &mut self,
+        kernel: Option<u64>,
+        refresh: impl FnOnce() -> Option<u64>,
+    ) -> Option<u64> {
+        let moved = match (kernel, self.kernel_then) {
+            (Some(now), Some(then)) => self.moved.is_some_and(|m| now.abs_diff(then) >= m),
+            _ => true,
+        };
+        if moved || self.last.is_none() || self.since + 1 >= self.every {
+            self.last = refresh();
+            self.kernel_then = kernel;
+            self.since = 0;
+        } else {
+            self.since += 1;
+        }
+        self.last
+    }
+}
+
 /// Reads the memory figures afresh at each scrape.
 #[derive(Debug)]
 struct MemoryCollector;
@@ -461,6 +523,89 @@ pub(crate) mod tests {
         JEMALLOC_READERS
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    const MIB: u64 = 1024 * 1024;
+
+    /// Feeds `kernel` readings to `schedule`; returns at which readings the
+    /// allocator was asked, and what each reading said.
+    fn run(
+        mut schedule: AllocatorReadings,
+        kernel: &[Option<u64>],
+    ) -> (Vec<usize>, Vec<Option<u64>>) {
+        let mut refreshed = Vec::new();
+        let mut said = Vec::new();
+        for (i, k) in kernel.iter().enumerate() {
+            let hit = std::cell::Cell::new(false);
+            said.push(schedule.read(*k, || {
+                hit.set(true);
+                Some(i as u64)
+            }));
+            if hit.get() {
+                refreshed.push(i);
+            }
+        }
+        (refreshed, said)
+    }
+
+    fn moving() -> AllocatorReadings {
+        AllocatorReadings::every(10).or_when_moved(MIB)
+    }
+
+    #[test]
+    fn a_still_kernel_count_refreshes_the_allocator_every_tenth_reading() {
+        for schedule in [AllocatorReadings::every(10), moving()] {
+            let (refreshed, said) = run(schedule, &[Some(8 * MIB); 25]);
+            assert_eq!(refreshed, vec![0, 10, 20]);
+            // Between refreshes, the last refresh's figure.
+            assert_eq!(said[9], Some(0));
+            assert_eq!(said[10], Some(10));
+            assert_eq!(said[24], Some(20));
+        }
+        let (refreshed, _) = run(AllocatorReadings::every(0), &[Some(MIB); 3]);
+        assert_eq!(refreshed, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn a_moving_kernel_count_refreshes_at_the_next_reading_either_way() {
+        // Small moves add up from the last refresh, not from the last reading.
+        let mut kernel = vec![Some(8 * MIB); 12];
+        kernel[3] = Some(8 * MIB + MIB / 2);
+        kernel[4] = Some(9 * MIB);
+        kernel[5] = Some(9 * MIB);
+        kernel[6] = Some(8 * MIB - MIB / 2);
+        for k in &mut kernel[7..] {
+            *k = Some(7 * MIB);
+        }
+        let (refreshed, said) = run(moving(), &kernel);
+        assert_eq!(refreshed, vec![0, 4, 6]);
+        assert_eq!(said[5], Some(4));
+        assert_eq!(said[11], Some(6));
+        // Without the moved trigger, on schedule only.
+        let (refreshed, _) = run(AllocatorReadings::every(10), &kernel);
+        assert_eq!(refreshed, vec![0, 10]);
+    }
+
+    #[test]
+    fn without_the_kernel_count_the_allocator_is_refreshed_at_every_reading() {
+        let mut kernel = vec![Some(8 * MIB); 6];
+        kernel[2] = None;
+        kernel[3] = None;
+        for schedule in [AllocatorReadings::every(10), moving()] {
+            // Once the kernel's count is back, the schedule starts from there.
+            let (refreshed, _) = run(schedule, &kernel);
+            assert_eq!(refreshed, vec![0, 2, 3, 4]);
+        }
+        let (refreshed, _) = run(moving(), &[None; 4]);
+        assert_eq!(refreshed, vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn an_allocator_that_cannot_tell_is_asked_again_at_the_next_reading() {
+        let mut a = moving();
+        assert_eq!(a.read(Some(MIB), || None), None);
+        assert_eq!(a.read(Some(MIB), || Some(5)), Some(5));
+        assert_eq!(a.read(Some(MIB), || Some(6)), Some(5));
     }
 
     #[test]

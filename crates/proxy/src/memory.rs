@@ -101,41 +101,11 @@ fn allocated() -> Option<u64> {
     u64::try_from(bytes).ok()
 }
 
-/// Readings of allocated bytes, refreshed on schedule or when the kernel's
-/// count moved ([`ALLOCATED_READ_EVERY`], [`MOVED_BYTES`]); at every
-/// reading where the kernel's count cannot be read.
-#[derive(Debug, Default)]
-struct Allocated {
-    last: Option<u64>,
-    /// The kernel's count at the last refresh.
-    kernel_then: Option<u64>,
-    /// Readings since the last refresh.
-    since: u32,
-}
-
-impl Allocated {
-    /// One reading, given the kernel's count now and how to refresh
-    /// allocated bytes.
-    fn read(&mut self, kernel: Option<u64>, refresh: impl FnOnce() -> Option<u64>) -> Option<u64> {
-        let moved = match (kernel, self.kernel_then) {
-            (Some(now), Some(then)) => now.abs_diff(then) >= MOVED_BYTES,
-            _ => true,
-        };
-        if moved || self.last.is_none() || self.since + 1 >= ALLOCATED_READ_EVERY {
-            self.last = refresh();
-            self.kernel_then = kernel;
-            self.since = 0;
-        } else {
-            self.since += 1;
-        }
-        self.last
-    }
-}
-
 /// Samples every [`SAMPLE_INTERVAL`] until the [`MemoryLimit`] is dropped.
 fn sample(limit: u64, over: std::sync::Weak<AtomicBool>, metrics: Arc<Metrics>) {
     let statm = ballast_admin::Statm::open();
-    let mut readings = Allocated::default();
+    let mut readings =
+        ballast_admin::AllocatorReadings::every(ALLOCATED_READ_EVERY).or_when_moved(MOVED_BYTES);
     loop {
         std::thread::sleep(SAMPLE_INTERVAL);
         let Some(over) = over.upgrade() else { return };
@@ -197,81 +167,5 @@ impl MemoryMetrics {
             "1 while allocated memory is at or over --memory-limit",
             self.memory_shedding.clone(),
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::cell::Cell;
-
-    const MIB: u64 = 1024 * 1024;
-
-    /// Feeds `kernel` readings to one `Allocated`; returns at which readings
-    /// allocated bytes were refreshed, and what each reading said.
-    fn run(kernel: &[Option<u64>]) -> (Vec<usize>, Vec<Option<u64>>) {
-        let mut a = Allocated::default();
-        let mut refreshed = Vec::new();
-        let mut said = Vec::new();
-        for (i, k) in kernel.iter().enumerate() {
-            let hit = Cell::new(false);
-            said.push(a.read(*k, || {
-                hit.set(true);
-                Some(i as u64)
-            }));
-            if hit.get() {
-                refreshed.push(i);
-            }
-        }
-        (refreshed, said)
-    }
-
-    #[test]
-    fn a_still_kernel_count_refreshes_allocated_bytes_every_tenth_reading() {
-        let (refreshed, said) = run(&[Some(8 * MIB); 25]);
-        assert_eq!(refreshed, vec![0, 10, 20]);
-        // Between refreshes, the last refresh's figure.
-        assert_eq!(said[9], Some(0));
-        assert_eq!(said[10], Some(10));
-        assert_eq!(said[24], Some(20));
-    }
-
-    #[test]
-    fn a_moving_kernel_count_refreshes_at_the_next_reading_either_way() {
-        // Small moves add up from the last refresh, not from the last reading.
-        let mut kernel = vec![Some(8 * MIB); 12];
-        kernel[3] = Some(8 * MIB + MIB / 2);
-        kernel[4] = Some(9 * MIB);
-        kernel[5] = Some(9 * MIB);
-        kernel[6] = Some(8 * MIB - MIB / 2);
-        kernel[7] = Some(7 * MIB);
-        kernel[8] = Some(7 * MIB);
-        kernel[9] = Some(7 * MIB);
-        kernel[10] = Some(7 * MIB);
-        kernel[11] = Some(7 * MIB);
-        let (refreshed, said) = run(&kernel);
-        assert_eq!(refreshed, vec![0, 4, 6]);
-        assert_eq!(said[5], Some(4));
-        assert_eq!(said[11], Some(6));
-    }
-
-    #[test]
-    fn without_the_kernel_count_allocated_bytes_are_refreshed_at_every_reading() {
-        let mut kernel = vec![Some(8 * MIB); 6];
-        kernel[2] = None;
-        kernel[3] = None;
-        let (refreshed, _) = run(&kernel);
-        // Once the kernel's count is back, the schedule starts from there.
-        assert_eq!(refreshed, vec![0, 2, 3, 4]);
-        let (refreshed, _) = run(&[None; 4]);
-        assert_eq!(refreshed, vec![0, 1, 2, 3]);
-    }
-
-    #[test]
-    fn an_allocator_that_cannot_tell_is_asked_again_at_the_next_reading() {
-        let mut a = Allocated::default();
-        assert_eq!(a.read(Some(MIB), || None), None);
-        assert_eq!(a.read(Some(MIB), || Some(5)), Some(5));
-        assert_eq!(a.read(Some(MIB), || Some(6)), Some(5));
     }
 }
