@@ -283,7 +283,8 @@ pub fn emojivoto() -> String {
         )
     };
     // A caller: a loop of curl through the pod's proxy, one line per request
-    // (`ok URL SECONDS`, or `fail URL rc=CURL_EXIT HTTP_CODE SECONDS`).
+    // (`ok URL SECONDS`, or `fail URL rc=CURL_EXIT HTTP_CODE SECONDS at
+    // HH:MM:SS` in UTC, to place a failure among the proxies' logs).
     let caller = |targets: &[&str]| {
         let urls: Vec<String> = targets
             .iter()
@@ -291,7 +292,7 @@ pub fn emojivoto() -> String {
             .collect();
         format!(
             "      - name: caller\n        image: tools:latest\n        command: [sh, -c]\n\
-             \x20       args:\n          - 'while :; do for u in {}; do o=$(curl -s -m 5 -o /dev/null -w \"%{{http_code}} %{{time_total}}\" $u); r=$?; case \"$r $o\" in \"0 2\"*) echo ok $u ${{o#* }};; *) echo fail $u rc=$r $o;; esac; done; sleep 0.2; done'\n",
+             \x20       args:\n          - 'while :; do for u in {}; do o=$(curl -s -m 5 -o /dev/null -w \"%{{http_code}} %{{time_total}}\" $u); r=$?; case \"$r $o\" in \"0 2\"*) echo ok $u ${{o#* }};; *) echo fail $u rc=$r $o at $(date -u +%H:%M:%S);; esac; done; sleep 0.2; done'\n",
             urls.join(" ")
         )
     };
