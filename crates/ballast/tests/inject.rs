@@ -96,21 +96,27 @@ const DB: &str = r#"{
 }
 "#;
 
-/// Trust anchors made once for every run (`ballast identity generate`).
+/// Trust anchors made once per run of this binary (`ballast identity
+/// generate`), in cargo's scratch directory for integration tests: a fixed
+/// path made afresh each run, so nothing is left behind in the system's
+/// temporary directory (a static `TempDir` is never dropped).
 fn anchors_file() -> &'static Path {
-    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
-    let dir = DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("temp dir");
+    static PKI: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    PKI.get_or_init(|| {
+        let pki = Path::new(env!("CARGO_TARGET_TMPDIR")).join("inject-test-pki");
+        match std::fs::remove_dir_all(&pki) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("{}: {e}", pki.display()),
+        }
         let generated = Command::new(env!("CARGO_BIN_EXE_ballast"))
             .args(["identity", "generate", "--out"])
-            .arg(dir.path().join("pki"))
+            .arg(&pki)
             .output()
             .expect("ballast runs");
         assert!(generated.status.success(), "{generated:?}");
-        dir
-    });
-    // Leaked on purpose: the directory lives as long as the test binary.
-    Box::leak(dir.path().join("pki/ca.crt").into_boxed_path())
+        pki.join("ca.crt")
+    })
 }
 
 /// `ballast inject ARGS`, given trust anchors by its environment (a flag wins).
