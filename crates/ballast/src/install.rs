@@ -3,10 +3,11 @@
 
 use anyhow::Context;
 use ballast_flags::{dns_label, dns_name, non_empty as not_empty};
+use ballast_inject::values::{self, parse_quantity};
 use ballast_install::{
     deploy_files, install_yaml, manifests,
     pki::{IdentityPki, WebhookTls, WEBHOOK_CERT_LIFETIME},
-    secrets_yaml, FailurePolicy, InstallConfig, KeyMaterial,
+    secrets_yaml, DestinationSize, FailurePolicy, InstallConfig, KeyMaterial,
 };
 use clap::Args as ClapArgs;
 use std::{path::PathBuf, time::SystemTime};
@@ -116,6 +117,69 @@ pub struct Args {
         action = clap::ArgAction::Set
     )]
     controller_huge_pages: bool,
+
+    /// The destination controller's CPU request. Its fan-out is CPU-bound:
+    /// an update to 1,000 streams costs it 9-12 ms of CPU, and its latency
+    /// follows the CPU it gets beside busy neighbours (bench/RESULTS.md).
+    #[arg(long, value_name = "QUANTITY", default_value = "100m", value_parser = quantity)]
+    destination_cpu_request: String,
+
+    /// The destination controller's memory request.
+    #[arg(long, value_name = "QUANTITY", default_value = "64Mi", value_parser = quantity)]
+    destination_memory_request: String,
+
+    /// The destination controller's memory limit (at least 64Mi). Its
+    /// memory budget is three quarters of it, and it refuses new streams
+    /// past 85% of the budget: 256Mi holds the default 20,000 + 20,000
+    /// streams (10,000 proxies) at 10,000 pods; a stream costs about 2 KB.
+    #[arg(long, value_name = "QUANTITY", default_value = "256Mi", value_parser = quantity)]
+    destination_memory_limit: String,
+
+    /// The destination controller's stream limits: rendered as both its
+    /// --max-streams (Get + GetProfile) and --max-policy-streams (default:
+    /// its own, 20,000 each). Each proxy opens about two of each.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    destination_max_streams: Option<u32>,
+}
+
+/// A Kubernetes quantity, as the API server would accept it.
+pub(crate) fn quantity(s: &str) -> Result<String, values::InvalidValue> {
+    parse_quantity(s)?;
+    Ok(s.to_string())
+}
+
+/// The least memory limit the destination controller is given: it idles
+/// near 20 MiB, and its budget is three quarters of the limit.
+const MIN_DESTINATION_MEMORY_LIMIT: f64 = 64.0 * 1024.0 * 1024.0;
+
+/// What Kubernetes or the controller would refuse later, refused now: a
+/// memory request above the limit, a limit the controller cannot start in.
+pub(crate) fn check_destination_size(size: &DestinationSize) -> anyhow::Result<()> {
+    let bytes = |flag: &str, q: &str| {
+        parse_quantity(q)
+            .map(|q| q.value)
+            .map_err(|e| anyhow::anyhow!("--destination-{flag}: {e}"))
+    };
+    parse_quantity(&size.cpu_request)
+        .map_err(|e| anyhow::anyhow!("--destination-cpu-request: {e}"))?;
+    let request = bytes("memory-request", &size.memory_request)?;
+    let limit = bytes("memory-limit", &size.memory_limit)?;
+    if limit < MIN_DESTINATION_MEMORY_LIMIT {
+        anyhow::bail!(
+            "--destination-memory-limit {} is under 64Mi: the controller idles near 20 MiB and \
+             its memory budget is three quarters of the limit",
+            size.memory_limit
+        );
+    }
+    if request > limit {
+        anyhow::bail!(
+            "--destination-memory-request {} is above --destination-memory-limit {}: \
+             Kubernetes refuses such a container",
+            size.memory_request,
+            size.memory_limit
+        );
+    }
+    Ok(())
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -136,7 +200,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         webhook_timeout_seconds: args.webhook_timeout,
         crds: !args.skip_crds,
         controller_huge_pages: args.controller_huge_pages,
+        destination: DestinationSize {
+            cpu_request: args.destination_cpu_request,
+            memory_request: args.destination_memory_request,
+            memory_limit: args.destination_memory_limit,
+            max_streams: args.destination_max_streams,
+        },
     };
+    check_destination_size(&config.destination)?;
 
     if let Some(dir) = &args.deploy_dir {
         for (file, text) in deploy_files(&config) {

@@ -18,7 +18,7 @@ use std::{path::PathBuf, time::Duration};
     after_help = "Reads the installed control plane (its Deployments, the trust anchors \
 ConfigMap, the issuer and webhook Secrets and the webhook configuration) and prints it as this \
 version renders it, for `ballast upgrade | kubectl apply -f -`: the same settings (images, domains, \
-HA, failure policy, log level) unless a flag below changes one, and the same trust anchors, issuer \
+HA, failure policy, log level, the destination controller's resources and stream limits) unless a flag below changes one, and the same trust anchors, issuer \
 and webhook certificate, so that meshed workloads keep verifying each other while the controllers \
 roll one replica at a time (their disruption budgets and maxUnavailable 1)."
 )]
@@ -51,6 +51,25 @@ pub struct Args {
     /// pages (see `install --controller-huge-pages`; default: as installed).
     #[arg(long, value_name = "true|false")]
     controller_huge_pages: Option<bool>,
+
+    /// The destination controller's CPU request (see `install
+    /// --destination-cpu-request`; default: as installed).
+    #[arg(long, value_name = "QUANTITY", value_parser = crate::install::quantity)]
+    destination_cpu_request: Option<String>,
+
+    /// The destination controller's memory request (default: as installed).
+    #[arg(long, value_name = "QUANTITY", value_parser = crate::install::quantity)]
+    destination_memory_request: Option<String>,
+
+    /// The destination controller's memory limit (see `install
+    /// --destination-memory-limit`; default: as installed).
+    #[arg(long, value_name = "QUANTITY", value_parser = crate::install::quantity)]
+    destination_memory_limit: Option<String>,
+
+    /// The destination controller's stream limits (see `install
+    /// --destination-max-streams`; default: as installed).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    destination_max_streams: Option<u32>,
 
     /// Print the CRDs too (they replace the cluster's; see `install --skip-crds`).
     #[arg(long)]
@@ -173,6 +192,22 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(huge) = args.controller_huge_pages {
         config.controller_huge_pages = huge;
     }
+    let size = &mut config.destination;
+    if let Some(q) = args.destination_cpu_request {
+        size.cpu_request = q;
+    }
+    if let Some(q) = args.destination_memory_request {
+        size.memory_request = q;
+    }
+    if let Some(q) = args.destination_memory_limit {
+        size.memory_limit = q;
+    }
+    if let Some(n) = args.destination_max_streams {
+        size.max_streams = Some(n);
+    }
+    // The installed values with the new ones: a request raised past the
+    // installed limit is refused here, not by the API server mid-apply.
+    crate::install::check_destination_size(&config.destination)?;
     config.crds = args.include_crds;
     print!("{}", install_yaml(&config, &material));
     Ok(())

@@ -292,6 +292,80 @@ fn bad_identity_files_and_values_are_refused_with_one_line() {
 }
 
 #[test]
+fn destination_size_flags_shape_its_deployment_and_bad_sizes_are_refused() {
+    let docs = documents(&ok_stdout(&[
+        "install",
+        "--destination-cpu-request",
+        "2",
+        "--destination-memory-request",
+        "512Mi",
+        "--destination-memory-limit",
+        "1Gi",
+        "--destination-max-streams",
+        "50000",
+    ]));
+    let container = &find(&docs, "Deployment", "ballast-destination")["spec"]["template"]["spec"]
+        ["containers"][0];
+    let resources = &container["resources"];
+    // A quantity is a string in the API ("2", not 2).
+    assert_eq!(resources["requests"]["cpu"], "2", "{resources}");
+    assert_eq!(resources["requests"]["memory"], "512Mi", "{resources}");
+    assert_eq!(resources["limits"]["memory"], "1Gi", "{resources}");
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(args.contains(&"--max-streams=50000"), "{args:?}");
+    assert!(args.contains(&"--max-policy-streams=50000"), "{args:?}");
+    // `ballast destination` parses every flag and value rendered (clap stops
+    // at the first it refuses, before the trailing --help).
+    let out = ballast(&args.iter().copied().chain(["--help"]).collect::<Vec<_>>());
+    assert!(
+        out.status.success(),
+        "ballast {args:?} is refused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The identity controller keeps its own size.
+    let identity =
+        &find(&docs, "Deployment", "ballast-identity")["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(identity["resources"]["requests"]["cpu"], "100m");
+
+    // Refused with one line naming the flag, nothing printed.
+    for (bad, says) in [
+        (
+            &["--destination-memory-limit", "lots"][..],
+            "--destination-memory-limit",
+        ),
+        (
+            &["--destination-cpu-request", "1x"],
+            "--destination-cpu-request",
+        ),
+        (&["--destination-memory-limit", "32Mi"], "under 64Mi"),
+        (
+            &[
+                "--destination-memory-request",
+                "1Gi",
+                "--destination-memory-limit",
+                "512Mi",
+            ],
+            "above --destination-memory-limit",
+        ),
+        (
+            &["--destination-max-streams", "0"],
+            "--destination-max-streams",
+        ),
+    ] {
+        let out = ballast(&[&["install"], bad].concat());
+        assert!(!out.status.success(), "{bad:?}");
+        assert!(out.stdout.is_empty(), "{bad:?}: nothing printed on failure");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{bad:?}: {err}");
+    }
+}
+
+#[test]
 fn the_viz_deployment_runs_ballast_viz_with_flags_it_accepts() {
     let docs = documents(&ok_stdout(&["install", "--namespace", "mesh"]));
     let viz = find(&docs, "Deployment", "ballast-viz");

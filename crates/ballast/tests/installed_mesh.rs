@@ -255,6 +255,11 @@ async fn upgrade_rolls_the_control_plane_with_no_failed_request() {
             "upgrade",
             "--controller-image",
             "ballast:v2",
+            // Sized for a bigger mesh on the way: kept by the next upgrade.
+            "--destination-memory-limit",
+            "384Mi",
+            "--destination-max-streams",
+            "30000",
             "--kubeconfig",
         ])
         .arg(cluster.kubeconfig())
@@ -294,6 +299,30 @@ async fn upgrade_rolls_the_control_plane_with_no_failed_request() {
         "the control plane rolled to ballast:v2\n{}",
         cluster.describe("ballast")
     );
+    // The destination controller runs (and is ready) with its new size, and
+    // an upgrade without the flags reads it back and keeps it.
+    let destination = cluster
+        .api
+        .get("deployments", "ballast", "ballast-destination")
+        .expect("the destination Deployment");
+    let container = &destination["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        container["resources"]["limits"]["memory"], "384Mi",
+        "{container}"
+    );
+    let args = container["args"].to_string();
+    assert!(args.contains("--max-streams=30000"), "{args}");
+    assert!(args.contains("--max-policy-streams=30000"), "{args}");
+    let again = tokio::process::Command::new(&ballast)
+        .args(["upgrade", "--kubeconfig"])
+        .arg(cluster.kubeconfig())
+        .output()
+        .await
+        .expect("ballast upgrade runs");
+    assert!(again.status.success(), "{again:?}");
+    let again = String::from_utf8_lossy(&again.stdout);
+    assert!(again.contains("--max-streams=30000"), "{again}");
+    assert!(again.contains("memory: 384Mi"), "{again}");
     // Calls go on after the roll, over the same trust anchors.
     let deadline = Instant::now() + Duration::from_secs(60);
     while calls(&cluster).0 < before.0 + 20 {

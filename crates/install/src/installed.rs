@@ -7,7 +7,7 @@ use crate::{
         self, DESTINATION, INJECTOR, INJECTOR_TLS_SECRET, ISSUER_SECRET, TRUST_ROOTS_CONFIG_MAP,
     },
     pki::{IdentityPki, WebhookTls},
-    FailurePolicy, InstallConfig, KeyMaterial, HA_REPLICAS,
+    DestinationSize, FailurePolicy, InstallConfig, KeyMaterial, HA_REPLICAS,
 };
 use base64::Engine;
 use serde_json::Value;
@@ -136,6 +136,23 @@ pub fn read(
                         .is_some_and(|v| v.split(',').any(|o| o == "thp:always"))
             })
         }),
+        destination: {
+            let resources = &destination["resources"];
+            // A quantity is a string in the API; a bare number in YAML
+            // (`cpu: 1`) reads as one too.
+            let or = |v: &Value, default: &str| match v {
+                Value::String(q) => q.clone(),
+                Value::Number(n) => n.to_string(),
+                _ => default.to_string(),
+            };
+            let size = DestinationSize::default();
+            DestinationSize {
+                cpu_request: or(&resources["requests"]["cpu"], &size.cpu_request),
+                memory_request: or(&resources["requests"]["memory"], &size.memory_request),
+                memory_limit: or(&resources["limits"]["memory"], &size.memory_limit),
+                max_streams: flag(destination, "--max-streams").and_then(|n| n.parse().ok()),
+            }
+        },
     };
     let roots_what = format!("ConfigMap {ns}/{TRUST_ROOTS_CONFIG_MAP}");
     let issuer_what = format!("Secret {ns}/{ISSUER_SECRET}");
@@ -214,6 +231,12 @@ mod tests {
             crds: false,
             // Not the default, as every field above.
             controller_huge_pages: false,
+            destination: DestinationSize {
+                cpu_request: "2".into(),
+                memory_request: "512Mi".into(),
+                memory_limit: "1Gi".into(),
+                max_streams: Some(50_000),
+            },
             ..InstallConfig::default()
         };
         let material = KeyMaterial {

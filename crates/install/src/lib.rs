@@ -102,6 +102,33 @@ pub struct InstallConfig {
     /// ([`HEAP_HUGE_PAGES_ENV`]): a faster fan-out for a little more
     /// resident memory. On by default.
     pub controller_huge_pages: bool,
+    /// What the destination controller is given as the mesh grows.
+    pub destination: DestinationSize,
+}
+
+/// The destination controller's container resources and stream limits: the
+/// settings that grow with the mesh (its memory budget is three quarters of
+/// the memory limit; a stream costs about 2 KB, bench/RESULTS.md). Checked
+/// by the command that takes them, as Kubernetes quantities.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DestinationSize {
+    pub cpu_request: String,
+    pub memory_request: String,
+    pub memory_limit: String,
+    /// Rendered as both `--max-streams` and `--max-policy-streams`; `None`
+    /// leaves the controller's own defaults (20,000 each).
+    pub max_streams: Option<u32>,
+}
+
+impl Default for DestinationSize {
+    fn default() -> Self {
+        Self {
+            cpu_request: "100m".into(),
+            memory_request: "64Mi".into(),
+            memory_limit: "256Mi".into(),
+            max_streams: None,
+        }
+    }
 }
 
 /// The environment variable, and its value, that puts a `ballast` process's
@@ -133,6 +160,7 @@ impl Default for InstallConfig {
             webhook_timeout_seconds: 10,
             crds: true,
             controller_huge_pages: true,
+            destination: DestinationSize::default(),
         }
     }
 }
@@ -566,6 +594,63 @@ mod tests {
                 let want = huge && name == manifests::DESTINATION;
                 assert_eq!(asked, want, "{name}: {env}");
                 assert!(env[0]["name"] == "BALLAST_LOG", "{name}: {env}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_destination_controllers_size_is_its_own_and_the_others_keep_theirs() {
+        let sized = DestinationSize {
+            cpu_request: "1500m".into(),
+            memory_request: "256Mi".into(),
+            memory_limit: "1Gi".into(),
+            max_streams: Some(50_000),
+        };
+        for size in [DestinationSize::default(), sized] {
+            let c = InstallConfig {
+                destination: size.clone(),
+                ..InstallConfig::default()
+            };
+            for d in documents(&c).into_iter().map(|d| d.value) {
+                if d["kind"] != "Deployment" {
+                    continue;
+                }
+                let name = d["metadata"]["name"].as_str().unwrap().to_string();
+                let container = &d["spec"]["template"]["spec"]["containers"][0];
+                let resources = &container["resources"];
+                let args: Vec<&str> = container["args"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .collect();
+                let limits: Vec<&&str> = args
+                    .iter()
+                    .filter(|a| a.starts_with("--max-streams") || a.starts_with("--max-policy"))
+                    .collect();
+                if name == manifests::DESTINATION {
+                    assert_eq!(resources["requests"]["cpu"], size.cpu_request.as_str());
+                    assert_eq!(
+                        resources["requests"]["memory"],
+                        size.memory_request.as_str()
+                    );
+                    assert_eq!(resources["limits"]["memory"], size.memory_limit.as_str());
+                    let want = match size.max_streams {
+                        Some(n) => vec![
+                            format!("--max-streams={n}"),
+                            format!("--max-policy-streams={n}"),
+                        ],
+                        None => Vec::new(),
+                    };
+                    assert_eq!(
+                        limits.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+                        want
+                    );
+                } else {
+                    // The other controllers do not grow with streams.
+                    assert_eq!(resources["requests"]["cpu"], "100m", "{name}");
+                    assert!(limits.is_empty(), "{name}: {args:?}");
+                }
             }
         }
     }

@@ -182,6 +182,7 @@ struct Controller<'a> {
     args: Vec<String>,
     /// (name, port)
     ports: Vec<(&'a str, u16)>,
+    cpu_request: &'a str,
     memory_request: &'a str,
     memory_limit: &'a str,
     volumes: Vec<(Value, Value)>,
@@ -220,7 +221,7 @@ fn deployment(c: &InstallConfig, part: Part, comment: &str, ctl: Controller<'_>)
         "livenessProbe": {"httpGet": {"path": "/live", "port": "admin"}, "periodSeconds": 10, "failureThreshold": 3},
         "readinessProbe": {"httpGet": {"path": "/ready", "port": "admin"}, "periodSeconds": 5, "failureThreshold": 2},
         "resources": {
-            "requests": {"cpu": "100m", "memory": ctl.memory_request},
+            "requests": {"cpu": ctl.cpu_request, "memory": ctl.memory_request},
             "limits": {"memory": ctl.memory_limit},
         },
         "securityContext": {
@@ -320,8 +321,11 @@ pub fn destination(c: &InstallConfig) -> Vec<Document> {
             c,
             part,
             "The destination controller. Memory is sized from bench/RESULTS.md: about\n\
-             9 MB empty, 1.8 KB per pod and 10 KB per open stream, and a relist briefly\n\
-             holds the old and new state: the limit covers 50,000 pods and 5,000 streams.",
+             43 MiB with 10,000 pods, 2,000 Services and 500 routes loaded, and 2 KB per\n\
+             open stream; its budget is three quarters of the limit and refuses new\n\
+             streams past 85% of that: 256Mi holds the default 20,000 + 20,000 streams\n\
+             (10,000 proxies). `ballast install --destination-memory-limit` and\n\
+             `--destination-max-streams` size it for more.",
             Controller {
                 app: DESTINATION,
                 container: "destination",
@@ -342,10 +346,19 @@ pub fn destination(c: &InstallConfig) -> Vec<Document> {
                     format!("--identity-trust-anchors={TRUST_ROOTS_MOUNT}/{TRUST_ROOTS_KEY}"),
                     format!("--identity-addr={}", c.control_plane().identity_addr()),
                     format!("--identity-token-file={TOKEN_MOUNT}/{IDENTITY_TOKEN_FILE}"),
-                ],
+                ]
+                .into_iter()
+                .chain(c.destination.max_streams.into_iter().flat_map(|n| {
+                    [
+                        format!("--max-streams={n}"),
+                        format!("--max-policy-streams={n}"),
+                    ]
+                }))
+                .collect(),
                 ports: vec![("grpc", 8086), ("policy", 8090), ("admin", 9996)],
-                memory_request: "64Mi",
-                memory_limit: "256Mi",
+                cpu_request: &c.destination.cpu_request,
+                memory_request: &c.destination.memory_request,
+                memory_limit: &c.destination.memory_limit,
                 volumes: vec![trust_roots_volume(), identity_token_volume()],
                 env: if c.controller_huge_pages {
                     vec![crate::HEAP_HUGE_PAGES_ENV]
@@ -421,6 +434,7 @@ pub fn identity(c: &InstallConfig) -> Vec<Document> {
                     "--clock-skew-allowance=20s".into(),
                 ],
                 ports: vec![("grpc", 8080), ("admin", 9990)],
+                cpu_request: "100m",
                 memory_request: "32Mi",
                 memory_limit: "128Mi",
                 volumes: vec![
@@ -515,6 +529,7 @@ pub fn injector(c: &InstallConfig) -> Vec<Document> {
                 service_account: INJECTOR,
                 args,
                 ports: vec![("webhook", INJECTOR_PORT), ("admin", INJECTOR_ADMIN_PORT)],
+                cpu_request: "100m",
                 memory_request: "32Mi",
                 // Reviews are read whole: --max-concurrent-reviews (8) times
                 // --max-body-bytes (3 MiB) and their parsed forms.
@@ -594,6 +609,7 @@ pub fn viz(c: &InstallConfig) -> Vec<Document> {
                     format!("--identity-token-file={TOKEN_MOUNT}/{IDENTITY_TOKEN_FILE}"),
                 ],
                 ports: vec![("http", VIZ_PORT), ("admin", VIZ_ADMIN_PORT)],
+                cpu_request: "100m",
                 memory_request: "64Mi",
                 memory_limit: "768Mi",
                 volumes: vec![trust_roots_volume(), identity_token_volume()],
