@@ -2,7 +2,7 @@
 //! material generated or read, manifests to stdout (or deploy/'s files).
 
 use anyhow::Context;
-use ballast_flags::{dns_label, dns_name, non_empty as not_empty};
+use ballast_flags::{dns_label, dns_name, non_empty as not_empty, UsageError};
 use ballast_inject::values::{self, parse_quantity};
 use ballast_install::{
     deploy_files, install_yaml, manifests,
@@ -152,32 +152,33 @@ pub(crate) fn quantity(s: &str) -> Result<String, values::InvalidValue> {
 /// near 20 MiB, and its budget is three quarters of the limit.
 const MIN_DESTINATION_MEMORY_LIMIT: f64 = 64.0 * 1024.0 * 1024.0;
 
-/// What Kubernetes or the controller would refuse later, refused now: a
-/// memory request above the limit, a limit the controller cannot start in.
+/// What Kubernetes or the controller would refuse later, refused now as a
+/// usage error (exit code 2, as clap's): a memory request above the limit,
+/// a limit the controller cannot start in.
 pub(crate) fn check_destination_size(size: &DestinationSize) -> anyhow::Result<()> {
+    let usage = |why: String| anyhow::Error::new(UsageError(why));
     let bytes = |flag: &str, q: &str| {
         parse_quantity(q)
             .map(|q| q.value)
-            .map_err(|e| anyhow::anyhow!("--destination-{flag}: {e}"))
+            .map_err(|e| usage(format!("--destination-{flag}: {e}")))
     };
     parse_quantity(&size.cpu_request)
-        .map_err(|e| anyhow::anyhow!("--destination-cpu-request: {e}"))?;
+        .map_err(|e| usage(format!("--destination-cpu-request: {e}")))?;
     let request = bytes("memory-request", &size.memory_request)?;
     let limit = bytes("memory-limit", &size.memory_limit)?;
     if limit < MIN_DESTINATION_MEMORY_LIMIT {
-        anyhow::bail!(
-            "--destination-memory-limit {} is under 64Mi: the controller idles near 20 MiB and \
-             its memory budget is three quarters of the limit",
+        return Err(usage(format!(
+            "--destination-memory-limit ({}) is under 64Mi: the controller idles near 20 MiB \
+             and its memory budget is three quarters of the limit",
             size.memory_limit
-        );
+        )));
     }
     if request > limit {
-        anyhow::bail!(
-            "--destination-memory-request {} is above --destination-memory-limit {}: \
-             Kubernetes refuses such a container",
-            size.memory_request,
-            size.memory_limit
-        );
+        return Err(usage(format!(
+            "--destination-memory-request ({}) must not be more than \
+             --destination-memory-limit ({}): Kubernetes refuses such a container",
+            size.memory_request, size.memory_limit
+        )));
     }
     Ok(())
 }
