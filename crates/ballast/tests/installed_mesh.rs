@@ -62,6 +62,45 @@ async fn install_output_applied_unchanged_becomes_ready_and_check_passes() {
         "every check passes on the installed control plane: {not_ok:#?}\n{}",
         cluster.describe("ballast")
     );
+
+    // Each controller with a memory budget runs in its Deployment's memory
+    // limit (the box's kubelet applies it as a cgroup, as a node does) and
+    // takes its default share of it, as it does in a cluster.
+    for (name, port) in [
+        ("ballast-destination", 9996),
+        ("ballast-identity", 9990),
+        ("ballast-viz", 9994),
+    ] {
+        budget_follows_the_limit(&cluster, name, port).await;
+    }
+}
+
+/// Every pod of the controller `name` reports a memory budget of 75% of
+/// its Deployment's memory limit on its admin `port`.
+async fn budget_follows_the_limit(cluster: &ClusterBox, name: &str, port: u16) {
+    let deployment = cluster
+        .api
+        .get("deployments", "ballast", name)
+        .unwrap_or_else(|| panic!("the Deployment {name}"));
+    let limit =
+        &deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"];
+    let mebibytes: u64 = limit
+        .as_str()
+        .and_then(|l| l.strip_suffix("Mi"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{name}'s memory limit in Mi: {limit}"));
+    let want = (mebibytes << 20) * 3 / 4;
+    let values = cluster
+        .control_plane_metric(name, port, "memory_limit_bytes")
+        .await;
+    assert!(!values.is_empty(), "no pod of {name}");
+    for (pod, value) in values {
+        assert_eq!(
+            value,
+            Some(want as f64),
+            "{pod}: memory_limit_bytes is 75% of {name}'s {limit} limit"
+        );
+    }
 }
 
 /// Test 2 of the installed whole: the webhook injects an application in an
@@ -313,6 +352,7 @@ async fn upgrade_rolls_the_control_plane_with_no_failed_request() {
     let args = container["args"].to_string();
     assert!(args.contains("--max-streams=30000"), "{args}");
     assert!(args.contains("--max-policy-streams=30000"), "{args}");
+    budget_follows_the_limit(&cluster, "ballast-destination", 9996).await;
     let again = tokio::process::Command::new(&ballast)
         .args(["upgrade", "--kubeconfig"])
         .arg(cluster.kubeconfig())

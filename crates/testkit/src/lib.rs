@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api_server;
+pub mod cgroup;
 pub mod cluster;
 mod eventually;
 

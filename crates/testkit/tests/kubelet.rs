@@ -426,6 +426,48 @@ async fn a_failing_liveness_probe_restarts_the_container() {
     assert!(log.contains("Liveness probe failed"), "{log}");
 }
 
+/// Prints the memory limit the container's cgroup has (v1 or v2), then
+/// holds 200 MB in a shell variable.
+const HUNGRY: &str = r#"cg=$(awk -F: '$2 ~ /(^|,)memory(,|$)/ {print $3}' /proc/self/cgroup)
+if [ -n "$cg" ]; then f=/sys/fs/cgroup/memory$cg/memory.limit_in_bytes
+else f=/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup)/memory.max; fi
+echo "limit $(cat "$f")"
+a=$(head -c 200000000 /dev/zero | tr '\0' x)
+echo "survived ${#a}""#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_runs_in_its_memory_limit_and_past_it_is_oom_killed_and_restarted() {
+    if !can_run() {
+        return;
+    }
+    let c = Cluster::start().await;
+    let mut hungry = shell("hungry-0", HUNGRY);
+    hungry["spec"]["containers"][0]["resources"] = json!({"limits": {"memory": "32Mi"}});
+    c.api.apply(hungry);
+    // Without a limit the same script holds its 200 MB and goes on.
+    c.api.apply(shell("fed-0", HUNGRY));
+
+    let last = |p: &Value| p["status"]["containerStatuses"][0]["lastState"]["terminated"].clone();
+    c.wait_pod("hungry-0", "OOMKilled", 60, |p| {
+        last(p)["reason"] == "OOMKilled"
+    })
+    .await;
+    let p = c.pod("hungry-0").expect("stored");
+    assert_eq!(last(&p)["exitCode"], 137, "{p}");
+    c.wait_pod("hungry-0", "restarted", 60, |p| {
+        p["status"]["containerStatuses"][0]["restartCount"].as_u64() >= Some(1)
+    })
+    .await;
+    let log = c.kubelet.logs("default", "hungry-0", "main");
+    assert!(log.contains("limit 33554432"), "{log}");
+    assert!(!log.contains("survived"), "{log}");
+
+    let log = c.wait_log("fed-0", "main", "survived 200000000", 60).await;
+    assert!(!log.contains("limit 33554432"), "{log}");
+    let p = c.pod("fed-0").expect("stored");
+    assert_ne!(last(&p)["reason"], "OOMKilled", "{p}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_pod_sends_sigterm_then_sigkill_after_the_grace_then_removes_it() {
     if !can_run() {

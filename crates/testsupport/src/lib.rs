@@ -9,7 +9,8 @@
 #![forbid(unsafe_code)]
 
 pub mod backends;
-pub mod cgroup;
+/// Memory cgroups, shared with the cluster in a box's kubelet.
+pub use ballast_testkit::cgroup;
 pub mod demo;
 pub mod fake_controller;
 pub mod identity;

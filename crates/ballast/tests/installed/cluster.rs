@@ -378,6 +378,48 @@ impl ClusterBox {
     }
 
     /// The first pod of `app` in `namespace`: its IP.
+    /// `metric` on the admin `port` of every pod of the control plane's
+    /// `name` (its `app.kubernetes.io/name`), by pod name; `None` where the
+    /// page has no such series (or could not be read, said on stderr).
+    pub async fn control_plane_metric(
+        &self,
+        name: &str,
+        port: u16,
+        metric: &str,
+    ) -> Vec<(String, Option<f64>)> {
+        let pods: Vec<Value> = self
+            .api
+            .list("pods")
+            .into_iter()
+            .filter(|p| {
+                p["metadata"]["namespace"] == "ballast"
+                    && p["metadata"]["labels"]["app.kubernetes.io/name"] == name
+            })
+            .collect();
+        let mut values = Vec::new();
+        for p in pods {
+            let pod = p["metadata"]["name"].as_str().unwrap_or("").to_string();
+            let Some(ip) = p["status"]["podIP"].as_str().and_then(|ip| ip.parse().ok()) else {
+                values.push((pod, None));
+                continue;
+            };
+            let value = match self
+                .get(std::net::SocketAddr::new(ip, port), "/metrics")
+                .await
+            {
+                Ok((200, body)) => {
+                    ballast_testsupport::metrics::Metrics::parse(&body).value(metric)
+                }
+                other => {
+                    eprintln!("{pod}:{port}/metrics: {other:?}");
+                    None
+                }
+            };
+            values.push((pod, value));
+        }
+        values
+    }
+
     pub fn pod_ip(&self, namespace: &str, app: &str) -> std::net::IpAddr {
         self.pods_of(namespace, app)
             .first()

@@ -11,7 +11,10 @@
 //! `/etc/hosts`; the script sets the pod's hostname, bind-mounts its volumes at their
 //! `mountPath`s (mount points missing on the host are made, and removed once no pod of
 //! this process uses them) and `exec`s the argv the image table gives, as
-//! `runAsUser`/`runAsGroup` through `setpriv`.
+//! `runAsUser`/`runAsGroup` through `setpriv`. A container with
+//! `resources.limits.memory` runs in a memory cgroup of that limit (joined by the script
+//! before it `exec`s, so the container's every page is charged); past it the kernel
+//! kills it and its status says `OOMKilled`, exit code 137, as a kubelet's does.
 //!
 //! ```no_run
 //! # async fn example() {
@@ -47,6 +50,7 @@ mod pod;
 mod pod_status;
 mod probe;
 mod process;
+mod resources;
 mod volumes;
 
 pub use api_endpoint::{API_SERVER_PORT, KUBERNETES_SERVICE_IP};

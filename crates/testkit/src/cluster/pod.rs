@@ -23,9 +23,11 @@ use super::images::Images;
 use super::node::{Node, PodSandbox};
 use super::pod_status::{now_rfc3339, pod_status, ContainerStatus, PodState, State, Which};
 use super::probe::{http_get, port, Probe, ProbeAction};
-use super::process::{ContainerLog, ProcessGroup, ProcessSpec};
+use super::process::{ContainerLog, Joined, ProcessGroup, ProcessSpec};
+use super::resources::memory_limit;
 use super::volumes::{Mount, PodVolumes};
 use crate::api_server::lock;
+use crate::cgroup::MemoryCgroup;
 use crate::ApiServer;
 
 /// Restart back-off: doubling from 1 s, capped at 10 s (Kubernetes: 10 s to 5 min;
@@ -611,6 +613,7 @@ impl PodRun {
                     .and_then(Value::as_str)
                     .map(String::from),
                 env,
+                cgroup: None,
             },
             argv,
         ))
@@ -769,7 +772,12 @@ impl PodRun {
         if stop.borrow().is_some() {
             return Outcome::Stopped;
         }
-        let (spec, argv) = match self.prepare(which) {
+        let prepared = self.prepare(which).and_then(|(spec, argv)| {
+            let limit = memory_limit(self.spec(which))
+                .map_err(|e| ("CreateContainerConfigError".to_string(), e))?;
+            Ok((spec, argv, limit))
+        });
+        let (mut spec, argv, limit) = match prepared {
             Ok(p) => p,
             Err((reason, message)) => {
                 if let Some(log) = self.log(which) {
@@ -779,6 +787,21 @@ impl PodRun {
                 return Outcome::NotStarted;
             }
         };
+        // A fresh cgroup each run, so its OOM count is this run's.
+        let cgroup = limit.and_then(|bytes| match MemoryCgroup::create(bytes) {
+            Ok(cgroup) => Some(cgroup),
+            Err(e) => {
+                if let Some(log) = self.log(which) {
+                    log.note(&format!("memory limit not applied: {e}"));
+                }
+                None
+            }
+        });
+        spec.cgroup = cgroup.as_ref().map(|c| Joined {
+            procs: c.procs(),
+            name: c.name(),
+            v2: c.is_v2(),
+        });
         let (mut child, group) = match self.start(&spec, &argv, which, true) {
             Ok(started) => started,
             Err(e) => {
@@ -916,12 +939,22 @@ impl PodRun {
             None => (-1, None),
         };
         let success = exit_code == 0;
+        let oom_killed = cgroup.as_ref().is_some_and(|c| c.oom_kills() > 0);
+        // Its removal waits for the group's last process to be reaped.
+        if let Some(cgroup) = cgroup {
+            tokio::task::spawn_blocking(move || drop(cgroup));
+        }
+        let reason = match (success, oom_killed) {
+            (true, _) => "Completed",
+            (false, true) => "OOMKilled",
+            (false, false) => "Error",
+        };
         self.set(which, |c| {
             c.ready = false;
             c.state = State::Terminated {
                 exit_code,
                 signal,
-                reason: if success { "Completed" } else { "Error" }.to_string(),
+                reason: reason.to_string(),
                 started_at,
                 finished_at: now_rfc3339(),
             };

@@ -34,7 +34,24 @@ pub(crate) struct ProcessSpec {
     pub user: Option<(u32, u32)>,
     pub working_dir: Option<String>,
     pub env: Vec<(String, String)>,
+    /// The container's memory cgroup: the process is moved into it as it
+    /// starts, and runs nothing before it is in.
+    pub cgroup: Option<Joined>,
 }
+
+/// A memory cgroup a container's processes join.
+#[derive(Debug, Clone)]
+pub(crate) struct Joined {
+    /// Its `cgroup.procs`, written from the host (`ip netns exec` mounts a
+    /// sysfs of its own, without the host's cgroups).
+    pub procs: PathBuf,
+    /// Its directory's name, looked for in `/proc/$$/cgroup`.
+    pub name: String,
+    pub v2: bool,
+}
+
+/// Tries at 10 ms for the script to see itself in its cgroup (5 s).
+const JOIN_TRIES: u32 = 500;
 
 /// Single-quoted for `sh`.
 fn quote(s: &str) -> String {
@@ -43,10 +60,28 @@ fn quote(s: &str) -> String {
 
 impl ProcessSpec {
     fn script(&self, argv: &[String]) -> String {
-        let mut script = format!(
-            "set -e\necho {} > /proc/sys/kernel/hostname\n",
+        let mut script = String::from("set -e\n");
+        if let Some(cg) = &self.cgroup {
+            // The container sees the cgroups mounted where a runtime mounts
+            // them, its own limit included, as a process in it reads them.
+            let mount = if cg.v2 {
+                "mount -t cgroup2 cgroup2 /sys/fs/cgroup\n"
+            } else {
+                "mount -t tmpfs -o size=64k cgroup /sys/fs/cgroup\n\
+                 mkdir /sys/fs/cgroup/memory\n\
+                 mount -t cgroup -o memory memory /sys/fs/cgroup/memory\n"
+            };
+            script.push_str(&format!(
+                "i=0; until grep -q {name} /proc/$$/cgroup; do i=$((i+1)); \
+                 if [ $i -ge {JOIN_TRIES} ]; then echo 'not moved into its memory cgroup' >&2; \
+                 exit 1; fi; sleep 0.01; done\n{mount}",
+                name = quote(&format!("/{}$", cg.name)),
+            ));
+        }
+        script.push_str(&format!(
+            "echo {} > /proc/sys/kernel/hostname\n",
             quote(&self.hostname)
-        );
+        ));
         // Parents before children, and each mount point made where it is
         // missing: a volume at /run (the init container's) hides the host's
         // /run/secrets/..., and a container runtime makes the nested mount
@@ -106,6 +141,13 @@ impl ProcessSpec {
         let pgid = child
             .id()
             .ok_or_else(|| io::Error::other("the process ended before it had an id"))?;
+        // `ip netns exec`, `unshare` and the script exec in turn: one pid,
+        // which waits in the script until it is in.
+        if let Some(cg) = &self.cgroup {
+            std::fs::write(&cg.procs, pgid.to_string()).map_err(|e| {
+                io::Error::other(format!("cannot join {}: {e}", cg.procs.display()))
+            })?;
+        }
         let group = Arc::new(ProcessGroup {
             pgid: pgid as i32,
             gone: AtomicBool::new(false),
@@ -216,7 +258,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_script_mounts_then_becomes_the_user_and_quotes_every_word() {
+    fn the_script_joins_the_cgroup_mounts_then_becomes_the_user_and_quotes_every_word() {
         let spec = ProcessSpec {
             netns: "ns".into(),
             hostname: "web-0".into(),
@@ -228,11 +270,22 @@ mod tests {
             user: Some((2102, 2102)),
             working_dir: None,
             env: Vec::new(),
+            cgroup: Some(Joined {
+                procs: "/sys/fs/cgroup/memory/c-1/cgroup.procs".into(),
+                name: "c-1".into(),
+                v2: false,
+            }),
         };
         let script = spec.script(&["/bin/echo".into(), "it's".into()]);
         assert_eq!(
             script,
-            "set -e\necho 'web-0' > /proc/sys/kernel/hostname\n\
+            "set -e\ni=0; until grep -q '/c-1$' /proc/$$/cgroup; do i=$((i+1)); \
+             if [ $i -ge 500 ]; then echo 'not moved into its memory cgroup' >&2; exit 1; fi; \
+             sleep 0.01; done\n\
+             mount -t tmpfs -o size=64k cgroup /sys/fs/cgroup\n\
+             mkdir /sys/fs/cgroup/memory\n\
+             mount -t cgroup -o memory memory /sys/fs/cgroup/memory\n\
+             echo 'web-0' > /proc/sys/kernel/hostname\n\
              if [ ! -e '/etc/app' ]; then if [ -d '/tmp/v/config' ]; then mkdir -p '/etc/app'; \
              else mkdir -p \"$(dirname '/etc/app')\" && : > '/etc/app'; fi; fi\n\
              mount --bind '/tmp/v/config' '/etc/app'\n\

@@ -1,6 +1,7 @@
-//! A memory cgroup a test runs a process in, with a limit, removed when
-//! dropped: how a container's memory limit looks to the process, and what
-//! the kernel does past it (an OOM kill, counted).
+//! A memory cgroup a process runs in, with a limit, removed when dropped:
+//! how a container's memory limit looks to the process, and what the
+//! kernel does past it (an OOM kill, counted). The tests put a controller
+//! in one; the box's kubelet puts each container with a memory limit in one.
 
 use std::path::{Path, PathBuf};
 
@@ -13,8 +14,7 @@ pub struct MemoryCgroup {
 
 impl MemoryCgroup {
     /// Creates one limited to `limit` bytes; says why when this machine
-    /// cannot (not root, no memory controller): see
-    /// `proxy::netns::cannot_run`.
+    /// cannot (not root, no memory controller).
     pub fn create(limit: u64) -> Result<MemoryCgroup, String> {
         let cgroups = std::fs::read_to_string("/proc/self/cgroup")
             .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
@@ -69,6 +69,19 @@ impl MemoryCgroup {
     /// The file a process's id is written to, to move it in.
     pub fn procs(&self) -> PathBuf {
         self.dir.join("cgroup.procs")
+    }
+
+    /// Its directory's name (the last part of its path in `/proc/PID/cgroup`).
+    pub fn name(&self) -> String {
+        self.dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Whether it is in a cgroup v2 hierarchy (v1's memory controller if not).
+    pub fn is_v2(&self) -> bool {
+        self.v2
     }
 
     /// Processes the kernel killed in it for memory.
