@@ -2,6 +2,7 @@
 //! never flood clients or logs.
 
 use ballast_testsupport as support;
+use support::shed_by_memory;
 
 use support::{
     manifests::{docs, PodSpec},
@@ -129,16 +130,6 @@ fn alive_and_never_killed(c: &mut Controller, cgroup: &support::cgroup::MemoryCg
         0,
         "the kernel killed a process in the cgroup"
     );
-}
-
-/// Whether `status` is the budget's answer: RESOURCE_EXHAUSTED with the
-/// retry hint.
-fn shed_by_memory(status: &tonic::Status) -> bool {
-    status.code() == tonic::Code::ResourceExhausted
-        && status
-            .metadata()
-            .get("grpc-retry-pushback-ms")
-            .is_some_and(|v| v.to_str().ok() == Some("5000"))
 }
 
 /// The `pod` label `Get(IP:PORT)` answers with, or `None` for a bare address.

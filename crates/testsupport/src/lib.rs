@@ -211,6 +211,16 @@ impl Controller {
     }
 }
 
+/// Whether `status` is a controller's memory budget's answer:
+/// RESOURCE_EXHAUSTED with the retry hint.
+pub fn shed_by_memory(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::ResourceExhausted
+        && status
+            .metadata()
+            .get("grpc-retry-pushback-ms")
+            .is_some_and(|v| v.to_str().ok() == Some("5000"))
+}
+
 pub fn req(path: &str) -> GetDestination {
     GetDestination {
         scheme: "k8s".into(),

@@ -181,6 +181,25 @@ impl ClusterBox {
         Ok((status, String::from_utf8_lossy(&body).into_owned()))
     }
 
+    /// A gRPC channel (HTTP/2 in plaintext) to `addr` from inside the node.
+    pub async fn grpc_channel(&self, addr: std::net::SocketAddr) -> tonic::transport::Channel {
+        let node = self.kubelet.node().clone();
+        let connector = tower::service_fn(move |_: http::Uri| {
+            let node = node.clone();
+            async move {
+                let stream = node.dial(addr).await?;
+                // As tonic's own connector: no Nagle delay on each stream's
+                // small frames.
+                stream.set_nodelay(true)?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        });
+        tonic::transport::Endpoint::from_static("http://box.invalid")
+            .connect_with_connector(connector)
+            .await
+            .unwrap_or_else(|e| panic!("connect {addr}: {e}"))
+    }
+
     /// The pods of `namespace` labelled `app=APP`.
     pub fn pods_of(&self, namespace: &str, app: &str) -> Vec<Value> {
         self.api
@@ -327,10 +346,16 @@ impl ClusterBox {
     /// [`ClusterBox::installed`], with install's output changed by `edit`
     /// first (a fault test's shorter certificate lifetime).
     pub async fn installed_with(edit: impl FnOnce(String) -> String) -> ClusterBox {
+        ClusterBox::installed_by(&[], edit).await
+    }
+
+    /// [`ClusterBox::installed_with`], `ballast install` given `args`.
+    pub async fn installed_by(args: &[&str], edit: impl FnOnce(String) -> String) -> ClusterBox {
         let (ballast, _) = binaries();
         let cluster = ClusterBox::start().await;
         let install = Command::new(&ballast)
             .arg("install")
+            .args(args)
             .output()
             .expect("ballast install runs");
         assert!(install.status.success(), "{install:?}");
