@@ -419,7 +419,7 @@ fn caller_deployment(name: &str, url: &str) -> String {
 
 /// The seeds, reproduced on the installed mesh: a Terminating pod holding a
 /// live pod's IP (seed 000) and a Service whose targetPort is the proxy's own
-/// inbound port (seed 004's loop).
+/// inbound port (seed 004's loop), into a proxy in a 64Mi memory limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_seeds_reproduced_on_the_installed_mesh_change_nothing_for_callers() {
     if !can_run() {
@@ -427,10 +427,31 @@ async fn the_seeds_reproduced_on_the_installed_mesh_change_nothing_for_callers()
     }
     let _one = cluster::one_at_a_time().await;
     let cluster = ClusterBox::installed().await;
-    cluster.apply(&emojivoto()).await;
+    // web's proxy in a memory limit of its own, which the box's kubelet
+    // applies as its container's cgroup: the loop below must not get it
+    // OOM-killed (seed 004's report).
+    let web_template = "    metadata: {labels: {app: web}}\n";
+    let emojivoto = emojivoto();
+    assert!(emojivoto.contains(web_template), "{emojivoto}");
+    cluster
+        .apply(&emojivoto.replace(
+            web_template,
+            "    metadata:\n      labels: {app: web}\n      \
+             annotations: {config.linkerd.io/proxy-memory-limit: 64Mi}\n",
+        ))
+        .await;
     cluster
         .wait_deployments_ready("emojivoto", Duration::from_secs(120))
         .await;
+    let web = cluster.pods_of("emojivoto", "web").remove(0);
+    let proxy = web["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == "linkerd-proxy")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(proxy["resources"]["limits"]["memory"], "64Mi", "{proxy}");
     requests_flow(&cluster, 20, "before the seeds").await;
 
     // Seed 000: a Terminating pod (as AWS's CNI leaves one) with web's IP.
@@ -537,6 +558,7 @@ async fn the_seeds_reproduced_on_the_installed_mesh_change_nothing_for_callers()
         .flatten()
     {
         assert_eq!(status["restartCount"], 0, "{status}");
+        assert!(status["lastState"]["terminated"].is_null(), "{status}");
     }
     // Meanwhile the application's own calls went on without a failure, and
     // no destination controller was restarted.
