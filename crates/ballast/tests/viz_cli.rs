@@ -417,11 +417,13 @@ async fn the_cli_reads_a_running_demo() {
 
 #[tokio::test]
 async fn an_unreachable_viz_is_one_line_and_bad_flags_exit_2() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("addr").port()
-    };
-    let addr = format!("127.0.0.1:{port}");
+    // A port bound and not listening, held to the end: a connection to it
+    // is refused, and no server started meanwhile (the demo of the test
+    // beside this one) can be handed it, as a port freed again could be.
+    let held = tokio::net::TcpSocket::new_v4().expect("a socket");
+    held.bind("127.0.0.1:0".parse().expect("an address"))
+        .expect("bind");
+    let addr = held.local_addr().expect("addr").to_string();
     for args in [
         vec!["stat", "deploy", "-n", "demo"],
         vec!["edges", "deploy"],
