@@ -402,7 +402,6 @@ impl ClusterBox {
             .unwrap_or_default()
     }
 
-    /// The first pod of `app` in `namespace`: its IP.
     /// `metric` on the admin `port` of every pod of the control plane's
     /// `name` (its `app.kubernetes.io/name`), by pod name; `None` where the
     /// page has no such series (or could not be read, said on stderr).
@@ -445,6 +444,7 @@ impl ClusterBox {
         values
     }
 
+    /// The first pod of `app` in `namespace`: its IP.
     pub fn pod_ip(&self, namespace: &str, app: &str) -> std::net::IpAddr {
         self.pods_of(namespace, app)
             .first()
