@@ -43,10 +43,13 @@ fn await_returns_once_the_proxy_is_ready_and_fails_when_nothing_answers() {
         .expect("ballast-proxy await runs");
     assert!(waited.status.success(), "{waited:?}");
 
-    // A port nothing listens on any more.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port");
+    // A port bound and not listening, held to the end: a connection to it
+    // is refused, and no server started meanwhile (by a test beside this
+    // one) can be handed it, as a port freed again could be.
+    let held = tokio::net::TcpSocket::new_v4().expect("a socket");
+    held.bind("127.0.0.1:0".parse().expect("an address"))
+        .expect("bind");
+    let closed = held.local_addr().expect("addr");
     let waited = std::process::Command::new(env!("CARGO_BIN_EXE_ballast-proxy"))
         .args(["await", "--timeout=300ms", "--admin-addr"])
         .arg(closed.to_string())

@@ -221,11 +221,14 @@ pub async fn run(
         Box::pin(watch::<ServiceProfileWire>(ctx)),
     ];
     debug_assert_eq!(watchers.len(), resources::WATCHED_RESOURCES.len());
-    let watchers = async {
+    // One task applies every kind's changes; the streams they reach are
+    // woken once it has applied all that is ready (two objects changed
+    // together reach a stream's connection as one write).
+    let watchers = ballast_store::wakes::Coalesce::new(async {
         futures_util::future::try_join_all(watchers)
             .await
             .map(|_| ())
-    };
+    });
     tokio::select! {
         () = shutdown => Ok(()),
         r = watchers => r,

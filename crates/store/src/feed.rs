@@ -256,7 +256,7 @@ impl<V: PartialEq + Send + Sync + 'static> Feed<V> {
                 woken.extend(slot.waker.take());
             }
         }
-        woken.into_iter().for_each(Waker::wake);
+        crate::wakes::wake(woken);
         cut
     }
 

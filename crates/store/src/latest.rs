@@ -94,7 +94,7 @@ impl<T: Clone> Latest<T> {
             f(&mut s);
             s.wakers.iter_mut().filter_map(Option::take).collect()
         };
-        woken.into_iter().for_each(Waker::wake);
+        crate::wakes::wake(woken);
     }
 
     pub fn is_closed(&self) -> bool {

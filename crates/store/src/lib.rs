@@ -19,6 +19,7 @@ pub mod reach;
 pub mod shared;
 mod slots;
 pub mod store;
+pub mod wakes;
 
 pub use ballast_index as index;
 pub use ballast_index::resource;
