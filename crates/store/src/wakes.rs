@@ -194,7 +194,8 @@ mod tests {
         assert!(poll(&mut task).is_pending());
         assert_eq!(count.0.load(Ordering::SeqCst), 0, "held");
         assert!(task.pause.is_some());
-        // The second change arrives before the tick: applied, held too.
+        // The second change arrives before the tick: applied at the tick,
+        // before any wake-up is made.
         tx.send(()).unwrap();
         assert!(poll(&mut task).is_pending());
         assert_eq!(
