@@ -40,6 +40,7 @@ impl MemoryCgroup {
                 )
             }
         };
+        sweep_once(&parent);
         let dir = parent.join(name);
         std::fs::create_dir(&dir).map_err(|e| {
             format!(
@@ -128,8 +129,83 @@ impl Drop for MemoryCgroup {
     }
 }
 
+/// [`sweep`] of this process's memory cgroup, once per process.
+fn sweep_once(parent: &Path) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| sweep(parent));
+}
+
+/// Removes the cgroups named `ballast-test-PID-N` under `parent` that a test
+/// process left when it died without dropping them (SIGKILLed, or stopped by a
+/// timeout): what still runs in one is killed first, since the kernel removes
+/// only an empty cgroup. A cgroup of a running test is left alone.
+fn sweep(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for name in entries
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with("ballast-test-") && crate::cluster::left_by_dead_test(n))
+    {
+        let dir = parent.join(&name);
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        // The killed are reaped by their parents (or init) shortly.
+        for _ in 0..20 {
+            if std::fs::remove_dir(&dir).is_ok() {
+                eprintln!(
+                    "removed the memory cgroup {} a dead test left",
+                    dir.display()
+                );
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
 fn unique() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The id of a process that has ended and been reaped.
+    fn dead_pid() -> u32 {
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        let pid = child.id();
+        child.wait().expect("wait for true");
+        pid
+    }
+
+    #[test]
+    fn a_dead_tests_cgroup_is_removed_and_a_live_ones_kept() {
+        let parent = tempfile::tempdir().expect("temp dir");
+        let dead = parent.path().join(format!("ballast-test-{}-0", dead_pid()));
+        let live = parent
+            .path()
+            .join(format!("ballast-test-{}-7", std::process::id()));
+        let other = parent.path().join("ballast-test-notapid-0");
+        let foreign = parent.path().join(format!("someone-{}-0", dead_pid()));
+        for d in [&dead, &live, &other, &foreign] {
+            std::fs::create_dir(d).expect("mkdir");
+        }
+        sweep(parent.path());
+        assert!(!dead.exists(), "a dead test's cgroup is removed");
+        assert!(live.exists(), "this process's own cgroup is kept");
+        assert!(other.exists(), "a name without a pid is not ours to remove");
+        assert!(foreign.exists(), "another prefix is not ours to remove");
+    }
 }

@@ -672,6 +672,8 @@ pub mod netns {
         /// machine's own network.
         pub fn empty() -> Result<NetNs, String> {
             preflight()?;
+            // Namespaces of tests killed before their drop ran.
+            ballast_testkit::cluster::sweep_stale();
             static NEXT: AtomicU32 = AtomicU32::new(0);
             let name = format!(
                 "ballast-test-{}-{}",

@@ -56,6 +56,8 @@ mod volumes;
 pub use api_endpoint::{API_SERVER_PORT, KUBERNETES_SERVICE_IP};
 pub use images::{ImageSpec, Images};
 pub use kubelet::Kubelet;
+pub(crate) use netns::left_by_dead_test;
+pub use netns::sweep_stale;
 pub use node::{Node, PodSandbox, ServiceEntry, ServicePort, MAX_PODS};
 pub use process::LOG_LIMIT;
 pub use volumes::SERVICE_ACCOUNT_PATH;

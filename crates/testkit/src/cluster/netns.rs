@@ -20,35 +20,45 @@ pub(crate) fn unique_name(prefix: &str) -> String {
     format!("{prefix}-{}-{n}", std::process::id())
 }
 
+/// The prefixes of what test processes make, named `PREFIX-PID-N`: the box's node
+/// and pod namespaces and kubelet directories, and the single-purpose namespaces and
+/// memory cgroups of other tests (`ballast-test-`).
+const OWNED_PREFIXES: [&str; 4] = [
+    "ballast-node-",
+    "ballast-pod-",
+    "ballast-kubelet-",
+    "ballast-test-",
+];
+
+/// Whether `name` is `PREFIX-PID-N` (a prefix of [`OWNED_PREFIXES`]) of a process
+/// that is no longer running: left by a test that died without cleaning up.
+pub(crate) fn left_by_dead_test(name: &str) -> bool {
+    let Some(rest) = OWNED_PREFIXES.iter().find_map(|p| name.strip_prefix(p)) else {
+        return false;
+    };
+    let Some((pid, n)) = rest.split_once('-') else {
+        return false;
+    };
+    pid.parse::<u32>().is_ok()
+        && n.parse::<u64>().is_ok()
+        && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
 /// Removes what test processes that died without cleaning up (SIGKILLed, or stopped
-/// by a timeout) left: network namespaces named `ballast-node-PID-N` or
-/// `ballast-pod-PID-N` whose PID is no longer running (their processes are killed
-/// first), their `/etc/netns` directories, and kubelet directories
-/// `ballast-kubelet-PID-N` in the temp dir. Once per process.
-pub(crate) fn sweep_stale() {
+/// by a timeout) left: network namespaces named `ballast-node-PID-N`,
+/// `ballast-pod-PID-N` or `ballast-test-PID-N` whose PID is no longer running (their
+/// processes are killed first), their `/etc/netns` directories, and kubelet
+/// directories `ballast-kubelet-PID-N` in the temp dir. Once per process.
+pub fn sweep_stale() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let dead = |name: &str| -> bool {
-            let Some(rest) = ["ballast-node-", "ballast-pod-", "ballast-kubelet-"]
-                .iter()
-                .find_map(|p| name.strip_prefix(p))
-            else {
-                return false;
-            };
-            let Some((pid, n)) = rest.split_once('-') else {
-                return false;
-            };
-            pid.parse::<u32>().is_ok()
-                && n.parse::<u64>().is_ok()
-                && !std::path::Path::new(&format!("/proc/{pid}")).exists()
-        };
         let names = |dir: &std::path::Path| -> Vec<String> {
             std::fs::read_dir(dir)
                 .into_iter()
                 .flatten()
                 .flatten()
                 .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|n| dead(n))
+                .filter(|n| left_by_dead_test(n))
                 .collect()
         };
         for name in names(std::path::Path::new("/var/run/netns")) {
