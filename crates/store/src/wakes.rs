@@ -58,7 +58,10 @@ pub(crate) fn wake(wakers: Vec<Waker>) {
 pub struct Coalesce<F: Future> {
     inner: Pin<Box<F>>,
     held: Vec<Waker>,
-    pause: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    /// The hold's timer, made at the first hold and reset for the next.
+    pause: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Whether `pause` is running.
+    pausing: bool,
 }
 
 impl<F: Future> Coalesce<F> {
@@ -67,6 +70,7 @@ impl<F: Future> Coalesce<F> {
             inner: Box::pin(inner),
             held: Vec::new(),
             pause: None,
+            pausing: false,
         }
     }
 
@@ -110,14 +114,14 @@ impl<F: Future> Future for Coalesce<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
         let resumed = match this.pause.as_mut() {
-            Some(pause) => {
+            Some(pause) if this.pausing => {
                 if pause.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
-                this.pause = None;
+                this.pausing = false;
                 true
             }
-            None => false,
+            _ => false,
         };
         let out = this.poll_holding(cx);
         if out.is_ready() || this.held.is_empty() {
@@ -132,13 +136,18 @@ impl<F: Future> Future for Coalesce<F> {
         // to its next millisecond): a change whose watch line is on its way
         // (a pod and a route applied together arrive a fraction of a
         // millisecond apart) is applied before anyone is woken.
-        let mut pause: Pin<Box<dyn Future<Output = ()> + Send>> =
-            Box::pin(tokio::time::sleep(HOLD));
+        let pause = match this.pause.as_mut() {
+            Some(pause) => {
+                pause.as_mut().reset(tokio::time::Instant::now() + HOLD);
+                pause
+            }
+            None => this.pause.insert(Box::pin(tokio::time::sleep(HOLD))),
+        };
         if pause.as_mut().poll(cx).is_ready() {
             this.flush();
             return Poll::Pending;
         }
-        this.pause = Some(pause);
+        this.pausing = true;
         Poll::Pending
     }
 }
@@ -193,7 +202,7 @@ mod tests {
         });
         assert!(poll(&mut task).is_pending());
         assert_eq!(count.0.load(Ordering::SeqCst), 0, "held");
-        assert!(task.pause.is_some());
+        assert!(task.pausing);
         // The second change arrives before the tick: applied at the tick,
         // before any wake-up is made.
         tx.send(()).unwrap();
@@ -210,7 +219,7 @@ mod tests {
             2,
             "both made together, after the tick"
         );
-        assert!(task.held.is_empty() && task.pause.is_none());
+        assert!(task.held.is_empty() && !task.pausing);
     }
 
     #[tokio::test(start_paused = true)]
@@ -237,6 +246,32 @@ mod tests {
         );
         assert!(poll(&mut task).is_pending());
         assert_eq!(count.0.load(Ordering::SeqCst), 1, "and not again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_later_change_is_held_again_until_its_own_tick() {
+        let (count, waker) = counter();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let mut task = Coalesce::new(async move {
+            while rx.recv().await.is_some() {
+                wake(vec![waker.clone()]);
+            }
+        });
+        tx.send(()).unwrap();
+        assert!(poll(&mut task).is_pending());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(poll(&mut task).is_pending());
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        // Long after the first hold's tick, the timer is set anew: the
+        // second change waits for a tick of its own.
+        tokio::time::advance(Duration::from_millis(5)).await;
+        tx.send(()).unwrap();
+        assert!(poll(&mut task).is_pending());
+        assert_eq!(count.0.load(Ordering::SeqCst), 1, "held again");
+        assert!(task.pausing);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(poll(&mut task).is_pending());
+        assert_eq!(count.0.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test(start_paused = true)]
