@@ -140,22 +140,14 @@ fn sweep_once(parent: &Path) {
 /// timeout): what still runs in one is killed first, since the kernel removes
 /// only an empty cgroup. A cgroup of a running test is left alone.
 fn sweep(parent: &Path) {
-    let Ok(entries) = std::fs::read_dir(parent) else {
-        return;
-    };
-    for name in entries
-        .flatten()
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| n.starts_with("ballast-test-") && crate::cluster::left_by_dead_test(n))
+    for name in crate::cluster::left_by_dead_tests(parent)
+        .into_iter()
+        .filter(|n| n.starts_with("ballast-test-"))
     {
         let dir = parent.join(&name);
-        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
-        for pid in procs.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+        crate::cluster::kill_listed(
+            &std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default(),
+        );
         // The killed are reaped by their parents (or init) shortly.
         for _ in 0..20 {
             if std::fs::remove_dir(&dir).is_ok() {

@@ -44,6 +44,28 @@ pub(crate) fn left_by_dead_test(name: &str) -> bool {
         && !std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// The names in `dir` that [`left_by_dead_test`] says a dead test left.
+pub(crate) fn left_by_dead_tests(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| left_by_dead_test(n))
+        .collect()
+}
+
+/// SIGKILLs every process id in `pids`, one a line (what `ip netns pids` and a
+/// cgroup's `cgroup.procs` list); lines that are not ids are skipped.
+pub(crate) fn kill_listed(pids: &str) {
+    for pid in pids.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
 /// Removes what test processes that died without cleaning up (SIGKILLed, or stopped
 /// by a timeout) left: network namespaces named `ballast-node-PID-N`,
 /// `ballast-pod-PID-N` or `ballast-test-PID-N` whose PID is no longer running (their
@@ -52,32 +74,18 @@ pub(crate) fn left_by_dead_test(name: &str) -> bool {
 pub fn sweep_stale() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let names = |dir: &std::path::Path| -> Vec<String> {
-            std::fs::read_dir(dir)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|n| left_by_dead_test(n))
-                .collect()
-        };
-        for name in names(std::path::Path::new("/var/run/netns")) {
+        for name in left_by_dead_tests(std::path::Path::new("/var/run/netns")) {
             if let Ok(pids) = run("ip", &["netns", "pids", &name], None) {
-                for pid in pids.lines().filter_map(|p| p.trim().parse::<i32>().ok()) {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
+                kill_listed(&pids);
             }
             let _ = run("ip", &["netns", "del", &name], None);
             tracing::info!(netns = %name, "testkit: removed a network namespace a dead test left");
         }
-        for name in names(std::path::Path::new("/etc/netns")) {
+        for name in left_by_dead_tests(std::path::Path::new("/etc/netns")) {
             let _ = std::fs::remove_dir_all(std::path::Path::new("/etc/netns").join(name));
         }
         let tmp = std::env::temp_dir();
-        for name in names(&tmp) {
+        for name in left_by_dead_tests(&tmp) {
             let _ = std::fs::remove_dir_all(tmp.join(name));
         }
     });
